@@ -1,0 +1,1 @@
+"""Hand-written CUDA device headers (NVRTC-safe), shipped as package data."""

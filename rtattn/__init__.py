@@ -1,0 +1,1 @@
+"""rtattn: framework-free attention engine for LLM serving (cuda-python driver API)."""
