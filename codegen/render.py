@@ -1,0 +1,94 @@
+"""Render an AttentionSpec into CUDA source (Jinja2), with the kernel Params struct generated
+from one member list shared with the host packer."""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import jinja2
+
+from rtattn.plan import fields as plan_fields
+
+from .cstruct import CStruct, Member
+from .spec import DTYPES, AttentionSpec
+
+MERGE_THREADS = 256
+_ENV = jinja2.Environment(loader=jinja2.PackageLoader("rtattn.codegen", "templates"),
+                          undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+
+
+def _plan_struct() -> CStruct:
+    return CStruct("PlanPtrs", tuple(Member(n, "const int32_t*") for n in plan_fields.FIELD_NAMES))
+
+
+def params_struct(spec: AttentionSpec) -> CStruct:
+    """The kernel's single argument. Strides are in elements; `lse` may be null."""
+    t = "DType"
+    i64 = "int64_t"
+    extra = CStruct("ExtraParams", tuple(Member(p.name, p.c_type) for p in spec.params)
+                    or (Member("unused_", "int"),))  # C++ has no empty structs of size 0
+    members = [
+        Member("q", f"const {t}*"), Member("q_stride_tok", i64), Member("q_stride_head", i64),
+        Member("k_cache", f"const {t}*"), Member("k_stride_page", i64), Member("k_stride_tok", i64),
+        Member("k_stride_head", i64),
+        Member("v_cache", f"const {t}*"), Member("v_stride_page", i64), Member("v_stride_tok", i64),
+        Member("v_stride_head", i64),
+        Member("o", f"{t}*"), Member("o_stride_tok", i64), Member("o_stride_head", i64),
+        Member("lse", "float*"), Member("partial_o", "float*"), Member("partial_lse", "float*"),
+        Member("plan", "PlanPtrs", _plan_struct()),
+        Member("num_qo_heads", "int"), Member("group_size", "int"), Member("heads_per_cta", "int"),
+        Member("head_blocks", "int"), Member("page_shift", "int"),
+        Member("sm_scale", "float"), Member("sm_scale_log2", "float"),
+        Member("extra", "ExtraParams", extra),
+    ]
+    return CStruct("Params", tuple(members))
+
+
+def decode_smem_bytes(spec: AttentionSpec) -> int:
+    """Mirror of rtattn::DecodeShape::smem_bytes (a static_assert in the source checks it)."""
+    d, rows, warps = spec.head_dim, spec.rows, spec.num_warps
+    row_stride, elem = d + 8, 2
+    kv = spec.stages * 2 * warps * 16 * row_stride * elem
+    combine = warps * rows * (d + 2) * 4
+    return rows * row_stride * elem + max(kv, combine)
+
+
+def min_blocks_per_sm(spec: AttentionSpec) -> int:
+    """Occupancy the kernel is compiled for: as many CTAs as 227 KiB of shared memory holds, at
+    most 2 (register budget: 255 per thread needs 1 CTA of 128 threads... 2 fit in 64K regs)."""
+    return max(1, min(2, (227 * 1024) // (decode_smem_bytes(spec) + 1024)))
+
+
+@dataclass(frozen=True)
+class Rendered:
+    source: str
+    decode_name: str
+    merge_name: str
+    smem_bytes: int
+    threads: int
+    merge_threads: int
+    params: CStruct
+
+
+@functools.lru_cache(maxsize=None)
+def render(spec: AttentionSpec) -> Rendered:
+    params = params_struct(spec)
+    extra = params.members[-1].nested
+    c_params = params.c_source()
+    head, body = c_params.split("{\n", 1)
+    body = body.rsplit("};", 1)[0]
+    threads = spec.num_warps * 32
+    smem = decode_smem_bytes(spec)
+    decode_name, merge_name = f"rtattn_decode_{spec.uri}", f"rtattn_merge_{spec.uri}"
+    source = _ENV.get_template("decode.cu.jinja").render(
+        spec=spec, ctype=DTYPES[spec.dtype], plan_struct=plan_fields.c_struct(),
+        extra_struct=extra.c_source(), params_struct_head=head + "{", params_struct_body=body,
+        smem_bytes=smem, params_size=_sizeof(params), threads=threads,
+        min_blocks=min_blocks_per_sm(spec), decode_name=decode_name, merge_name=merge_name,
+        merge_threads=MERGE_THREADS)
+    return Rendered(source, decode_name, merge_name, smem, threads, MERGE_THREADS, params)
+
+
+def _sizeof(s: CStruct) -> int:
+    import ctypes
+    return ctypes.sizeof(s.ctypes_type())

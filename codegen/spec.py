@@ -1,0 +1,120 @@
+"""AttentionSpec: everything that makes one compiled kernel different from another.
+
+A variant is a C++ struct deriving from rtattn::VariantBase (cuda_src/variant_base.cuh) plus
+the extra parameters its hooks read as `p.extra.<name>`. Built-ins live in cuda_src/variants.cuh;
+a user variant is a snippet defining its own struct (see `custom_variant`).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, replace
+
+DTYPES = {"bfloat16": "__nv_bfloat16", "float16": "__half"}
+HEAD_DIMS = (64, 128, 256)
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+@dataclass(frozen=True)
+class Param:
+    """An extra kernel parameter: `name` as the hooks read it (p.extra.name), its C type."""
+    name: str
+    c_type: str  # "float", "int", "const float*", "const uint8_t*", "const int32_t*", ...
+
+    def __post_init__(self):
+        if not _IDENT.match(self.name):
+            raise ValueError(f"parameter name {self.name!r} is not a C identifier")
+
+    @property
+    def is_pointer(self) -> bool:
+        return self.c_type.rstrip().endswith("*")
+
+
+@dataclass(frozen=True)
+class AttentionSpec:
+    variant: str                 # short name, spelled into kernel names
+    variant_type: str            # C++ type of the variant struct
+    params: tuple[Param, ...] = ()
+    variant_source: str = ""     # C++ defining variant_type (empty for built-ins)
+    dtype: str = "bfloat16"      # q, k, v and o element type
+    head_dim: int = 128
+    paged: bool = True           # False: dense/ragged KV, handled as page size 1 by the plan
+    m_tiles: int = 1             # 16-row query tiles per CTA (rows = query tokens x fused heads)
+    num_warps: int = 4
+    stages: int = 3
+
+    def __post_init__(self):
+        if not _IDENT.match(self.variant):
+            raise ValueError(f"variant name {self.variant!r} must be a C identifier")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype {self.dtype!r} not supported; use one of {sorted(DTYPES)}")
+        if self.head_dim not in HEAD_DIMS:
+            raise ValueError(f"head_dim {self.head_dim} not supported; use one of {HEAD_DIMS}")
+        if self.m_tiles not in (1, 2):
+            raise ValueError("m_tiles must be 1 or 2")
+        names = [p.name for p in self.params]
+        if len(set(names)) != len(names):
+            raise ValueError(f"duplicate parameter names in {names}")
+
+    @property
+    def rows(self) -> int:
+        return 16 * self.m_tiles
+
+    @property
+    def uri(self) -> str:
+        """Readable name of the specialization; kernel symbols derive from it."""
+        return (f"{self.variant}_{self.dtype}_d{self.head_dim}_m{self.m_tiles}"
+                f"_w{self.num_warps}_s{self.stages}")
+
+    def with_(self, **changes) -> "AttentionSpec":
+        return replace(self, **changes)
+
+
+def _b(x: bool) -> str:
+    return "true" if x else "false"
+
+
+def standard(causal=False, window=False, soft_cap=False, alibi=False, **kw) -> AttentionSpec:
+    """Softmax attention with any mix of causal mask, sliding window, soft-cap and ALiBi."""
+    params = []
+    if window:
+        params.append(Param("window_left", "int"))
+    if soft_cap:
+        params.append(Param("soft_cap", "float"))
+    if alibi:
+        params.append(Param("alibi_slopes", "const float*"))
+    tags = [t for t, on in (("causal", causal), ("window", window), ("softcap", soft_cap), ("alibi", alibi)) if on]
+    return AttentionSpec(
+        variant="_".join(tags) or "plain",
+        variant_type=f"rtattn::StandardAttention<{_b(causal)}, {_b(window)}, {_b(soft_cap)}, {_b(alibi)}>",
+        params=tuple(params), **kw)
+
+
+def sigmoid(**kw) -> AttentionSpec:
+    return AttentionSpec("sigmoid", "rtattn::SigmoidAttention", (Param("sigmoid_bias", "float"),), **kw)
+
+
+def rope(causal=False, **kw) -> AttentionSpec:
+    return AttentionSpec("rope_causal" if causal else "rope", f"rtattn::RopeAttention<{_b(causal)}>",
+                         (Param("rope_theta", "float"), Param("rope_offset", "int")), **kw)
+
+
+def custom_mask(**kw) -> AttentionSpec:
+    return AttentionSpec("custom_mask", "rtattn::CustomMaskAttention",
+                         (Param("mask", "const uint8_t*"), Param("mask_offsets", "const int64_t*")), **kw)
+
+
+def custom_variant(name: str, source: str, struct_name: str, params=(), **kw) -> AttentionSpec:
+    """A variant that is not built in: `source` defines `struct struct_name : rtattn::VariantBase`."""
+    return AttentionSpec(name, struct_name, tuple(params), variant_source=source, **kw)
+
+
+BUILTINS = {
+    "plain": lambda **kw: standard(**kw),
+    "causal": lambda **kw: standard(causal=True, **kw),
+    "sliding_window": lambda **kw: standard(window=True, **kw),
+    "soft_cap": lambda **kw: standard(soft_cap=True, **kw),
+    "alibi": lambda **kw: standard(alibi=True, **kw),
+    "sigmoid": sigmoid,
+    "rope": rope,
+    "custom_mask": custom_mask,
+}

@@ -1,0 +1,50 @@
+// The variant contract. A variant is a struct deriving from VariantBase that overrides only the
+// hooks it needs and turns on the matching `has_*` flag; the kernels test the flags with
+// `if constexpr`, so a variant pays for nothing it leaves out. One variant object is built per
+// work item (init) and may cache per-request values (lengths, mask offsets, slopes).
+//
+// Index conventions, shared with the float64 reference (rtattn/plan/reference.py):
+//   qo_idx  query token index inside its request, 0 .. qo_len-1
+//   kv_idx  KV token index inside its request,    0 .. kv_len-1
+//   q_pos   = kv_len - qo_len + qo_idx: the query's position in the sequence (causal frontier)
+// Logits reach LogitsTransform already multiplied by sm_scale (natural-log units).
+// Query/Key transforms see the element pair (d, d + D/2), which covers rotary embeddings
+// (rotate-half form) and any elementwise map.
+#pragma once
+#include "types.cuh"
+
+namespace rtattn {
+
+struct VariantBase {
+  static constexpr bool use_softmax = true;  // false: weights are sigmoid(logit), partials add up
+  static constexpr bool has_query_transform = false;
+  static constexpr bool has_key_transform = false;
+  static constexpr bool has_logits_transform = false;
+  static constexpr bool has_logits_mask = false;
+  static constexpr bool has_output_transform = false;
+
+  int batch_idx, qo_len, kv_len;
+
+  template <class P>
+  __device__ __forceinline__ void init(const P&, int batch, int qo_length, int kv_length) {
+    batch_idx = batch;
+    qo_len = qo_length;
+    kv_len = kv_length;
+  }
+  __device__ __forceinline__ int q_pos(int qo_idx) const { return kv_len - qo_len + qo_idx; }
+
+  template <class P>
+  __device__ __forceinline__ void QueryTransform(const P&, float&, float&, int, int, int) const {}
+  template <class P>
+  __device__ __forceinline__ void KeyTransform(const P&, float&, float&, int, int, int) const {}
+  template <class P>
+  __device__ __forceinline__ float LogitsTransform(const P&, float logit, int, int, int, int) const {
+    return logit;
+  }
+  template <class P>
+  __device__ __forceinline__ bool LogitsMask(const P&, int, int, int, int) const { return true; }
+  template <class P>
+  __device__ __forceinline__ float OutputTransform(const P&, float o, int, int) const { return o; }
+};
+
+}  // namespace rtattn

@@ -1,0 +1,94 @@
+// Built-in variants. Each reads its parameters from `p.extra.<name>` (the spec in codegen/spec.py
+// declares them, so the generated VariantParams struct has exactly these members).
+#pragma once
+#include "variant_base.cuh"
+
+namespace rtattn {
+
+// Softmax attention with optional causal mask, sliding window (p.extra.window_left), logits
+// soft-cap (p.extra.soft_cap) and ALiBi (p.extra.alibi_slopes[qo_head]). The flags are template
+// parameters so each combination compiles to its own straight-line code.
+template <bool CAUSAL, bool WINDOW, bool SOFTCAP, bool ALIBI>
+struct StandardAttention : VariantBase {
+  static constexpr bool has_logits_transform = SOFTCAP || ALIBI;
+  static constexpr bool has_logits_mask = CAUSAL || WINDOW;
+
+  template <class P>
+  __device__ __forceinline__ float LogitsTransform(const P& p, float s, int qo_idx, int kv_idx, int qo_head,
+                                                   int) const {
+    if constexpr (ALIBI) s += p.extra.alibi_slopes[qo_head] * float(kv_idx - q_pos(qo_idx));
+    if constexpr (SOFTCAP) s = p.extra.soft_cap * tanhf(s / p.extra.soft_cap);
+    return s;
+  }
+  template <class P>
+  __device__ __forceinline__ bool LogitsMask(const P& p, int qo_idx, int kv_idx, int, int) const {
+    bool keep = true;
+    if constexpr (CAUSAL) keep = kv_idx <= q_pos(qo_idx);
+    if constexpr (WINDOW) keep = keep && kv_idx >= q_pos(qo_idx) - p.extra.window_left;
+    return keep;
+  }
+};
+
+// FlashSigmoid: weight = sigmoid(logit + p.extra.sigmoid_bias); no normalization, so split partials
+// are plain sums (the merge kernel adds them).
+struct SigmoidAttention : VariantBase {
+  static constexpr bool use_softmax = false;
+  static constexpr bool has_logits_transform = true;
+  template <class P>
+  __device__ __forceinline__ float LogitsTransform(const P& p, float s, int, int, int, int) const {
+    return s + p.extra.sigmoid_bias;
+  }
+};
+
+// Rotary embedding applied inside attention (Streaming-LLM style: keys are rotated by their
+// position in the cache, queries by q_pos), rotate-half layout, frequency
+// p.extra.rope_theta^(-2i/D), positions shifted by p.extra.rope_offset. Optionally causal.
+template <bool CAUSAL>
+struct RopeAttention : VariantBase {
+  static constexpr bool has_query_transform = true;
+  static constexpr bool has_key_transform = true;
+  static constexpr bool has_logits_mask = CAUSAL;
+
+  template <class P>
+  __device__ __forceinline__ static void rotate(const P& p, float& lo, float& hi, int d_lo, int pos) {
+    const float inv_freq = powf(p.extra.rope_theta, -2.0f * float(d_lo) / float(P::head_dim));
+    float s, c;
+    sincosf(float(pos + p.extra.rope_offset) * inv_freq, &s, &c);
+    const float x = lo, y = hi;
+    lo = x * c - y * s;
+    hi = y * c + x * s;
+  }
+  template <class P>
+  __device__ __forceinline__ void QueryTransform(const P& p, float& lo, float& hi, int d_lo, int qo_idx,
+                                                 int) const {
+    rotate(p, lo, hi, d_lo, q_pos(qo_idx));
+  }
+  template <class P>
+  __device__ __forceinline__ void KeyTransform(const P& p, float& lo, float& hi, int d_lo, int kv_idx,
+                                               int) const {
+    rotate(p, lo, hi, d_lo, kv_idx);
+  }
+  template <class P>
+  __device__ __forceinline__ bool LogitsMask(const P&, int qo_idx, int kv_idx, int, int) const {
+    return kv_idx <= q_pos(qo_idx);
+  }
+};
+
+// Custom mask (tree / speculative attention): request b's [qo_len, kv_len] boolean matrix,
+// row-major, bit-packed little-endian, starting at byte p.extra.mask_offsets[b] of p.extra.mask (int64 byte offsets).
+struct CustomMaskAttention : VariantBase {
+  static constexpr bool has_logits_mask = true;
+  const uint8_t* bits;
+  template <class P>
+  __device__ __forceinline__ void init(const P& p, int batch, int qo_length, int kv_length) {
+    VariantBase::init(p, batch, qo_length, kv_length);
+    bits = p.extra.mask + p.extra.mask_offsets[batch];
+  }
+  template <class P>
+  __device__ __forceinline__ bool LogitsMask(const P&, int qo_idx, int kv_idx, int, int) const {
+    const int64_t bit = int64_t(qo_idx) * kv_len + kv_idx;
+    return (bits[bit >> 3] >> (bit & 7)) & 1;
+  }
+};
+
+}  // namespace rtattn

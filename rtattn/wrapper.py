@@ -1,0 +1,246 @@
+"""BatchDecodeWrapper: plan() once per step on the host, run() per layer on the device.
+
+plan() fills a pinned buffer at offsets fixed when the wrapper was built and issues one async
+host-to-device copy into the workspace; run() launches the persistent decode kernel and the
+merge kernel with a fixed grid and fixed pointers, so both can be captured into a CUDA graph
+once and replayed every step while the plan changes underneath (see rtattn.graphs).
+
+LSE convention: natural logarithm (base e) of the sum of the attention weights' exponentials,
+log sum_j exp(s_j), with s_j the logits after sm_scale (and the variant's logits transform).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from rtattn.codegen.spec import BUILTINS, AttentionSpec
+from rtattn.kernels import decode_kernels
+from rtattn.plan import devices as plan_devices
+from rtattn.plan.inspector import Planner, PlanInfo
+from rtattn.runtime import DeviceBuffer, Event, PinnedBuffer, as_stream, current_device, memcpy_htod_async
+from rtattn.tensors import cuda_tensor, expect_inner_contiguous, expect_shape, expect_vector_aligned, same_device
+
+KV_LAYOUTS = ("NHD", "HND")
+
+
+def _spec_for(variant, dtype: str, head_dim: int, group: int) -> AttentionSpec:
+    m_tiles = 1 if group <= 16 else 2
+    if isinstance(variant, AttentionSpec):
+        if variant.head_dim != head_dim or variant.dtype != dtype:
+            raise ValueError(f"variant spec is for head_dim={variant.head_dim}, dtype={variant.dtype}; "
+                             f"the wrapper has head_dim={head_dim}, dtype={dtype}")
+        return variant if variant.rows >= group else variant.with_(m_tiles=m_tiles)
+    if variant not in BUILTINS:
+        raise ValueError(f"unknown variant {variant!r}; built-ins are {sorted(BUILTINS)} "
+                         f"(or pass an AttentionSpec)")
+    return BUILTINS[variant](dtype=dtype, head_dim=head_dim, m_tiles=m_tiles)
+
+
+class BatchDecodeWrapper:
+    def __init__(self, num_qo_heads: int, num_kv_heads: int, head_dim: int, page_size: int, *,
+                 max_batch: int, max_pages: int, max_qo_tokens: int | None = None,
+                 variant="plain", dtype: str = "bfloat16", kv_layout: str = "NHD",
+                 mode: str = "balanced", chunk_tokens: int = 2048, device=None, workspace=None):
+        if page_size < 1 or page_size & (page_size - 1):
+            raise ValueError(f"page_size={page_size}: the decode kernel needs a power of two")
+        if kv_layout not in KV_LAYOUTS:
+            raise ValueError(f"kv_layout must be one of {KV_LAYOUTS}, got {kv_layout!r}")
+        if num_qo_heads % num_kv_heads:
+            raise ValueError(f"num_qo_heads={num_qo_heads} is not a multiple of num_kv_heads={num_kv_heads}")
+        self.device = current_device(device)
+        self.num_qo_heads, self.num_kv_heads, self.head_dim = num_qo_heads, num_kv_heads, head_dim
+        self.group = num_qo_heads // num_kv_heads
+        self.page_size, self.kv_layout, self.dtype = page_size, kv_layout, dtype
+        self.spec = _spec_for(variant, dtype, head_dim, self.group)
+        if self.group > self.spec.rows:
+            raise ValueError(f"head group {self.group} exceeds the kernel's {self.spec.rows} rows")
+        self.kernels = decode_kernels(self.spec, self.device.ordinal)
+        self.num_ctas = self.kernels.num_ctas(num_kv_heads)
+        self.planner = Planner(max_batch, max_qo_tokens or max_batch, max_pages, num_qo_heads, num_kv_heads,
+                               head_dim, page_size, device=plan_devices.from_props(self.device.props),
+                               mode=mode, num_ctas=self.num_ctas, max_rows=self.spec.rows,
+                               chunk_tokens=chunk_tokens, causal="causal" in self.spec.variant)
+        self.layout = self.planner.layout
+        self.pinned = PinnedBuffer(self.layout.plan_bytes, self.device)
+        self.workspace = self._workspace(workspace)
+        self._copy_done = Event(timing=False)
+        self._copy_pending = False
+        self.info: PlanInfo | None = None
+        self._max_page = -1
+
+    def _workspace(self, workspace):
+        need = self.planner.workspace_bytes()
+        if workspace is None:
+            buf = DeviceBuffer(need, self.device)
+            return buf
+        t = cuda_tensor("workspace", workspace)
+        if t.nbytes < need:
+            raise ValueError(f"workspace has {t.nbytes} bytes, this wrapper needs {need}")
+        if t.ptr % 256:
+            raise ValueError(f"workspace must be 256-byte aligned (got 0x{t.ptr:x})")
+        return t
+
+    @property
+    def workspace_ptr(self) -> int:
+        return self.workspace.ptr
+
+    # ------------------------------------------------------------------ plan
+    def plan(self, kv_indptr, kv_indices, kv_last_page_len, qo_indptr=None, stream=None) -> PlanInfo:
+        """Plan one step from host arrays (numpy or host DLPack tensors). Decode by default:
+        one query token per request unless `qo_indptr` says otherwise."""
+        kv_indptr, kv_indices, kv_last_page_len = (_host(a) for a in (kv_indptr, kv_indices, kv_last_page_len))
+        if qo_indptr is None:
+            qo_indptr = np.arange(len(kv_indptr), dtype=np.int32)
+        if self._copy_pending:  # the pinned buffer may still be in flight from the last plan
+            self._copy_done.synchronize()
+        info = self.planner.plan(_host(qo_indptr), kv_indptr, kv_indices, kv_last_page_len,
+                                 out=self.pinned.array)
+        memcpy_htod_async(self.workspace_ptr, self.pinned.ptr, self.layout.plan_bytes, stream)
+        self._copy_done.record(stream)
+        self._copy_pending = True
+        nnz = int(kv_indptr[-1])
+        self._max_page = int(np.max(kv_indices[:nnz])) if nnz else -1
+        self.info = info
+        return info
+
+    # ------------------------------------------------------------------ run
+    def run(self, q, k_cache, v_cache=None, *, out=None, lse=None, stream=None, sm_scale=None,
+            params: dict | None = None):
+        """Attention for the planned batch. `k_cache`/`v_cache`: [pages, page_size, H_kv, D] (NHD)
+        or [pages, H_kv, page_size, D] (HND); or one `kv_cache` [pages, 2, ...] as `k_cache`.
+        `out` (optional) [tokens, H_qo, D]; `lse`: None, True (allocate) or a float32 [tokens, H_qo]
+        tensor. Returns out, or (out, lse) when lse was asked for."""
+        launch = self.prepare(q, k_cache, v_cache, out=out, lse=lse, stream=stream, sm_scale=sm_scale,
+                              params=params)
+        launch()
+        return (launch.out, launch.lse) if launch.lse is not None else launch.out
+
+    def prepare(self, q, k_cache, v_cache=None, *, out=None, lse=None, stream=None, sm_scale=None,
+                params: dict | None = None) -> "DecodeLaunch":
+        """Validate everything and pack the kernel arguments; the returned callable launches.
+        Graph capture calls it once and replays; every pointer is fixed inside it."""
+        if self.info is None:
+            raise RuntimeError("run() before plan(): call plan() for this step first")
+        stream = as_stream(stream)
+        H, Hk, D, dt = self.num_qo_heads, self.num_kv_heads, self.head_dim, self.dtype
+        n_tok = self.info.num_qo_tokens
+        qv = cuda_tensor("q", q, stream, dtype=dt, ndim=3)
+        expect_shape("q", qv, (n_tok, H, D))
+        expect_inner_contiguous("q", qv)
+        kv = self._caches(k_cache, v_cache, stream)
+        if out is None:
+            out = DeviceBuffer(max(n_tok, 1) * H * D * 2, self.device).as_tensor(dt, (n_tok, H, D), stream=stream)
+        ov = cuda_tensor("out", out, stream, dtype=dt, ndim=3)
+        expect_shape("out", ov, (n_tok, H, D))
+        expect_inner_contiguous("out", ov)
+        lv = None
+        if lse is True:
+            lse = DeviceBuffer(max(n_tok, 1) * H * 4, self.device).as_tensor("float32", (n_tok, H), stream=stream)
+        if lse is not None:
+            lv = cuda_tensor("lse", lse, stream, dtype="float32", ndim=2)
+            expect_shape("lse", lv, (n_tok, H))
+            if lv.strides != (H, 1):
+                raise ValueError(f"lse must be contiguous [tokens, heads], got strides {lv.strides}")
+        same_device({"q": qv, "k_cache": kv[0], "v_cache": kv[1], "out": ov, "lse": lv}, self.device.ordinal)
+        scale = 1.0 / math.sqrt(D) if sm_scale is None else float(sm_scale)
+        packed = self._pack(qv, kv, ov, lv, scale, self._extra(params or {}, stream))
+        return DecodeLaunch(self, packed, stream, out, lse if lv is not None else None,
+                            keep=(qv, kv, ov, lv, params))
+
+    def _caches(self, k_cache, v_cache, stream):
+        D, Hk, ps = self.head_dim, self.num_kv_heads, self.page_size
+        per_page = (ps, Hk, D) if self.kv_layout == "NHD" else (Hk, ps, D)
+        if v_cache is None:  # one tensor [pages, 2, ...]: K at index 0, V at 1
+            kvt = cuda_tensor("kv_cache", k_cache, stream, dtype=self.dtype, ndim=5)
+            expect_shape("kv_cache", kvt, (None, 2) + per_page)
+            k = _select(kvt, 1, 0)
+            v = _select(kvt, 1, 1)
+            names = ("kv_cache[:, 0]", "kv_cache[:, 1]")
+        else:
+            k = cuda_tensor("k_cache", k_cache, stream, dtype=self.dtype, ndim=4)
+            v = cuda_tensor("v_cache", v_cache, stream, dtype=self.dtype, ndim=4)
+            names = ("k_cache", "v_cache")
+        for name, t in zip(names, (k, v)):
+            expect_shape(name, t, (None,) + per_page)
+            expect_inner_contiguous(name, t)
+            expect_vector_aligned(name, t)
+            if t.shape[0] <= self._max_page:
+                raise ValueError(f"{name} holds {t.shape[0]} pages but the plan reads page {self._max_page}")
+        return k, v
+
+    def _extra(self, params: dict, stream) -> dict:
+        """Variant parameters: scalars as numbers, tensor parameters as CUDA DLPack tensors."""
+        names = {p.name for p in self.spec.params}
+        unknown = set(params) - names
+        missing = names - set(params)
+        if unknown or missing:
+            raise ValueError(f"variant {self.spec.variant!r} takes parameters {sorted(names)}; "
+                             f"missing {sorted(missing)}, unknown {sorted(unknown)}")
+        values, keep = {}, []
+        for p in self.spec.params:
+            v = params[p.name]
+            if p.is_pointer:
+                t = cuda_tensor(f"params[{p.name!r}]", v, stream)
+                keep.append(t)
+                values[p.name] = t.ptr
+            else:
+                values[p.name] = float(v) if p.c_type == "float" else int(v)
+        return values or {"unused_": 0}
+
+    def _pack(self, qv, kv, ov, lv, scale: float, extra: dict) -> bytes:
+        kt, vt = kv
+        page_k = _paged_strides(kt, self.kv_layout)
+        page_v = _paged_strides(vt, self.kv_layout)
+        ws = self.workspace_ptr
+        plan = {name: ws + off for name, off in self.layout.offsets.items()}
+        return self.kernels.rendered.params.pack(
+            q=qv.ptr, q_stride_tok=qv.strides[0], q_stride_head=qv.strides[1],
+            k_cache=kt.ptr, k_stride_page=page_k[0], k_stride_tok=page_k[1], k_stride_head=page_k[2],
+            v_cache=vt.ptr, v_stride_page=page_v[0], v_stride_tok=page_v[1], v_stride_head=page_v[2],
+            o=ov.ptr, o_stride_tok=ov.strides[0], o_stride_head=ov.strides[1],
+            lse=lv.ptr if lv is not None else 0,
+            partial_o=ws + self.layout.partial_o_offset(),
+            partial_lse=ws + self.layout.partial_lse_offset(self.num_qo_heads, self.head_dim),
+            plan=plan, num_qo_heads=self.num_qo_heads, group_size=self.group, heads_per_cta=self.group,
+            head_blocks=1, page_shift=self.page_size.bit_length() - 1,
+            sm_scale=scale, sm_scale_log2=scale * 1.4426950408889634, extra=extra)
+
+
+class DecodeLaunch:
+    """A fully validated launch: calling it enqueues the decode and merge kernels."""
+
+    def __init__(self, wrapper: BatchDecodeWrapper, params: bytes, stream, out, lse, keep):
+        self.wrapper, self.params, self.stream = wrapper, params, stream
+        self.out, self.lse, self._keep = out, lse, keep
+
+    def __call__(self, stream=None) -> None:
+        w = self.wrapper
+        merge = w.planner.bounds.max_merge_rows > 0
+        w.kernels.launch(self.params, w.num_ctas, w.num_kv_heads, stream or self.stream, merge=merge)
+
+
+def _host(a) -> np.ndarray:
+    if isinstance(a, np.ndarray):
+        return a
+    if hasattr(a, "__dlpack__"):
+        dev = a.__dlpack_device__()[0] if hasattr(a, "__dlpack_device__") else 1
+        if int(dev) not in (1, 3):  # kDLCPU, kDLCUDAHost
+            raise ValueError("plan() takes host arrays (the plan is computed on the CPU); got device memory")
+        return np.from_dlpack(a)
+    return np.asarray(a)
+
+
+def _select(t, axis: int, index: int):
+    """View of t with `axis` fixed at `index` (no copy)."""
+    from rtattn.runtime import export
+    shape = t.shape[:axis] + t.shape[axis + 1:]
+    strides = t.strides[:axis] + t.strides[axis + 1:]
+    return export(t.ptr + index * t.strides[axis] * t.itemsize, shape, t.dtype, t.device_id, strides, owner=t)
+
+
+def _paged_strides(t, layout: str) -> tuple[int, int, int]:
+    """(page, token-in-page, head) strides in elements for either cache layout."""
+    if layout == "NHD":
+        return t.strides[0], t.strides[1], t.strides[2]
+    return t.strides[0], t.strides[2], t.strides[1]
