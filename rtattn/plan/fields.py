@@ -1,0 +1,288 @@
+"""The one declaration of the plan arrays, and everything generated from it.
+
+`PLAN_FIELDS` lists (name, dtype, capacity) once.  From it come the byte offsets
+of every array in one buffer (256-byte aligned), numpy views into a host (pinned)
+buffer, the C struct the kernels include, the packed struct of device pointers,
+and the workspace size (plan region + partial O/LSE storage).  Nothing else in
+the code base spells an offset, so the Python and CUDA sides cannot drift.
+
+Capacities are functions of `PlanBounds`, given once when a planner is built:
+the buffer layout is then fixed for the planner's lifetime (CUDA graphs capture
+the pointers once; the contents change every step).
+"""
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+ALIGN = 256  # every array starts on a 256-byte boundary (coalesced loads, TMA-friendly)
+
+# Indices into the `plan_info` header (int32[PLAN_INFO_LEN]).
+INFO_NUM_ITEMS = 0
+INFO_NUM_MERGE_ROWS = 1
+INFO_NUM_PARTIAL_ROWS = 2
+INFO_BATCH = 3
+INFO_TILE_Q = 4
+INFO_PAGE_SIZE = 5
+INFO_NUM_CTAS = 6
+INFO_NUM_QO_TOKENS = 7
+PLAN_INFO_LEN = 8
+PLAN_INFO_NAMES = ("num_items", "num_merge_rows", "num_partial_rows", "batch",
+                   "tile_q", "page_size", "num_ctas", "num_qo_tokens")
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+MODES = ("balanced", "naive", "batch-invariant")
+
+
+@dataclass(frozen=True)
+class PlanBounds:
+    """Upper bounds fixed at construction; every capacity derives from these.
+
+    Derived bounds (proofs).  L is a plan's KV chunk length, T the number of
+    (request, query tile) pairs, kv_t the KV tokens tile t attends (its
+    request's KV, clipped to the causal horizon), n_t = max(1, ceil(kv_t / L)).
+
+    * max_tiles: sum_b ceil(qo_b / tile_q) <= floor(sum_b qo_b / tile_q) + batch
+      (ceil(x/t) <= floor(x/t) + 1), and <= total query tokens (a tile has >= 1
+      token).  So T <= min(max_qo_tokens, max_qo_tokens // tile_q + max_batch).
+    * balanced, max_items: L >= sum_t kv_t / num_ctas (the floor and the page
+      rounding only raise L), so sum_t n_t <= sum_t (kv_t / L + 1)
+      <= num_ctas + T.
+    * balanced, max_partial_rows: only split tiles (n_t >= 2, i.e. kv_t > L)
+      write partial rows; for them n_t < kv_t / L + 1 < 2 kv_t / L, hence
+      sum_split n_t < 2 num_ctas (the "<= 2 #CTA split tiles" argument), and
+      each chunk writes <= tile_q rows: partial rows < 2 * num_ctas * tile_q.
+    * balanced, max_merge_rows: #split tiles < sum_t kv_t / L <= num_ctas, so
+      merge rows <= min(num_ctas * tile_q, max_qo_tokens).
+    * batch-invariant (fixed chunk C = chunk_tokens, page aligned): with
+      K = max_pages * page_size >= sum_b kv_b, a tile has <= k = ceil(K / C)
+      chunks: items <= T * k; also sum_t n_t <= sum_t (kv_t / C + 1)
+      <= T + ceil(max_qo_len / tile_q) * K / C (a request has at most that many
+      tiles, each attending <= kv_b).  max_items is the smaller.  Split tiles have n_t < 2 kv_t / C, so partial
+      rows <= sum_b qo_b * 2 kv_b / C <= 2 * max_qo_len * K / C, and also
+      <= max_qo_tokens * k.  Merge rows <= max_qo_tokens.
+    * naive: one item per tile, no partials, no merges.
+    """
+
+    max_batch: int
+    max_qo_tokens: int
+    max_pages: int
+    num_ctas: int
+    tile_q: int
+    mode: str = "balanced"
+    page_size: int = 1
+    chunk_tokens: int = 0   # batch-invariant chunk C (multiple of page_size)
+    max_qo_len: int = 0     # per-request query-length bound (0 = max_qo_tokens)
+
+    def __post_init__(self):
+        for name in ("max_batch", "max_qo_tokens", "max_pages", "num_ctas", "tile_q",
+                     "page_size"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, np.integer)) or v < 1:
+                raise ValueError(f"PlanBounds.{name} must be a positive int, got {v!r}")
+        if self.mode not in MODES:
+            raise ValueError(f"PlanBounds.mode must be one of {MODES}, got {self.mode!r}")
+        if self.mode == "batch-invariant":
+            c = self.chunk_tokens
+            if c < 1 or c % self.page_size:
+                raise ValueError(f"PlanBounds.chunk_tokens={c} must be a positive multiple "
+                                 f"of page_size={self.page_size}")
+        if self.max_qo_len == 0:
+            object.__setattr__(self, "max_qo_len", self.max_qo_tokens)
+        if not 1 <= self.max_qo_len <= self.max_qo_tokens:
+            raise ValueError(f"PlanBounds.max_qo_len={self.max_qo_len} must be in "
+                             f"[1, max_qo_tokens={self.max_qo_tokens}]")
+
+    @property
+    def max_kv_tokens(self) -> int:
+        return self.max_pages * self.page_size
+
+    @property
+    def max_tiles(self) -> int:
+        return min(self.max_qo_tokens, self.max_qo_tokens // self.tile_q + self.max_batch)
+
+    @property
+    def max_chunks_per_tile(self) -> int:
+        if self.mode == "batch-invariant":
+            return _cdiv(self.max_kv_tokens, self.chunk_tokens)
+        return 1 if self.mode == "naive" else self.num_ctas + 1
+
+    @property
+    def max_items(self) -> int:
+        if self.mode == "batch-invariant":
+            per_req_tiles = _cdiv(self.max_qo_len, self.tile_q)
+            return min(self.max_tiles * self.max_chunks_per_tile,
+                       self.max_tiles + _cdiv(per_req_tiles * self.max_kv_tokens,
+                                              self.chunk_tokens))
+        if self.mode == "naive":
+            return self.max_tiles
+        return self.num_ctas + self.max_tiles
+
+    @property
+    def max_partial_rows(self) -> int:
+        if self.mode == "batch-invariant":
+            k = self.max_chunks_per_tile
+            if k < 2:
+                return 0
+            return min(self.max_qo_tokens * k,
+                       _cdiv(2 * self.max_qo_len * self.max_kv_tokens, self.chunk_tokens))
+        if self.mode == "naive":
+            return 0
+        return 2 * self.num_ctas * self.tile_q
+
+    @property
+    def max_merge_rows(self) -> int:
+        if self.mode == "batch-invariant":
+            return self.max_qo_tokens if self.max_chunks_per_tile > 1 else 0
+        if self.mode == "naive":
+            return 0
+        return min(self.num_ctas * self.tile_q, self.max_qo_tokens)
+
+
+@dataclass(frozen=True)
+class PlanField:
+    name: str
+    dtype: np.dtype
+    capacity: Callable[[PlanBounds], int]
+    formula: str  # the capacity formula as text (printed by rtattn-inspect, docs)
+    doc: str
+
+
+def _f(name, cap, formula, doc):
+    return PlanField(name, np.dtype(np.int32), cap, formula, doc)
+
+
+# THE declaration.  Order is the C struct's member order and the buffer order.
+PLAN_FIELDS: tuple[PlanField, ...] = (
+    _f("req_qo_start", lambda b: b.max_batch, "max_batch",
+       "first global query row of request b"),
+    _f("req_qo_len", lambda b: b.max_batch, "max_batch",
+       "query tokens of request b"),
+    _f("req_kv_page_start", lambda b: b.max_batch, "max_batch",
+       "kv_indptr[b]: first entry of request b in kv_indices"),
+    _f("req_kv_len", lambda b: b.max_batch, "max_batch",
+       "KV tokens of request b = (pages-1)*page_size + last_page_len, 0 if no pages"),
+    _f("kv_indices", lambda b: b.max_pages, "max_pages",
+       "page ids (copy of the caller's kv_indices)"),
+    _f("work_indptr", lambda b: b.num_ctas + 1, "num_ctas + 1",
+       "CTA c processes items [work_indptr[c], work_indptr[c+1])"),
+    _f("item_request", lambda b: b.max_items, "max_items",
+       "request of the work item"),
+    _f("item_qo_start", lambda b: b.max_items, "max_items",
+       "first GLOBAL query row of the item's tile"),
+    _f("item_qo_len", lambda b: b.max_items, "max_items",
+       "query tokens in the tile (<= tile_q)"),
+    _f("item_kv_start", lambda b: b.max_items, "max_items",
+       "first KV token (within the request) of the chunk, page aligned"),
+    _f("item_kv_end", lambda b: b.max_items, "max_items",
+       "one past the last KV token of the chunk (== start only for empty KV)"),
+    _f("item_partial", lambda b: b.max_items, "max_items",
+       "-1: writethrough final O/LSE; else first partial row p (rows p..p+qo_len-1)"),
+    _f("merge_indptr", lambda b: b.max_merge_rows + 1, "max_merge_rows + 1",
+       "merge entry r reads merge_partial[merge_indptr[r]:merge_indptr[r+1]]"),
+    _f("merge_qo_row", lambda b: b.max_merge_rows, "max_merge_rows",
+       "global query row written by merge entry r"),
+    _f("merge_partial", lambda b: b.max_partial_rows, "max_partial_rows",
+       "partial row ids, ascending KV order within an entry (the fixed merge order)"),
+    _f("plan_info", lambda b: PLAN_INFO_LEN, str(PLAN_INFO_LEN),
+       "header: " + ", ".join(PLAN_INFO_NAMES)),
+)
+
+FIELD_NAMES = tuple(f.name for f in PLAN_FIELDS)
+
+
+def align_up(x: int, a: int = ALIGN) -> int:
+    return (x + a - 1) // a * a
+
+
+class PlanLayout:
+    """Byte layout of the plan (and of the device workspace) for fixed bounds.
+
+    Workspace = [plan region | partial_o f32[max_partial_rows, H_qo, D] |
+    partial_lse f32[max_partial_rows, H_qo]], each part 256-byte aligned.  The
+    host pinned buffer holds only the plan region; one H2D copy of `plan_bytes`
+    moves it to the workspace base.
+    """
+
+    def __init__(self, bounds: PlanBounds):
+        self.bounds = bounds
+        self.capacity: dict[str, int] = {}
+        self.offsets: dict[str, int] = {}
+        off = 0
+        for f in PLAN_FIELDS:
+            cap = int(f.capacity(bounds))
+            self.capacity[f.name] = cap
+            self.offsets[f.name] = off
+            off = align_up(off + max(cap, 1) * f.dtype.itemsize)
+        self.plan_bytes = off
+
+    # -- host views -----------------------------------------------------------
+    def allocate(self) -> np.ndarray:
+        """A zeroed host buffer of plan_bytes (tests / CPU-only use; the runtime
+        passes a pinned buffer instead)."""
+        return np.zeros(self.plan_bytes, dtype=np.uint8)
+
+    def views(self, buf) -> dict[str, np.ndarray]:
+        """numpy views, one per field, into `buf` (anything exposing a writable
+        buffer of >= plan_bytes bytes: numpy uint8 array, memoryview of pinned
+        memory, ...).  Views share memory with `buf`."""
+        raw = np.frombuffer(buf, dtype=np.uint8) if not isinstance(buf, np.ndarray) else buf
+        if raw.dtype != np.uint8 or raw.ndim != 1:
+            raw = raw.reshape(-1).view(np.uint8)
+        if raw.nbytes < self.plan_bytes:
+            raise ValueError(f"plan buffer has {raw.nbytes} bytes, the layout needs "
+                             f"plan_bytes={self.plan_bytes}")
+        if raw.ctypes.data % 8:
+            raise ValueError("plan buffer must be at least 8-byte aligned")
+        out = {}
+        for f in PLAN_FIELDS:
+            o = self.offsets[f.name]
+            n = self.capacity[f.name]
+            out[f.name] = raw[o:o + n * f.dtype.itemsize].view(f.dtype)
+        return out
+
+    # -- device side ------------------------------------------------------------
+    def pack_plan_ptrs(self, base_ptr: int) -> bytes:
+        """struct PlanPtrs for a workspace at device address `base_ptr`: one
+        8-byte little-endian pointer per field, in declaration order."""
+        if base_ptr % ALIGN:
+            raise ValueError(f"workspace base 0x{base_ptr:x} is not {ALIGN}-byte aligned")
+        return struct.pack(f"<{len(PLAN_FIELDS)}Q",
+                           *(base_ptr + self.offsets[f.name] for f in PLAN_FIELDS))
+
+    def partial_o_offset(self) -> int:
+        return align_up(self.plan_bytes)
+
+    def partial_lse_offset(self, num_qo_heads: int, head_dim: int) -> int:
+        n = self.bounds.max_partial_rows * num_qo_heads * head_dim * 4
+        return align_up(self.partial_o_offset() + n)
+
+    def workspace_bytes(self, num_qo_heads: int, head_dim: int) -> int:
+        n = self.bounds.max_partial_rows * num_qo_heads * 4
+        return align_up(self.partial_lse_offset(num_qo_heads, head_dim) + n)
+
+    def table(self) -> list[tuple[str, str, int, int, str]]:
+        """(name, dtype, capacity, offset, formula) per field, declaration order."""
+        return [(f.name, str(f.dtype), self.capacity[f.name], self.offsets[f.name], f.formula)
+                for f in PLAN_FIELDS]
+
+
+def c_struct() -> str:
+    """The C struct the kernels include: one `const int32_t*` per field, in
+    declaration order (so it matches `pack_plan_ptrs`)."""
+    lines = ["// Generated from rtattn.plan.fields.PLAN_FIELDS -- do not edit.",
+             "struct PlanPtrs {"]
+    for f in PLAN_FIELDS:
+        assert f.dtype == np.int32
+        lines.append(f"  const int32_t* {f.name};  // [{f.formula}] {f.doc}")
+    lines.append("};")
+    for i, n in enumerate(PLAN_INFO_NAMES):
+        lines.append(f"#define RTATTN_PLAN_INFO_{n.upper()} {i}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,184 @@
+"""Ragged queries and paged KV (BSR) as int32 arrays, validated.
+
+A batch is described by four arrays (FlashInfer's convention):
+  qo_indptr[batch+1]        query rows of request b: qo_indptr[b] .. qo_indptr[b+1]
+  kv_indptr[batch+1]        pages of request b: kv_indices[kv_indptr[b] : kv_indptr[b+1]]
+  kv_indices[nnz_pages]     page ids in the pool [0, num_pages)
+  kv_last_page_len[batch]   tokens used in the request's last page, in [1, page_size]
+KV tokens of b = (pages_b - 1) * page_size + last_page_len[b].  A request with
+zero pages has zero KV tokens (its last_page_len is ignored): its output is 0
+and its LSE -inf, and it is still written.  Dense / ragged KV is page_size 1
+with identity indices (`dense_kv`).
+
+Every refusal names the array and the index (or the bound), so bad input never
+reaches a kernel as a device fault or silent zeros.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+_I32_MAX = np.iinfo(np.int32).max
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Validated int32 batch description plus derived per-request lengths."""
+
+    qo_indptr: np.ndarray
+    kv_indptr: np.ndarray
+    kv_indices: np.ndarray
+    kv_last_page_len: np.ndarray
+    qo_len: np.ndarray   # int32[batch]
+    kv_len: np.ndarray   # int32[batch] tokens
+    page_size: int
+
+    @property
+    def batch(self) -> int:
+        return self.qo_len.shape[0]
+
+
+def as_int32(name: str, a) -> np.ndarray:
+    """np.asarray + refuse non-integer dtypes and values outside int32."""
+    arr = np.asarray(a)
+    if arr.dtype == np.int32:
+        if arr.ndim != 1:
+            raise ValueError(f"{name} must be 1-D, got shape {arr.shape}")
+        return arr
+    if arr.dtype.kind not in "iu":
+        if arr.size == 0 and arr.dtype.kind == "f":   # np.asarray([]) is float64
+            return np.zeros(0, np.int32)
+        raise TypeError(f"{name} must have an integer dtype (int32), got {arr.dtype}")
+    if arr.ndim != 1:
+        raise ValueError(f"{name} must be 1-D, got shape {arr.shape}")
+    if arr.size and (arr.min() < np.iinfo(np.int32).min or arr.max() > _I32_MAX):
+        i = int(np.flatnonzero((arr < np.iinfo(np.int32).min) | (arr > _I32_MAX))[0])
+        raise ValueError(f"{name}[{i}] = {arr[i]} does not fit in int32")
+    return arr.astype(np.int32)
+
+
+def _first(mask: np.ndarray) -> int:
+    return int(np.flatnonzero(mask)[0])
+
+
+def check_indptr(name: str, indptr: np.ndarray, length: int | None = None) -> None:
+    if indptr.shape[0] < 1:
+        raise ValueError(f"{name} must have at least one entry (batch+1), got 0")
+    if length is not None and indptr.shape[0] != length:
+        raise ValueError(f"{name} has {indptr.shape[0]} entries, expected {length}")
+    if indptr[0] != 0:
+        raise ValueError(f"{name}[0] = {indptr[0]}, must be 0")
+    d = np.diff(indptr)
+    if d.size and d.min() < 0:
+        i = _first(d < 0)
+        raise ValueError(f"{name} is not monotone: {name}[{i + 1}] = {indptr[i + 1]} "
+                         f"< {name}[{i}] = {indptr[i]}")
+
+
+def check_heads(num_qo_heads: int, num_kv_heads: int) -> int:
+    """Return the group size g = H_qo / H_kv, refusing counts that don't divide."""
+    if num_qo_heads < 1 or num_kv_heads < 1:
+        raise ValueError(f"head counts must be positive, got num_qo_heads={num_qo_heads}, "
+                         f"num_kv_heads={num_kv_heads}")
+    if num_qo_heads % num_kv_heads:
+        raise ValueError(f"num_qo_heads={num_qo_heads} is not a multiple of "
+                         f"num_kv_heads={num_kv_heads}")
+    return num_qo_heads // num_kv_heads
+
+
+def validate_batch(qo_indptr, kv_indptr, kv_indices, kv_last_page_len, page_size: int, *,
+                   num_pages: int | None = None, causal: bool = False,
+                   max_batch: int | None = None, max_qo_tokens: int | None = None,
+                   max_pages: int | None = None, max_qo_len: int | None = None) -> Batch:
+    """Validate a batch; return int32 arrays and per-request lengths.
+
+    `num_pages` is the pool size (page ids must be < it; None: only >= 0).
+    `causal` refuses requests whose query is longer than their KV (query token i
+    sees KV positions <= kv_len - qo_len + i, which would be negative).
+    The max_* bounds, when given, are checked and named in the error.
+    """
+    if page_size < 1:
+        raise ValueError(f"page_size must be >= 1, got {page_size}")
+    qo_indptr = as_int32("qo_indptr", qo_indptr)
+    kv_indptr = as_int32("kv_indptr", kv_indptr)
+    kv_indices = as_int32("kv_indices", kv_indices)
+    last = as_int32("kv_last_page_len", kv_last_page_len)
+
+    check_indptr("qo_indptr", qo_indptr)
+    batch = qo_indptr.shape[0] - 1
+    check_indptr("kv_indptr", kv_indptr, batch + 1)
+    if last.shape[0] != batch:
+        raise ValueError(f"kv_last_page_len has {last.shape[0]} entries, expected batch={batch}")
+    if max_batch is not None and batch > max_batch:
+        raise ValueError(f"batch {batch} exceeds max_batch={max_batch}")
+    nnz = int(kv_indptr[-1])
+    if kv_indices.shape[0] < nnz:
+        raise ValueError(f"kv_indices has {kv_indices.shape[0]} entries, kv_indptr[{batch}] "
+                         f"= {nnz} needs at least that many")
+    if max_pages is not None and nnz > max_pages:
+        raise ValueError(f"{nnz} KV pages (kv_indptr[{batch}]) exceed max_pages={max_pages}")
+    total_q = int(qo_indptr[-1])
+    if max_qo_tokens is not None and total_q > max_qo_tokens:
+        raise ValueError(f"{total_q} query tokens (qo_indptr[{batch}]) exceed "
+                         f"max_qo_tokens={max_qo_tokens}")
+    ids = kv_indices[:nnz]
+    if nnz:
+        lo, hi = int(ids.min()), int(ids.max())
+        if lo < 0:
+            i = _first(ids < 0)
+            raise ValueError(f"kv_indices[{i}] = {ids[i]} is negative")
+        if num_pages is not None and hi >= num_pages:
+            i = _first(ids >= num_pages)
+            raise ValueError(f"kv_indices[{i}] = {ids[i]} is outside the page pool "
+                             f"[0, {num_pages})")
+
+    pages = np.diff(kv_indptr)
+    qo_len = np.diff(qo_indptr)
+    has = pages > 0
+    bad = has & ((last < 1) | (last > page_size))
+    if bad.any():
+        i = _first(bad)
+        raise ValueError(f"kv_last_page_len[{i}] = {last[i]} outside [1, page_size="
+                         f"{page_size}]")
+    kv_len = np.where(has, (pages - 1) * page_size + last, 0).astype(np.int32)
+    if max_qo_len is not None and batch and int(qo_len.max()) > max_qo_len:
+        i = _first(qo_len > max_qo_len)
+        raise ValueError(f"request {i} has {qo_len[i]} query tokens (qo_indptr), exceeding "
+                         f"max_qo_len={max_qo_len}")
+    if causal and batch:
+        bad = qo_len > kv_len
+        if bad.any():
+            i = _first(bad)
+            raise ValueError(f"causal: request {i} has qo_len {qo_len[i]} (qo_indptr) > "
+                             f"kv_len {kv_len[i]} (kv_indptr/kv_last_page_len)")
+    return Batch(qo_indptr, kv_indptr, kv_indices, last, qo_len.astype(np.int32), kv_len,
+                 page_size)
+
+
+# -- builders (tests, CLI, benchmarks) ------------------------------------------
+
+def indptr_from_lengths(lengths) -> np.ndarray:
+    lens = np.asarray(lengths, dtype=np.int64)
+    out = np.zeros(lens.shape[0] + 1, dtype=np.int32)
+    np.cumsum(lens, out=out[1:])
+    return out
+
+
+def paged_kv(kv_lens, page_size: int, *, shuffle_seed: int | None = None):
+    """(kv_indptr, kv_indices, kv_last_page_len) for the given token lengths.
+    Page ids are 0..n-1, randomly permuted when shuffle_seed is given."""
+    kv = np.asarray(kv_lens, dtype=np.int64)
+    pages = -(-kv // page_size)
+    indptr = indptr_from_lengths(pages)
+    n = int(indptr[-1])
+    idx = np.arange(n, dtype=np.int32)
+    if shuffle_seed is not None:
+        idx = np.random.default_rng(shuffle_seed).permutation(n).astype(np.int32)
+    last = np.where(pages > 0, kv - (pages - 1) * page_size, 0).astype(np.int32)
+    return indptr, idx, last
+
+
+def dense_kv(kv_lens):
+    """Dense / ragged KV as a degenerate page table: page_size 1, identity ids."""
+    return paged_kv(kv_lens, 1)

@@ -1,0 +1,127 @@
+"""Tile selection and occupancy.
+
+Head-group fusion: the g = H_qo / H_kv query heads that share a KV head are
+folded into the row axis (effective rows = query tokens x g), so one K/V load
+serves g heads.  The decode kernel (CUDA cores) handles up to `max_rows`
+effective rows per CTA, hence tile_q = max(1, max_rows // g) query tokens.
+Prefill (tensor cores) picks T_q in {16, 32, 64, 128} rows and the largest
+T_kv in {32, 64, 128} that keeps occupancy.
+
+KERNEL_RESOURCES is the one place the kernel author adjusts the resource model.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .devices import Device, get_device
+
+# Per-kernel resource model, keyed by head_dim bucket (<=128, 256).
+# smem = stages * tile_kv * head_dim * 2 (K and V) * dtype_bytes + extra_smem.
+KERNEL_RESOURCES = {
+    "decode": {
+        128: dict(threads=128, regs=168, stages=3, tile_kv=64, extra_smem=1024),
+        256: dict(threads=128, regs=255, stages=3, tile_kv=32, extra_smem=1024),
+    },
+    "prefill": {
+        128: dict(threads=128, regs=168, stages=2, tile_kv=None, extra_smem=1024),
+        256: dict(threads=128, regs=255, stages=2, tile_kv=None, extra_smem=1024),
+    },
+}
+PREFILL_TILE_Q = (16, 32, 64, 128)
+PREFILL_TILE_KV = (128, 64, 32)   # largest first: take the largest that keeps occupancy
+DEFAULT_MAX_ROWS = 16
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    tile_q: int        # query TOKENS per work item (rows = tile_q * g)
+    tile_kv: int       # KV tokens per pipeline stage
+    max_rows: int      # effective rows one CTA handles (tile_q * g <= max_rows)
+    stages: int
+    threads: int
+    smem_bytes: int
+    kernel: str = "decode"
+    regs: int = 168
+    ctas_per_sm: int = 1
+
+
+def _bucket(head_dim: int) -> int:
+    if head_dim <= 128:
+        return 128
+    if head_dim <= 256:
+        return 256
+    raise ValueError(f"head_dim={head_dim} > 256 is not supported")
+
+
+def smem_bytes(stages: int, tile_kv: int, head_dim: int, dtype_bytes: int = 2,
+               extra: int = 1024, q_rows: int = 0) -> int:
+    return stages * tile_kv * head_dim * 2 * dtype_bytes + q_rows * head_dim * dtype_bytes + extra
+
+
+def occupancy(device: Device, threads: int, regs: int, smem: int) -> int:
+    """Resident CTAs per SM, limited by shared memory, registers and threads."""
+    if smem > device.smem_per_block_optin:
+        return 0
+    by_smem = device.smem_per_sm // (smem + device.smem_reserved_per_block)
+    regs_warp = -(-regs * 32 // 256) * 256          # allocation granularity: 256 regs/warp
+    by_regs = device.regs_per_sm // (regs_warp * (threads // 32))
+    by_threads = device.max_threads_per_sm // threads
+    return max(0, min(by_smem, by_regs, by_threads, device.max_blocks_per_sm))
+
+
+def num_ctas_for(device, tile: TileConfig, num_kv_heads: int) -> int:
+    """Fixed grid x-dimension: SMs x CTAs-per-SM / H_kv, at least 1."""
+    dev = get_device(device)
+    return max(1, dev.sm_count * max(1, tile.ctas_per_sm) // num_kv_heads)
+
+
+def select_tile(device, num_qo_heads: int, num_kv_heads: int, head_dim: int,
+                max_qo_len: int = 1, *, kernel: str = "decode",
+                max_rows: int | None = None, avg_qo_len: float | None = None,
+                dtype_bytes: int = 2) -> TileConfig:
+    dev = get_device(device)
+    if num_qo_heads % num_kv_heads:
+        raise ValueError(f"num_qo_heads={num_qo_heads} is not a multiple of "
+                         f"num_kv_heads={num_kv_heads}")
+    g = num_qo_heads // num_kv_heads
+    res = KERNEL_RESOURCES[kernel][_bucket(head_dim)]
+    if kernel == "decode":
+        if max_rows is None:
+            max_rows = DEFAULT_MAX_ROWS if g <= DEFAULT_MAX_ROWS else 32
+        if g > max_rows:
+            raise ValueError(f"head group g={g} (={num_qo_heads}/{num_kv_heads}) exceeds "
+                             f"max_rows={max_rows} of the decode kernel")
+        tile_q = max(1, min(max_rows // g, max(1, max_qo_len)))
+        tile_kv, stages = res["tile_kv"], res["stages"]
+        smem = smem_bytes(stages, tile_kv, head_dim, dtype_bytes, res["extra_smem"])
+        occ = occupancy(dev, res["threads"], res["regs"], smem)
+        if occ == 0:
+            raise ValueError(f"decode tile (stages={stages}, tile_kv={tile_kv}, "
+                             f"head_dim={head_dim}) needs {smem} B smem > opt-in "
+                             f"{dev.smem_per_block_optin} B on {dev.name}")
+        return TileConfig(tile_q, tile_kv, max_rows, stages, res["threads"], smem, "decode",
+                          res["regs"], occ)
+    if kernel != "prefill":
+        raise ValueError(f"kernel must be 'decode' or 'prefill', got {kernel!r}")
+    # Smallest T_q (rows) covering the average effective row count.
+    avg_rows = (avg_qo_len if avg_qo_len is not None else max_qo_len) * g
+    rows = next((t for t in PREFILL_TILE_Q if t >= avg_rows), PREFILL_TILE_Q[-1])
+    rows = max(rows, -(-g // 1))
+    if max_rows is not None:
+        rows = min(rows, max_rows)
+    rows = max(rows, g)
+    best = None
+    for tkv in PREFILL_TILE_KV:
+        smem = smem_bytes(res["stages"], tkv, head_dim, dtype_bytes, res["extra_smem"], rows)
+        occ = occupancy(dev, res["threads"], res["regs"], smem)
+        if occ >= 1 and (best is None or occ > best[1]):
+            best = (tkv, occ, smem)
+        if occ >= 2:   # enough to hide latency; take the largest T_kv reaching it
+            best = (tkv, occ, smem)
+            break
+    if best is None:
+        raise ValueError(f"no prefill tile fits {dev.name} for head_dim={head_dim}")
+    tkv, occ, smem = best
+    tile_q = max(1, min(rows // g, max(1, max_qo_len)))
+    return TileConfig(tile_q, tkv, rows, res["stages"], res["threads"], smem, "prefill",
+                      res["regs"], occ)

@@ -1,0 +1,100 @@
+"""The plan executor (runs only the plan arrays) equals the reference."""
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from rtattn.plan import fields as F
+from rtattn.plan.executor import execute_plan, merge_states
+from rtattn.plan.inspector import Planner
+from rtattn.plan.layout import indptr_from_lengths, paged_kv
+from rtattn.plan.reference import Variant, pack_custom_mask, reference_attention
+
+
+def test_merge_states_is_split_attention():
+    rng = np.random.default_rng(0)
+    s = rng.standard_normal(10) * 5
+    v = rng.standard_normal((10, 3))
+    def state(sl):
+        m = s[sl].max()
+        e = np.exp(s[sl] - m)
+        return e @ v[sl] / e.sum(), m + np.log(e.sum())
+    o, l = merge_states(*state(slice(0, 4)), *state(slice(4, 10)))
+    of, lf = state(slice(0, 10))
+    np.testing.assert_allclose(o, of, atol=1e-14)
+    assert l == pytest.approx(lf, abs=1e-14)
+
+
+def test_merge_states_empty_sides_and_extremes():
+    o = np.ones((2, 3))
+    o2, l2 = merge_states(o, np.array([-np.inf, 1.0]), 2 * o, np.array([-np.inf, -np.inf]))
+    assert (o2[0] == 0).all() and np.isneginf(l2[0])
+    assert (o2[1] == 1).all() and l2[1] == 1.0
+    o3, l3 = merge_states(o[:1], np.array([1e4]), 2 * o[:1], np.array([1e4]))
+    assert np.allclose(o3, 1.5) and l3[0] == pytest.approx(1e4 + np.log(2))
+
+
+def test_merge_states_associative():
+    rng = np.random.default_rng(1)
+    o = rng.standard_normal((3, 5, 4))
+    l = rng.standard_normal((3, 5)) * 10
+    a = merge_states(*merge_states(o[0], l[0], o[1], l[1]), o[2], l[2])
+    b = merge_states(o[0], l[0], *merge_states(o[1], l[1], o[2], l[2]))
+    np.testing.assert_allclose(a[0], b[0], atol=1e-13)
+    np.testing.assert_allclose(a[1], b[1], atol=1e-13)
+
+
+VARS = ["plain", "causal", "window+cap+alibi+rope", "sigmoid", "mask"]
+
+
+@st.composite
+def cases(draw):
+    batch = draw(st.integers(1, 6))
+    seed = draw(st.integers(0, 2**31 - 1))
+    rng = np.random.default_rng(seed)
+    qo = np.where(rng.random(batch) < 0.5, rng.integers(1, 24, batch), 1)
+    kv = rng.integers(0, 400, batch)
+    if draw(st.booleans()):
+        kv[0] = draw(st.integers(400, 3000))
+    var = draw(st.sampled_from(VARS))
+    causal = var in ("causal", "window+cap+alibi+rope")
+    if causal:
+        kv = np.maximum(kv, qo)
+    return dict(seed=seed, qo=qo, kv=kv, var=var, causal=causal,
+                ps=draw(st.sampled_from([1, 16])), group=draw(st.sampled_from([1, 4, 8])),
+                mode=draw(st.sampled_from(list(F.MODES))),
+                layout=draw(st.sampled_from(["NHD", "HND"])))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cases())
+def test_executor_equals_reference(c):
+    rng = np.random.default_rng(c["seed"])
+    qo, kv, ps = c["qo"], c["kv"], c["ps"]
+    Hk = 2 if c["group"] < 8 else 1
+    H, D = Hk * c["group"], 8
+    kvp, idx, last = paged_kv(kv, ps, shuffle_seed=c["seed"] % 5)
+    qi = indptr_from_lengths(qo)
+    npg = max(1, int(kvp[-1]))
+    shape = (npg, ps, Hk, D) if c["layout"] == "NHD" else (npg, Hk, ps, D)
+    kc, vc = rng.standard_normal(shape), rng.standard_normal(shape)
+    q = rng.standard_normal((int(qi[-1]), H, D))
+    var = {"plain": Variant(), "causal": Variant(causal=True),
+           "window+cap+alibi+rope": Variant(causal=True, window_left=40, logits_soft_cap=3.0,
+                                            alibi=True, rope=True),
+           "sigmoid": Variant(sigmoid=True, sigmoid_bias=-2.0)}.get(c["var"])
+    if var is None:
+        bits, offs = pack_custom_mask([rng.random((a, b)) < 0.6 for a, b in zip(qo, kv)])
+        var = Variant(custom_mask=bits, mask_offsets=offs)
+    p = Planner(8, 256, npg, H, Hk, 64, ps, mode=c["mode"], causal=c["causal"], num_ctas=5,
+                chunk_tokens=64, min_chunk_tokens=16)
+    info = p.plan(qi, kvp, idx, last)
+    trace = []
+    O1, L1 = execute_plan(info.views, q, kc, vc, var, c["layout"], trace=trace)
+    O0, L0 = reference_attention(q, kc, vc, qi, kvp, idx, last, ps, var, c["layout"])
+    assert len(trace) == info.num_items
+    assert not np.isnan(O1).any() and not np.isnan(L1).any()
+    np.testing.assert_allclose(O1, O0, rtol=1e-12, atol=1e-12)
+    assert (np.isneginf(L1) == np.isneginf(L0)).all()
+    fin = np.isfinite(L0)
+    np.testing.assert_allclose(L1[fin], L0[fin], rtol=1e-12, atol=1e-12)

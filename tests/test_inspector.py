@@ -1,0 +1,220 @@
+"""Planner properties over random workloads (host only)."""
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from rtattn.plan import fields as F
+from rtattn.plan.inspector import COST_ALPHA, COST_BETA, COST_GAMMA, Planner
+from rtattn.plan.layout import indptr_from_lengths, paged_kv
+from rtattn.plan.verify import verify_plan
+
+SETTINGS = settings(max_examples=60, deadline=None,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+
+@st.composite
+def workloads(draw):
+    batch = draw(st.integers(1, 512))
+    seed = draw(st.integers(0, 2**31 - 1))
+    rng = np.random.default_rng(seed)
+    kind = draw(st.sampled_from(["uniform", "heavy", "one-long", "const"]))
+    if kind == "uniform":
+        kv = rng.integers(1, 32768, batch)
+    elif kind == "heavy":
+        kv = np.minimum(32768, (rng.pareto(1.2, batch) * 300 + 1)).astype(np.int64)
+    elif kind == "one-long":
+        kv = rng.integers(1, 600, batch)
+        kv[rng.integers(batch)] = 32768
+    else:
+        kv = np.full(batch, draw(st.integers(1, 32768)))
+    qmode = draw(st.sampled_from(["decode", "mixed", "prefill"]))
+    if qmode == "decode":
+        qo = np.ones(batch, np.int64)
+    elif qmode == "mixed":
+        qo = np.where(rng.random(batch) < 0.2, rng.integers(1, 513, batch), 1)
+    else:
+        qo = rng.integers(1, 513, batch)
+    page_size = draw(st.sampled_from([1, 16]))
+    if page_size == 1:   # keep page tables modest for token-level pages
+        kv = np.maximum(1, (kv * min(1.0, 2e6 / kv.sum())).astype(np.int64))
+    group = draw(st.sampled_from([1, 4, 8]))
+    mode = draw(st.sampled_from(list(F.MODES)))
+    causal = draw(st.booleans())
+    if causal:
+        kv = np.maximum(kv, qo)
+    return dict(qo=qo, kv=kv, page_size=page_size, group=group, mode=mode, causal=causal,
+                seed=seed)
+
+
+def make(w, **kw):
+    ps = w["page_size"]
+    kvp, idx, last = paged_kv(w["kv"], ps, shuffle_seed=w["seed"] % 7)
+    qo_indptr = indptr_from_lengths(w["qo"])
+    hkv = 8 // w["group"] if w["group"] < 8 else 1
+    p = Planner(max_batch=len(w["qo"]), max_qo_tokens=int(w["qo"].sum()),
+                max_pages=max(1, int(kvp[-1])), num_qo_heads=hkv * w["group"],
+                num_kv_heads=hkv, head_dim=128, page_size=ps, mode=w["mode"],
+                causal=w["causal"], max_qo_len=int(w["qo"].max()), **kw)
+    return p, (qo_indptr, kvp, idx, last)
+
+
+@SETTINGS
+@given(workloads())
+def test_plan_covers_everything_once_and_respects_bounds(w):
+    p, args = make(w)
+    info = p.plan(*args)
+    b = p.bounds
+    assert info.num_items <= b.max_items
+    assert info.num_partial_rows <= b.max_partial_rows
+    assert info.num_merge_rows <= b.max_merge_rows
+    verify_plan(info.views, w["qo"], w["kv"], tile_q=p.tile_q, page_size=w["page_size"],
+                causal=w["causal"])
+    # LPT guarantee: makespan <= mean load + largest item.
+    if w["mode"] != "naive":
+        v = info.views
+        n = info.num_items
+        cost = (COST_ALPHA * v["item_qo_len"][:n].astype(np.int64)
+                + COST_BETA * (v["item_kv_end"][:n] - v["item_kv_start"][:n]) + COST_GAMMA)
+        assert info.cta_loads.sum() == cost.sum()
+        assert info.max_load <= cost.sum() / p.num_ctas + cost.max()
+
+
+@SETTINGS
+@given(workloads())
+def test_deterministic_byte_identical(w):
+    p, args = make(w)
+    a, b = p.layout.allocate(), p.layout.allocate()
+    p.plan(*args, out=a)
+    p.plan(*args, out=b)
+    assert a.tobytes() == b.tobytes()
+    p2, _ = make(w)
+    c = p2.layout.allocate()
+    p2.plan(*args, out=c)
+    assert a.tobytes() == c.tobytes()
+
+
+def _items_of(info, r):
+    v = info.views
+    n = info.num_items
+    sel = v["item_request"][:n] == r
+    rows = v["item_qo_start"][:n][sel] - v["req_qo_start"][r]
+    key = sorted(zip(rows.tolist(), v["item_qo_len"][:n][sel].tolist(),
+                     v["item_kv_start"][:n][sel].tolist(), v["item_kv_end"][:n][sel].tolist()))
+    return key
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2**31 - 1), st.integers(2, 64), st.sampled_from([1, 16]))
+def test_batch_invariant_request_items_independent_of_batch(seed, batch, ps):
+    rng = np.random.default_rng(seed)
+    kv = rng.integers(1, 20000, batch)
+    qo = np.where(rng.random(batch) < 0.3, rng.integers(1, 40, batch), 1)
+    p = Planner(128, 4096, 64 * 20000 // ps, 32, 8, 128, ps, mode="batch-invariant", chunk_tokens=1024,
+                max_qo_len=64)
+    info1 = p.plan_lengths(qo, kv)
+    # Change every other request, keep request 0.
+    kv2, qo2 = kv.copy(), qo.copy()
+    kv2[1:] = rng.integers(1, 20000, batch - 1)
+    qo2[1:] = 1
+    info2 = p.plan_lengths(qo2, kv2)
+    assert _items_of(info1, 0) == _items_of(info2, 0)
+    # Merge order of request 0's rows: the KV starts of the partial rows in order.
+    def merge_kv(info):
+        v = info.views
+        n = info.num_items
+        kvs = {}
+        for i in range(n):
+            pr = int(v["item_partial"][i])
+            if pr >= 0:
+                for t in range(int(v["item_qo_len"][i])):
+                    kvs[pr + t] = int(v["item_kv_start"][i])
+        out = []
+        for r in range(info.num_merge_rows):
+            row = int(v["merge_qo_row"][r])
+            if row < qo[0]:
+                ids = v["merge_partial"][v["merge_indptr"][r]:v["merge_indptr"][r + 1]]
+                out.append((row, [kvs[int(x)] for x in ids]))
+        return out
+    assert merge_kv(info1) == merge_kv(info2)
+
+
+def test_balanced_beats_naive_on_skew():
+    kv = np.array([32768] + [512] * 63)
+    qo = np.ones(64, int)
+    loads = {}
+    for mode in ("balanced", "naive"):
+        p = Planner(64, 64, 4096, 32, 8, 128, 16, mode=mode, max_qo_len=1)
+        loads[mode] = p.plan_lengths(qo, kv).max_load
+    assert loads["balanced"] * 4 < loads["naive"]
+
+
+@SETTINGS
+@given(workloads())
+def test_balanced_far_below_naive_on_skewed(w):
+    if w["mode"] != "balanced" or w["causal"]:
+        return
+    kv, qo = w["kv"], w["qo"]
+    p, args = make(w)
+    tq = p.tile_q
+    tiles = -(-qo // tq)
+    work = tiles * kv
+    slack = p.min_chunk + 2 * COST_GAMMA + COST_ALPHA * tq
+    if kv.max() < 6 * (work.sum() / p.num_ctas + slack):
+        return   # not skewed (or too small to split below the chunk floor)
+    w2 = dict(w, mode="naive")
+    pn, _ = make(w2)
+    bal = p.plan(*args).max_load
+    nai = pn.plan(*args).max_load
+    assert bal * 3 < nai
+
+
+def test_empty_kv_request_gets_a_writethrough_item():
+    p = Planner(4, 8, 16, 8, 8, 64, 16)
+    info = p.plan_lengths([1, 2, 1], [0, 40, 0])
+    v = info.views
+    n = info.num_items
+    for r in (0, 2):
+        sel = v["item_request"][:n] == r
+        assert sel.sum() == 1
+        assert v["item_kv_start"][:n][sel][0] == v["item_kv_end"][:n][sel][0] == 0
+        assert v["item_partial"][:n][sel][0] == -1
+    verify_plan(v, [1, 2, 1], [0, 40, 0], tile_q=p.tile_q, page_size=16)
+
+
+def test_bound_exceeded_raises_and_writes_nothing():
+    p = Planner(2, 4, 8, 8, 8, 64, 16)
+    buf = p.layout.allocate()
+    with pytest.raises(ValueError, match="max_batch=2"):
+        p.plan_lengths([1, 1, 1], [5, 5, 5], out=buf)
+    with pytest.raises(ValueError, match="max_pages=8"):
+        p.plan_lengths([1, 1], [100, 100], out=buf)
+    assert not buf.any()
+
+
+def test_chunks_page_aligned_and_floor():
+    p = Planner(16, 16, 4096, 32, 8, 128, 16, max_qo_len=1, min_chunk_tokens=100)
+    assert p.min_chunk == 112
+    info = p.plan_lengths([1] * 4, [5000, 10, 10, 10])
+    assert info.chunk_tokens % 16 == 0 and info.chunk_tokens >= 112
+
+
+def test_num_ctas_and_tile_from_device():
+    p = Planner(64, 64, 4096, 32, 8, 128, 16, device="h200", max_qo_len=1)
+    assert p.tile_q == 1 and p.tile.max_rows == 16
+    assert p.num_ctas == 132 * p.tile.ctas_per_sm // 8
+    pa = Planner(64, 64, 4096, 32, 8, 128, 16, device="a100", max_qo_len=1)
+    assert pa.num_ctas == 108 * pa.tile.ctas_per_sm // 8
+    assert Planner(4, 4, 4, 32, 1, 128, 16, max_qo_len=1).num_ctas >= 1
+
+
+def test_plan_info_header():
+    p = Planner(8, 64, 4096, 32, 8, 128, 16)
+    info = p.plan_lengths([3, 1, 7], [900, 20, 3000])
+    h = info.views["plan_info"]
+    assert h[F.INFO_NUM_ITEMS] == info.num_items
+    assert h[F.INFO_BATCH] == 3 and h[F.INFO_TILE_Q] == p.tile_q
+    assert h[F.INFO_PAGE_SIZE] == 16 and h[F.INFO_NUM_CTAS] == p.num_ctas
+    assert h[F.INFO_NUM_QO_TOKENS] == 11
+    assert h[F.INFO_NUM_PARTIAL_ROWS] == info.num_partial_rows
+    assert h[F.INFO_NUM_MERGE_ROWS] == info.num_merge_rows
