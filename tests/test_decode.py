@@ -1,0 +1,224 @@
+"""Decode + merge kernels against the float64 reference (GPU tier), and the codegen that makes
+them (CPU tier: every built-in renders and compiles for sm_80 and sm_90)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rtattn.codegen import spec as S
+from rtattn.kernels import compile_spec
+from rtattn.plan import reference as ref
+
+BUILTIN_SPECS = [S.standard(), S.standard(causal=True), S.standard(window=True), S.standard(soft_cap=True),
+                 S.standard(alibi=True), S.sigmoid(), S.rope(), S.custom_mask()]
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+@pytest.mark.parametrize("spec", BUILTIN_SPECS[:4] + BUILTIN_SPECS[5:7], ids=lambda s: s.variant)
+def test_builtin_variants_compile(spec, arch, isolated_cache):
+    rendered, cubin = compile_spec(spec, arch, quiet=True)
+    assert cubin[:4] == b"\x7fELF"
+    assert rendered.decode_name in rendered.source and rendered.merge_name in rendered.source
+
+
+@pytest.mark.parametrize("head_dim", [64, 256])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_head_dims_and_dtypes_compile(head_dim, dtype, isolated_cache):
+    _, cubin = compile_spec(S.standard(head_dim=head_dim, dtype=dtype), "sm_90", quiet=True)
+    assert cubin[:4] == b"\x7fELF"
+
+
+def test_kernel_names_spell_the_specialization():
+    s = S.standard(causal=True, soft_cap=True, dtype="float16", head_dim=64)
+    assert s.uri == "causal_softcap_float16_d64_m1_w4_s3"
+
+
+def test_bad_specs_are_refused():
+    with pytest.raises(ValueError, match="head_dim"):
+        S.standard(head_dim=96)
+    with pytest.raises(ValueError, match="dtype"):
+        S.standard(dtype="float32")
+    with pytest.raises(ValueError, match="C identifier"):
+        S.Param("not a name", "float")
+
+
+# ----------------------------------------------------------------------------- GPU tier
+TOL = {"bfloat16": 2e-2, "float16": 5e-3}
+
+
+def _run(case, variant="plain", dtype="bfloat16", mode="balanced", params=None, lse=True, **kw):
+    import torch
+    from rtattn.wrapper import BatchDecodeWrapper
+    T, H, D = case.q.shape
+    Hk = case.k_cache.shape[2] if case.kv_layout == "NHD" else case.k_cache.shape[1]
+    w = BatchDecodeWrapper(H, Hk, D, case.page_size, max_batch=len(case.kv_lens) + 3,
+                           max_pages=int(case.kv_indptr[-1]) + 5, max_qo_tokens=T + 8, variant=variant,
+                           dtype=dtype, kv_layout=case.kv_layout, mode=mode, **kw)
+    w.plan(case.kv_indptr, case.kv_indices, case.kv_last_page_len, qo_indptr=case.qo_indptr)
+    out = torch.full_like(case.q, float("nan"))                     # poisoned
+    lse_t = torch.full((T, H), float("nan"), device="cuda") if lse else None
+    w.run(case.q, case.k_cache, case.v_cache, out=out, lse=lse_t, params=params)
+    torch.cuda.synchronize()
+    return out.float().cpu().numpy(), (lse_t.cpu().numpy() if lse else None), w
+
+
+def _check(case, got_o, got_lse, var=ref.Variant(), dtype="bfloat16"):
+    from decode_cases import lse_error, rel_error
+    want_o, want_lse = case.reference(var)
+    err = rel_error(got_o, want_o)
+    assert err < TOL[dtype], f"O relative error {err:.2e}"
+    if got_lse is not None:
+        lerr = lse_error(got_lse, want_lse)
+        assert lerr < 2e-2, f"LSE max abs error {lerr:.2e}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("heads", [(32, 32), (32, 8), (32, 4), (8, 1)], ids=lambda h: f"{h[0]}/{h[1]}")
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("lengths", ["const:1024", "heavy", "long_short", "uniform:1:64"])
+def test_decode_matches_reference(heads, page_size, lengths):
+    from decode_cases import kv_lengths, make_case
+    rng = np.random.default_rng(hash((heads, page_size, lengths)) % 2**32)
+    batch = 17 if lengths != "long_short" else 33
+    case = make_case(kv_lengths(lengths, batch, rng), *heads, 128, page_size, seed=int(rng.integers(1 << 30)))
+    o, lse, _ = _run(case)
+    _check(case, o, lse)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("kv_layout", ["NHD", "HND"])
+def test_head_dims_dtypes_layouts(head_dim, dtype, kv_layout):
+    from decode_cases import make_case
+    rng = np.random.default_rng(head_dim)
+    case = make_case(rng.integers(1, 3000, 9), 16, 4, head_dim, 16, dtype=dtype, kv_layout=kv_layout, seed=head_dim)
+    o, lse, _ = _run(case, dtype=dtype)
+    _check(case, o, lse, dtype=dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("page_size", [8, 32])
+def test_other_page_sizes(page_size):
+    from decode_cases import make_case
+    case = make_case([1, 7, 8, 9, 700, 2049], 32, 8, 128, page_size, seed=page_size)
+    o, lse, _ = _run(case)
+    _check(case, o, lse)
+
+
+@pytest.mark.gpu
+def test_large_batch_and_32k():
+    from decode_cases import kv_lengths, make_case
+    rng = np.random.default_rng(5)
+    case = make_case(kv_lengths("heavy", 256, rng), 32, 8, 128, 16, seed=5)
+    o, lse, _ = _run(case)
+    _check(case, o, lse)
+    case = make_case([32768], 32, 8, 128, 16, seed=6)
+    o, lse, _ = _run(case)
+    _check(case, o, lse)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["naive", "batch-invariant"])
+def test_plan_modes(mode):
+    from decode_cases import make_case
+    case = make_case([5000, 30, 1, 4096, 900], 32, 8, 128, 16, seed=11)
+    o, lse, _ = _run(case, mode=mode, chunk_tokens=1024)
+    _check(case, o, lse)
+
+
+@pytest.mark.gpu
+def test_empty_kv_request_gives_zero_and_neg_inf_lse():
+    from decode_cases import make_case
+    case = make_case([0, 100, 0, 3000], 8, 2, 128, 16, seed=12)
+    o, lse, _ = _run(case)
+    assert np.all(o[[0, 2]] == 0) and np.all(np.isneginf(lse[[0, 2]]))
+    _check(case, o, lse)
+
+
+VARIANT_CASES = {
+    "causal": (lambda n: {}, ref.Variant(causal=True)),
+    "sliding_window": (lambda n: {"window_left": 300}, ref.Variant(window_left=300)),
+    "soft_cap": (lambda n: {"soft_cap": 2.0}, ref.Variant(logits_soft_cap=2.0)),
+    "sigmoid": (lambda n: {"sigmoid_bias": -1.5}, ref.Variant(sigmoid=True, sigmoid_bias=-1.5)),
+    "rope": (lambda n: {"rope_theta": 1e4, "rope_offset": 3}, ref.Variant(rope=True, rope_offset=3)),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", sorted(VARIANT_CASES) + ["alibi", "custom_mask"])
+@pytest.mark.parametrize("qo_len", [1, 3])
+def test_variants(variant, qo_len):
+    import torch
+    from decode_cases import make_case
+    rng = np.random.default_rng(21)
+    kv = np.array([1, 50, 700, 2500, 5000])
+    case = make_case(kv, 16, 4, 128, 16, qo_lens=np.minimum(qo_len, kv), seed=21)
+    qo = np.diff(case.qo_indptr)
+    if variant == "alibi":
+        slopes = torch.tensor(ref.alibi_slopes(16), dtype=torch.float32, device="cuda")
+        params, var = {"alibi_slopes": slopes}, ref.Variant(alibi=True)
+    elif variant == "custom_mask":
+        masks = [rng.random((q, k)) < 0.7 for q, k in zip(qo, kv)]
+        bits, offs = ref.pack_custom_mask(masks)
+        params = {"mask": torch.from_numpy(bits).cuda(), "mask_offsets": torch.from_numpy(offs).cuda()}
+        var = ref.Variant(custom_mask=bits, mask_offsets=offs)
+    else:
+        make, var = VARIANT_CASES[variant]
+        params = make(None)
+    o, lse, _ = _run(case, variant=variant, params=params)
+    _check(case, o, lse, var)
+
+
+@pytest.mark.gpu
+def test_user_defined_variant():
+    """A variant that is not built in: logits scaled by a per-head temperature tensor."""
+    import torch
+    from decode_cases import make_case
+    source = """
+    struct HeadTemperature : rtattn::VariantBase {
+      static constexpr bool has_logits_transform = true;
+      template <class P> __device__ float LogitsTransform(const P& p, float s, int, int, int qo_head, int) const {
+        return s * p.extra.temperature[qo_head];
+      }
+    };"""
+    spec = S.custom_variant("head_temp", source, "HeadTemperature", (S.Param("temperature", "const float*"),))
+    case = make_case([10, 600, 2000], 8, 2, 128, 16, seed=31)
+    temp = np.linspace(0.5, 2.0, 8)
+    o, lse, _ = _run(case, variant=spec, params={"temperature": torch.tensor(temp, dtype=torch.float32, device="cuda")})
+    # same as plain attention with sm_scale multiplied per head: check head by head
+    want_o, want_lse = case.reference(ref.Variant())
+    from decode_cases import rel_error
+    for h in range(8):
+        wo, _ = case.reference(ref.Variant(sm_scale=temp[h] / np.sqrt(128)))
+        assert rel_error(o[:, h], wo[:, h]) < 2e-2
+
+
+@pytest.mark.gpu
+def test_outputs_are_bitwise_deterministic():
+    import torch
+    from decode_cases import kv_lengths, make_case
+    case = make_case(kv_lengths("heavy", 64, np.random.default_rng(3)), 32, 8, 128, 16, seed=3)
+    o1, l1, w = _run(case)
+    outs = []
+    for _ in range(3):
+        out = torch.full_like(case.q, float("nan"))
+        w.run(case.q, case.k_cache, case.v_cache, out=out)
+        outs.append(out.view(torch.int16).cpu().numpy())
+    assert all(np.array_equal(outs[0], x) for x in outs[1:])
+    assert np.array_equal(outs[0], torch.from_numpy(o1).to(torch.bfloat16).view(torch.int16).numpy())
+
+
+@pytest.mark.gpu
+def test_batch_invariant_mode_is_independent_of_batch():
+    import torch
+    from decode_cases import make_case
+    case = make_case([7000, 10, 3000], 32, 8, 128, 16, seed=41)
+    o_full, _, _ = _run(case, mode="batch-invariant", chunk_tokens=1024)
+    # the same first request alone (same pages, same data)
+    n0 = int(case.kv_indptr[1])
+    alone = make_case([7000], 32, 8, 128, 16, seed=41)
+    alone.q, alone.k_cache, alone.v_cache = case.q[:1], case.k_cache, case.v_cache
+    alone.kv_indices = case.kv_indices[:n0]
+    o_alone, _, _ = _run(alone, mode="batch-invariant", chunk_tokens=1024)
+    assert np.array_equal(o_full[0], o_alone[0])

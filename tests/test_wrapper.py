@@ -1,0 +1,149 @@
+"""BatchDecodeWrapper logic on the CPU: the device, kernels and memory are replaced by fakes, so
+validation, planning and argument packing are tested without a GPU (the GPU tier runs them for real)."""
+from __future__ import annotations
+
+import ctypes
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from rtattn import wrapper as W
+from rtattn.codegen.render import render
+from rtattn.plan.layout import paged_kv
+from rtattn.runtime import export
+
+
+class FakeKernels:
+    def __init__(self, spec):
+        self.rendered = render(spec)
+        self.ctas_per_sm = 2
+        self.launches = []
+
+    def num_ctas(self, num_kv_heads):
+        return max(1, 132 * 2 // num_kv_heads)
+
+    def launch(self, params, num_ctas, grid_y, stream=None, merge=True):
+        self.launches.append((params, num_ctas, grid_y, merge))
+
+
+class FakeBuffer:
+    _next = 1 << 20
+
+    def __init__(self, nbytes, device=None):
+        self.nbytes, self.ptr = nbytes, FakeBuffer._next
+        FakeBuffer._next += (nbytes + 4095) // 4096 * 4096 + 4096
+        self.array = np.zeros(nbytes, np.uint8)
+
+    def as_tensor(self, dtype, shape, stream=None):
+        return export(self.ptr, shape, dtype, 0)
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    props = SimpleNamespace(name="fake H200", sm_count=132, smem_per_sm=233472, smem_per_block_optin=232448,
+                            regs_per_sm=65536, l2_bytes=60 << 20, cc=(9, 0), max_threads_per_sm=2048,
+                            smem_per_block=49152, regs_per_block=65536)
+    dev = SimpleNamespace(ordinal=0, props=props, arch="sm_90", name="fake")
+    made = []
+
+    def kernels(spec, ordinal):
+        made.append(FakeKernels(spec))
+        return made[-1]
+
+    monkeypatch.setattr(W, "current_device", lambda d=None: dev)
+    monkeypatch.setattr(W, "decode_kernels", kernels)
+    monkeypatch.setattr(W, "DeviceBuffer", FakeBuffer)
+    monkeypatch.setattr(W, "PinnedBuffer", FakeBuffer)
+    monkeypatch.setattr(W, "Event", lambda timing=False: SimpleNamespace(record=lambda s=None: None,
+                                                                          synchronize=lambda: None))
+    copies = []
+    monkeypatch.setattr(W, "memcpy_htod_async", lambda dst, src, n, stream=None: copies.append((dst, src, n)))
+    monkeypatch.setattr(W, "as_stream", lambda s=None: SimpleNamespace(handle=0))
+    return SimpleNamespace(kernels=made, copies=copies)
+
+
+def cuda(shape, dtype="bfloat16", ptr=1 << 30, strides=None):
+    return export(ptr, shape, dtype, 0, strides=strides)
+
+
+def _wrapper(**kw):
+    args = dict(max_batch=8, max_pages=64)
+    args.update(kw)
+    return W.BatchDecodeWrapper(32, 8, 128, 16, **args)
+
+
+def test_plan_copies_the_plan_once_and_run_packs_every_pointer(fake_gpu):
+    w = _wrapper()
+    kv_indptr, kv_indices, last = paged_kv([100, 20, 300], 16, shuffle_seed=1)
+    info = w.plan(kv_indptr, kv_indices, last)
+    assert info.batch == 3 and fake_gpu.copies == [(w.workspace_ptr, w.pinned.ptr, w.layout.plan_bytes)]
+    q, k, v, o = cuda((3, 32, 128)), cuda((40, 16, 8, 128), ptr=1 << 32), cuda((40, 16, 8, 128), ptr=1 << 33), \
+        cuda((3, 32, 128), ptr=1 << 34)
+    out = w.run(q, k, v, out=o)
+    assert out is o
+    params, num_ctas, grid_y, merge = fake_gpu.kernels[0].launches[0]
+    st = w.kernels.rendered.params.ctypes_type().from_buffer_copy(params)
+    assert (st.q, st.k_cache, st.v_cache, st.o, st.lse) == (q.ptr, k.ptr, v.ptr, o.ptr, None)
+    assert (st.k_stride_page, st.k_stride_tok, st.k_stride_head) == (16 * 8 * 128, 8 * 128, 128)
+    assert st.plan.work_indptr == w.workspace_ptr + w.layout.offsets["work_indptr"]
+    assert st.group_size == 4 and st.page_shift == 4 and (num_ctas, grid_y) == (w.num_ctas, 8)
+    assert abs(st.sm_scale - 128 ** -0.5) < 1e-7
+
+
+def test_hnd_layout_and_combined_kv_cache(fake_gpu):
+    w = _wrapper(kv_layout="HND")
+    w.plan(*paged_kv([40], 16))
+    kv = cuda((5, 2, 8, 16, 128), ptr=1 << 32)
+    w.run(cuda((1, 32, 128)), kv, out=cuda((1, 32, 128), ptr=1 << 34))
+    st = w.kernels.rendered.params.ctypes_type().from_buffer_copy(fake_gpu.kernels[0].launches[0][0])
+    assert st.k_cache == kv.ptr and st.v_cache == kv.ptr + 8 * 16 * 128 * 2
+    assert (st.k_stride_page, st.k_stride_tok, st.k_stride_head) == (2 * 8 * 16 * 128, 128, 16 * 128)
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(q=cuda((3, 32, 64))), r"q has shape"),
+    (dict(q=cuda((3, 32, 128), dtype="float16")), "dtype float16"),
+    (dict(k=cuda((2, 16, 8, 128), ptr=1 << 32)), "holds 2 pages"),
+    (dict(k=cuda((40, 16, 8, 128), ptr=(1 << 32) + 8)), "16-byte aligned"),
+    (dict(q=np.zeros((3, 32, 128), np.float16)), "CUDA device memory"),
+    (dict(o=cuda((3, 32, 128), ptr=1 << 34, strides=(4096, 1, 32))), "contiguous"),
+])
+def test_bad_tensors_are_refused_before_launch(fake_gpu, bad, match):
+    w = _wrapper()
+    w.plan(*paged_kv([100, 20, 300], 16))
+    t = dict(q=cuda((3, 32, 128)), k=cuda((40, 16, 8, 128), ptr=1 << 32), v=cuda((40, 16, 8, 128), ptr=1 << 33),
+             o=cuda((3, 32, 128), ptr=1 << 34))
+    t.update(bad)
+    with pytest.raises((ValueError, TypeError), match=match):
+        w.run(t["q"], t["k"], t["v"], out=t["o"])
+    assert fake_gpu.kernels[0].launches == []
+
+
+def test_run_before_plan_and_bad_construction(fake_gpu):
+    w = _wrapper()
+    with pytest.raises(RuntimeError, match="before plan"):
+        w.run(cuda((1, 32, 128)), cuda((4, 16, 8, 128)), cuda((4, 16, 8, 128)))
+    with pytest.raises(ValueError, match="power of two"):
+        W.BatchDecodeWrapper(32, 8, 128, 12, max_batch=4, max_pages=8)
+    with pytest.raises(ValueError, match="multiple"):
+        W.BatchDecodeWrapper(30, 8, 128, 16, max_batch=4, max_pages=8)
+    with pytest.raises(ValueError, match="unknown variant"):
+        W.BatchDecodeWrapper(32, 8, 128, 16, max_batch=4, max_pages=8, variant="nope")
+
+
+def test_variant_parameters_are_checked_and_packed(fake_gpu):
+    w = _wrapper(variant="soft_cap")
+    w.plan(*paged_kv([10], 16))
+    args = (cuda((1, 32, 128)), cuda((4, 16, 8, 128), ptr=1 << 32), cuda((4, 16, 8, 128), ptr=1 << 33))
+    with pytest.raises(ValueError, match="missing"):
+        w.run(*args, out=cuda((1, 32, 128), ptr=1 << 34))
+    w.run(*args, out=cuda((1, 32, 128), ptr=1 << 34), params={"soft_cap": 30.0})
+    st = w.kernels.rendered.params.ctypes_type().from_buffer_copy(fake_gpu.kernels[0].launches[0][0])
+    assert st.extra.soft_cap == 30.0
+
+
+def test_plan_bounds_are_enforced(fake_gpu):
+    w = _wrapper(max_batch=2)
+    with pytest.raises(ValueError, match="max_batch"):
+        w.plan(*paged_kv([10, 10, 10], 16))
