@@ -1,0 +1,140 @@
+"""CUDA graphs of a BatchDecodeWrapper's run(), keyed by configuration, updated in place.
+
+Why this works: the wrapper's plan lives at fixed workspace offsets, so a captured decode +
+merge pair stays valid across plan() calls with any lengths; only the tensor pointers
+(another layer's q/KV/out) change the kernels' argument struct. Per configuration (variant
+spec, tile config) we keep up to `max_execs` executable graphs, each remembering the argument
+struct it holds:
+
+* same struct as an existing exec          -> replay
+* new struct, room for another exec        -> capture + instantiate
+* new struct, pool full                    -> update the least recently used exec in place:
+  kernel-node parameter update ("nodes", default: two driver calls, no capture) or capture +
+  cuGraphExecUpdate ("capture"); re-instantiate only when the driver refuses the update
+  (topology changed), which is counted and logged.
+
+`max_execs=1` (default) is the minimal-memory policy: one exec per configuration, updated
+for every layer. `max_execs=num_layers` keeps one exec per layer: no updates at all.
+"""
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+
+from rtattn.runtime import CudaError
+
+from . import graph as G
+
+log = logging.getLogger("rtattn.graphs")
+
+UPDATE_MODES = ("nodes", "capture")
+
+
+def config_key(wrapper) -> tuple:
+    """What fixes the captured topology and launch shapes (not the pointers)."""
+    k, r = wrapper.kernels, wrapper.kernels.rendered
+    merge = wrapper.planner.bounds.max_merge_rows > 0
+    return (wrapper.spec.uri, wrapper.device.ordinal, wrapper.num_ctas, wrapper.num_kv_heads,
+            r.threads, r.smem_bytes, merge, getattr(k, "merge_ctas", 0), r.merge_threads)
+
+
+class DecodeGraphs:
+    """Graph replay of `wrapper.run()`; `step()` has run()'s signature and results."""
+
+    def __init__(self, wrapper=None, *, max_execs: int = 1, update: str = "nodes"):
+        if update not in UPDATE_MODES:
+            raise ValueError(f"update must be one of {UPDATE_MODES}, got {update!r}")
+        if max_execs < 1:
+            raise ValueError(f"max_execs must be >= 1, got {max_execs}")
+        self.wrapper, self.max_execs, self.update_mode = wrapper, int(max_execs), update
+        self.stats = dict(captures=0, instantiations=0, updates=0, param_updates=0,
+                          reinstantiations=0, replays=0)
+        self.reasons: list[str] = []   # why each re-instantiation happened
+        self._pools: dict[tuple, OrderedDict] = {}
+
+    # ----------------------------------------------------------------- the step
+    def step(self, q, k_cache, v_cache=None, *, out=None, lse=None, stream=None, sm_scale=None,
+             params=None, wrapper=None):
+        """Like wrapper.run(), but replayed from a graph. `stream` must not be the legacy
+        default stream. Validation is the wrapper's, done before anything is launched."""
+        w = wrapper or self.wrapper
+        if w is None:
+            raise ValueError("no wrapper: pass DecodeGraphs(wrapper) or step(..., wrapper=w)")
+        s = G.capturable_stream(stream)
+        launch = w.prepare(q, k_cache, v_cache, out=out, lse=lse, stream=s, sm_scale=sm_scale, params=params)
+        self.replay(launch, s)
+        return (launch.out, launch.lse) if launch.lse is not None else launch.out
+
+    def replay(self, launch, stream) -> None:
+        """Replay a prepared DecodeLaunch through the graph pool of its configuration."""
+        s = G.capturable_stream(stream)
+        pool = self._pools.setdefault(config_key(launch.wrapper), OrderedDict())
+        key = bytes(launch.params)
+        ex = pool.get(key)
+        if ex is not None:
+            pool.move_to_end(key)
+        elif len(pool) < self.max_execs:
+            ex = self._capture(launch, s).instantiate()
+            self.stats["instantiations"] += 1
+            pool[key] = ex
+        else:
+            _, old = pool.popitem(last=False)
+            ex = self._update(old, launch, s)
+            pool[key] = ex
+        ex.launch(s)
+        self.stats["replays"] += 1
+
+    # ------------------------------------------------------------ internals
+    def _capture(self, launch, s):
+        g = G.capture(lambda: launch(s), s)
+        self.stats["captures"] += 1
+        return g
+
+    def _update(self, ex, launch, s):
+        if self.update_mode == "nodes" and _nodes_take_params(ex, launch):
+            try:
+                for i in range(len(ex.kernel_nodes())):
+                    ex.set_kernel_params(i, launch.params)
+                self.stats["param_updates"] += 1
+                return ex
+            except CudaError as e:  # fall back to the whole-graph update below
+                log.info("kernel-node parameter update refused (%s); trying cuGraphExecUpdate", e)
+        g = self._capture(launch, s)
+        res = ex.update(g)
+        if res:
+            g.destroy()  # its parameters now live in `ex`
+            self.stats["updates"] += 1
+            return ex
+        why = f"cuGraphExecUpdate refused ({res.reason}): re-instantiating {launch.wrapper.spec.uri}"
+        log.warning(why)
+        self.reasons.append(why)
+        ex.destroy(graph_too=True)
+        self.stats["reinstantiations"] += 1
+        self.stats["instantiations"] += 1
+        return g.instantiate()
+
+    @property
+    def num_execs(self) -> int:
+        return sum(len(p) for p in self._pools.values())
+
+    def close(self) -> None:
+        """Destroy every graph and executable graph now."""
+        for pool in self._pools.values():
+            for ex in pool.values():
+                ex.destroy(graph_too=True)
+        self._pools.clear()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _nodes_take_params(ex, launch) -> bool:
+    """True when every kernel node of `ex` is the decode or merge kernel, both of which take
+    the launch's whole argument struct: then a per-node parameter update is exact."""
+    k = launch.wrapper.kernels
+    funcs = {int(k.decode.handle), int(k.merge.handle)}
+    nodes = ex.kernel_nodes()
+    return bool(nodes) and all(int(n.func) in funcs for n in nodes)

@@ -1,0 +1,501 @@
+"""CUDA graphs of the decode wrapper: capture / instantiate / update / replay.
+
+CPU tier: legacy-stream refusal, no-device refusal, and DecodeGraphs' pool logic (replay vs
+instantiate vs in-place update vs re-instantiate) with the wrapper's device and the graph API
+replaced by fakes. GPU tier (-m gpu): graph replay against eager runs and the float64
+reference, across re-plans (requests finishing and joining), pointer changes (update path),
+with outputs poisoned before every replay.
+"""
+from __future__ import annotations
+
+import ctypes
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from rtattn import wrapper as W
+from rtattn.codegen.render import render
+from rtattn.graphs import decode_graphs as DG
+from rtattn.graphs import graph as G
+from rtattn.graphs.device_arrays import DeviceArray, bf16_bits_to_f32, f32_to_bf16_bits, rounded
+from rtattn.plan.layout import paged_kv
+from rtattn.runtime import NoDeviceError, Stream, export, has_device
+
+
+# =============================================================================== CPU tier
+def test_capture_on_the_legacy_stream_is_refused():
+    called = []
+    for s in (None, 0, 1, Stream.default()):
+        with pytest.raises(G.GraphCaptureError, match="legacy default stream"):
+            G.capture(lambda: called.append(1), s)
+    assert called == []  # refused before anything ran
+
+
+@pytest.mark.skipif(has_device(), reason="checks the GPU-less path")
+def test_capture_without_a_device_raises_no_device_error():
+    with pytest.raises(NoDeviceError, match="cannot capture"):
+        G.capture(lambda: None, 0x1234)
+
+
+def test_bf16_round_trip_rounds_to_nearest_even():
+    x = np.array([1.0, 1 + 2 ** -8, 1 + 3 * 2 ** -8, -2.5, np.inf, 3.14159], np.float32)
+    b = f32_to_bf16_bits(x)
+    assert [int(v) for v in b] == [0x3F80, 0x3F80, 0x3F82, 0xC020, 0x7F80, 0x4049]
+    assert np.isnan(bf16_bits_to_f32(f32_to_bf16_bits(np.array([np.nan], np.float32))))[0]
+    assert rounded(x[:4], "bfloat16").tolist() == [1.0, 1.0, 1.015625, -2.5]
+
+
+# ---- fakes: a wrapper whose device/kernels are fake, and a fake graph API
+class FakeKernels:
+    def __init__(self, spec):
+        self.rendered = render(spec)
+        self.decode, self.merge = SimpleNamespace(handle=0xD0), SimpleNamespace(handle=0xE0)
+        self.merge_ctas = 528
+        self.launches = []
+
+    def num_ctas(self, num_kv_heads):
+        return max(1, 132 * 2 // num_kv_heads)
+
+    def launch(self, params, num_ctas, grid_y, stream=None, merge=True):
+        self.launches.append(params)
+        if merge:
+            self.launches.append(params)
+
+
+class FakeBuffer:
+    _next = 1 << 20
+
+    def __init__(self, nbytes, device=None):
+        self.nbytes, self.ptr = nbytes, FakeBuffer._next
+        FakeBuffer._next += (nbytes + 4095) // 4096 * 4096 + 4096
+        self.array = np.zeros(nbytes, np.uint8)
+
+    def as_tensor(self, dtype, shape, stream=None):
+        return export(self.ptr, shape, dtype, 0)
+
+
+class FakeGraph:
+    def __init__(self, params: list):
+        self.params = list(params)   # one argument struct per captured kernel
+        self.destroyed = False
+
+    def instantiate(self):
+        return FakeExec(self)
+
+    def destroy(self):
+        self.destroyed = True
+
+
+class FakeExec:
+    refuse_update = False
+
+    def __init__(self, graph):
+        self.graph, self.params = graph, list(graph.params)
+        self.launched, self.destroyed = 0, False
+
+    def kernel_nodes(self):
+        return [G.KernelNode(i, f, (1, 1, 1), (128, 1, 1), 0) for i, f in enumerate([0xD0, 0xE0][:len(self.params)])]
+
+    def set_kernel_params(self, i, params):
+        self.params[i] = bytes(params)
+
+    def update(self, graph):
+        if FakeExec.refuse_update or len(graph.params) != len(self.params):
+            return G.UpdateResult(False, "CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED")
+        self.params = list(graph.params)
+        return G.UpdateResult(True)
+
+    def launch(self, stream):
+        self.launched += 1
+
+    def destroy(self, graph_too=False):
+        self.destroyed = True
+
+
+@pytest.fixture
+def fakes(monkeypatch):
+    props = SimpleNamespace(name="fake H200", sm_count=132, smem_per_sm=233472, smem_per_block_optin=232448,
+                            regs_per_sm=65536, l2_bytes=60 << 20, cc=(9, 0), max_threads_per_sm=2048,
+                            smem_per_block=49152, regs_per_block=65536)
+    dev = SimpleNamespace(ordinal=0, props=props, arch="sm_90", name="fake")
+    monkeypatch.setattr(W, "current_device", lambda d=None: dev)
+    monkeypatch.setattr(W, "decode_kernels", lambda spec, ordinal: FakeKernels(spec))
+    monkeypatch.setattr(W, "DeviceBuffer", FakeBuffer)
+    monkeypatch.setattr(W, "PinnedBuffer", FakeBuffer)
+    monkeypatch.setattr(W, "Event", lambda timing=False: SimpleNamespace(record=lambda s=None: None,
+                                                                          synchronize=lambda: None))
+    monkeypatch.setattr(W, "memcpy_htod_async", lambda *a, **k: None)
+    monkeypatch.setattr(FakeExec, "refuse_update", False)
+    captured = []
+
+    def capture(fn, stream):
+        G.capturable_stream(stream)
+        before = [len(w.kernels.launches) for w in made]
+        fn()
+        new = [p for w, n in zip(made, before) for p in w.kernels.launches[n:]]
+        captured.append(new)
+        return FakeGraph(new)
+
+    made = []
+    monkeypatch.setattr(G, "capture", capture)
+    return SimpleNamespace(captured=captured, made=made)
+
+
+def _wrapper(fakes, variant="plain"):
+    w = W.BatchDecodeWrapper(32, 8, 128, 16, max_batch=8, max_pages=64, variant=variant)
+    fakes.made.append(w)
+    return w
+
+
+def cuda(shape, ptr, dtype="bfloat16"):
+    return export(ptr, shape, dtype, 0)
+
+
+def _layer(i, n):
+    """Layer i's tensors: q/out views of max-batch buffers (same base pointer for any n)."""
+    base = (1 << 36) + i * (1 << 30)
+    return dict(q=cuda((n, 32, 128), base), k=cuda((40, 16, 8, 128), base + (1 << 28)),
+                v=cuda((40, 16, 8, 128), base + (2 << 28)), o=cuda((n, 32, 128), base + (3 << 28)))
+
+
+def _step(g, t, **kw):
+    return g.step(t["q"], t["k"], t["v"], out=t["o"], stream=0x5000, **kw)
+
+
+def _struct(w, params):
+    return w.kernels.rendered.params.ctypes_type().from_buffer_copy(params)
+
+
+def test_same_pointers_replay_one_graph_across_replans(fakes):
+    w = _wrapper(fakes)
+    g = DG.DecodeGraphs(w)
+    for lens in ([100, 20, 300], [101, 21, 301], [101, 5, 301, 77, 9], [400]):   # finish, join, shrink
+        w.plan(*paged_kv(lens, 16, shuffle_seed=len(lens)))
+        out = _step(g, _layer(0, len(lens)))
+        assert out.shape == (len(lens), 32, 128)
+    assert g.stats == dict(captures=1, instantiations=1, updates=0, param_updates=0, reinstantiations=0,
+                           replays=4)
+    assert len(fakes.captured) == 1 and len(fakes.captured[0]) == 2  # decode + merge in one graph
+
+
+def test_new_pointers_update_the_exec_in_place_with_node_params(fakes):
+    w = _wrapper(fakes)
+    g = DG.DecodeGraphs(w)
+    w.plan(*paged_kv([100, 20, 300], 16))
+    for step in range(2):
+        for layer in range(3):
+            _step(g, _layer(layer, 3))
+    assert g.stats["instantiations"] == 1 and g.stats["captures"] == 1
+    assert g.stats["param_updates"] == 5 and g.stats["replays"] == 6 and g.num_execs == 1
+    (ex,) = next(iter(g._pools.values())).values()
+    assert all(_struct(w, p).q == _layer(2, 3)["q"].ptr for p in ex.params)  # holds the last layer's struct
+
+
+def test_capture_mode_updates_through_cuGraphExecUpdate(fakes):
+    w = _wrapper(fakes)
+    g = DG.DecodeGraphs(w, update="capture")
+    w.plan(*paged_kv([100, 20, 300], 16))
+    _step(g, _layer(0, 3))
+    _step(g, _layer(1, 3))
+    assert g.stats["updates"] == 1 and g.stats["instantiations"] == 1 and g.stats["captures"] == 2
+
+
+def test_refused_update_re_instantiates_and_says_why(fakes, caplog):
+    FakeExec.refuse_update = True
+    w = _wrapper(fakes)
+    g = DG.DecodeGraphs(w, update="capture")
+    w.plan(*paged_kv([100, 20, 300], 16))
+    _step(g, _layer(0, 3))
+    with caplog.at_level("WARNING", logger="rtattn.graphs"):
+        _step(g, _layer(1, 3))
+    assert g.stats["reinstantiations"] == 1 and g.stats["instantiations"] == 2
+    assert "TOPOLOGY_CHANGED" in g.reasons[0] and "re-instantiating" in caplog.text
+
+
+def test_one_exec_per_layer_means_no_updates(fakes):
+    w = _wrapper(fakes)
+    g = DG.DecodeGraphs(w, max_execs=3)
+    w.plan(*paged_kv([100, 20, 300], 16))
+    for _ in range(4):
+        for layer in range(3):
+            _step(g, _layer(layer, 3))
+    assert g.stats["instantiations"] == 3 and g.stats["param_updates"] == 0 and g.stats["replays"] == 12
+
+
+def test_configurations_get_separate_graphs(fakes):
+    a, b = _wrapper(fakes), _wrapper(fakes, variant="causal")
+    assert DG.config_key(a) != DG.config_key(b)
+    g = DG.DecodeGraphs(a)
+    for w in (a, b):
+        w.plan(*paged_kv([100, 20, 300], 16))
+    for _ in range(2):
+        _step(g, _layer(0, 3))
+        _step(g, _layer(0, 3), wrapper=b)
+    assert g.num_execs == 2 and g.stats["instantiations"] == 2 and g.stats["param_updates"] == 0
+
+
+def test_step_refuses_legacy_stream_and_bad_tensors_before_capture(fakes):
+    w = _wrapper(fakes)
+    g = DG.DecodeGraphs(w)
+    w.plan(*paged_kv([100, 20, 300], 16))
+    t = _layer(0, 3)
+    with pytest.raises(G.GraphCaptureError, match="legacy"):
+        g.step(t["q"], t["k"], t["v"], out=t["o"], stream=None)
+    with pytest.raises(ValueError, match="q has shape"):
+        g.step(_layer(0, 2)["q"], t["k"], t["v"], out=t["o"], stream=0x5000)
+    assert fakes.captured == [] and g.stats["replays"] == 0
+
+
+def test_bad_options_are_refused():
+    with pytest.raises(ValueError, match="update must be"):
+        DG.DecodeGraphs(None, update="nope")
+    with pytest.raises(ValueError, match="max_execs"):
+        DG.DecodeGraphs(None, max_execs=0)
+    with pytest.raises(ValueError, match="no wrapper"):
+        DG.DecodeGraphs(None).step(None, None, stream=0x5000)
+
+
+# =============================================================================== GPU tier
+H, HK, D, PS = 32, 8, 128, 16
+TOL = 2e-2
+
+
+class Arrays:
+    """bf16 device tensors from torch when importable, else rtattn's own DeviceArrays."""
+
+    def __init__(self):
+        try:
+            import torch
+            self.torch = torch
+        except ImportError:
+            self.torch = None
+
+    def randn(self, shape, rng, scale=1.0):
+        x = (rng.standard_normal(shape) * scale).astype(np.float32)
+        if self.torch is not None:
+            t = self.torch.from_numpy(x).to("cuda").to(self.torch.bfloat16)
+            self.torch.cuda.synchronize()
+            return t, t.float().cpu().numpy().astype(np.float64)
+        return DeviceArray.from_host(x, "bfloat16"), rounded(x, "bfloat16")
+
+    def empty(self, shape, dtype="bfloat16"):
+        if self.torch is not None:
+            return self.torch.empty(shape, device="cuda", dtype=getattr(self.torch, dtype))
+        return DeviceArray(shape, dtype)
+
+    def rows(self, t, n):
+        return t[:n] if self.torch is not None else t.view(n)
+
+    def poison(self, t):
+        if self.torch is not None:
+            t.fill_(float("nan"))
+            self.torch.cuda.synchronize()
+        else:
+            s = Stream()
+            t.fill_nan(s)
+            s.synchronize()
+
+    def host(self, t, n):
+        if self.torch is not None:
+            return t[:n].float().cpu().numpy().astype(np.float64)
+        return t.download(n)
+
+
+def _errors(got, want):
+    if np.isnan(got).any():
+        return float("inf")
+    return float(np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30))
+
+
+def _lse_err(got, want):
+    if np.isnan(got).any() or (np.isneginf(got) != np.isneginf(want)).any():
+        return float("inf")
+    fin = np.isfinite(want)
+    return float(np.abs(got[fin] - want[fin]).max()) if fin.any() else 0.0
+
+
+class Layers:
+    """L layers of a decode model: per layer q/out buffers for max_batch rows and a KV pool."""
+
+    def __init__(self, arrays, num_layers, max_batch, pool_pages, seed=0):
+        rng = np.random.default_rng(seed)
+        self.a, self.max_batch = arrays, max_batch
+        self.q, self.k, self.v, self.out, self.lse = [], [], [], [], []
+        for _ in range(num_layers):
+            q, qh = arrays.randn((max_batch, H, D), rng)
+            k, kh = arrays.randn((pool_pages, PS, HK, D), rng)
+            v, vh = arrays.randn((pool_pages, PS, HK, D), rng)
+            self.q.append((q, qh))
+            self.k.append((k, kh))
+            self.v.append((v, vh))
+            self.out.append(arrays.empty((max_batch, H, D)))
+            self.lse.append(arrays.empty((max_batch, H), "float32"))
+
+    def tensors(self, layer, n):
+        a = self.a
+        return (a.rows(self.q[layer][0], n), self.k[layer][0], self.v[layer][0], a.rows(self.out[layer], n),
+                a.rows(self.lse[layer], n))
+
+    def reference(self, layer, n, kv):
+        from rtattn.plan.reference import reference_attention
+        qo = np.arange(n + 1, dtype=np.int32)
+        return reference_attention(self.q[layer][1][:n], self.k[layer][1], self.v[layer][1], qo, *kv, PS)
+
+    def check(self, layer, n, kv, what=""):
+        want_o, want_lse = self.reference(layer, n, kv)
+        got_o = self.a.host(self.out[layer], n)
+        got_lse = self.a.host(self.lse[layer], n)
+        err, lerr = _errors(got_o, want_o), _lse_err(got_lse, want_lse)
+        assert err < TOL, f"{what} layer {layer}: O relative error {err:.3e} (NaN = not written)"
+        assert lerr < 2e-2, f"{what} layer {layer}: LSE max abs error {lerr:.3e}"
+        return got_o
+
+
+def _kv(lens, seed, pool_pages):
+    """Page tables over the pool with random (non-contiguous) page ids."""
+    indptr, _, last = paged_kv(lens, PS)
+    ids = np.random.default_rng(seed).permutation(pool_pages)[: int(indptr[-1])].astype(np.int32)
+    return indptr, ids, last
+
+
+def _wrapper_gpu(max_batch, pool_pages, **kw):
+    return W.BatchDecodeWrapper(H, HK, D, PS, max_batch=max_batch, max_pages=pool_pages, **kw)
+
+
+@pytest.mark.gpu
+def test_graph_replay_equals_eager_run():
+    a = Arrays()
+    L = Layers(a, 1, 8, 96)
+    w = _wrapper_gpu(8, 96)
+    s = Stream()
+    kv = _kv([100, 20, 300, 1, 640], 1, 96)
+    w.plan(*kv, stream=s)
+    q, k, v, o, lse = L.tensors(0, 5)
+    a.poison(L.out[0]), a.poison(L.lse[0])
+    w.run(q, k, v, out=o, lse=lse, stream=s)
+    s.synchronize()
+    eager = L.check(0, 5, kv, "eager")
+    eager_lse = a.host(L.lse[0], 5)
+    g = DG.DecodeGraphs(w)
+    for rep in range(3):
+        a.poison(L.out[0]), a.poison(L.lse[0])
+        g.step(q, k, v, out=o, lse=lse, stream=s)
+        s.synchronize()
+        graph = L.check(0, 5, kv, f"graph replay {rep}")
+        assert np.array_equal(graph, eager), "graph replay differs bitwise from the eager run"
+        assert np.array_equal(a.host(L.lse[0], 5), eager_lse)
+    assert g.stats["instantiations"] == 1 and g.stats["replays"] == 3
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("stream_kind", ["rtattn", "torch"])
+def test_replan_with_different_lengths_then_replay(stream_kind):
+    """One graph, captured at step 0, replayed while the batch grows, a request finishes and
+    another joins (new pages), the batch shrinks and grows again."""
+    a = Arrays()
+    if stream_kind == "torch" and a.torch is None:
+        pytest.skip("torch not importable")
+    pool = 512
+    L = Layers(a, 1, 16, pool, seed=3)
+    w = _wrapper_gpu(16, pool)
+    s = Stream() if stream_kind == "rtattn" else a.torch.cuda.Stream()
+    g = DG.DecodeGraphs(w)
+    schedule = [[100, 20, 300], [101, 21, 301], [102, 302, 7], [103, 303, 8, 1, 2000, 45],
+                [1], list(range(1, 800, 50)), [5, 4096]]
+    for i, lens in enumerate(schedule):
+        n = len(lens)
+        kv = _kv(lens, 10 + i, pool)
+        a.poison(L.out[0]), a.poison(L.lse[0])
+        w.plan(*kv, stream=s)
+        q, k, v, o, lse = L.tensors(0, n)
+        g.step(q, k, v, out=o, lse=lse, stream=s)
+        s.synchronize()
+        L.check(0, n, kv, f"step {i} (batch {n})")
+    assert g.stats["captures"] == 1 and g.stats["instantiations"] == 1
+    assert g.stats["replays"] == len(schedule) and g.stats["param_updates"] == g.stats["updates"] == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("update", ["nodes", "capture"])
+def test_pointer_change_updates_in_place(update):
+    a = Arrays()
+    pool = 256
+    L = Layers(a, 3, 8, pool, seed=5)
+    w = _wrapper_gpu(8, pool)
+    s = Stream()
+    g = DG.DecodeGraphs(w, update=update)
+    for step, lens in enumerate([[50, 700, 3], [51, 701, 4, 1000], [52, 5]]):
+        kv = _kv(lens, 20 + step, pool)
+        w.plan(*kv, stream=s)
+        for layer in range(3):
+            a.poison(L.out[layer]), a.poison(L.lse[layer])
+        for layer in range(3):
+            q, k, v, o, lse = L.tensors(layer, len(lens))
+            g.step(q, k, v, out=o, lse=lse, stream=s)
+        s.synchronize()
+        for layer in range(3):
+            L.check(layer, len(lens), kv, f"{update} step {step}")
+    assert g.stats["instantiations"] == 1 and g.stats["reinstantiations"] == 0
+    key = "param_updates" if update == "nodes" else "updates"
+    assert g.stats[key] == 8, g.stats   # 9 steps, the first instantiates
+
+
+@pytest.mark.gpu
+def test_step_graph_replays_all_layers_across_replans():
+    from rtattn.graphs import StepGraph
+    a = Arrays()
+    pool, layers = 256, 4
+    L = Layers(a, layers, 8, pool, seed=7)
+    w = _wrapper_gpu(8, pool)
+    s = Stream()
+    kv = _kv([30, 40], 1, pool)
+    w.plan(*kv, stream=s)
+    launches = [w.prepare(*L.tensors(i, 2)[:3], out=L.tensors(i, 2)[3], lse=L.tensors(i, 2)[4], stream=s)
+                for i in range(layers)]
+    sg = StepGraph(launches, s)
+    assert len(sg.exec.kernel_nodes()) in (layers, 2 * layers)
+    for step, lens in enumerate([[30, 40], [31, 41, 900], [600], [1, 2, 3, 4, 5, 6, 7, 8]]):
+        kv = _kv(lens, 30 + step, pool)
+        for i in range(layers):
+            a.poison(L.out[i]), a.poison(L.lse[i])
+        w.plan(*kv, stream=s)
+        sg.replay()
+        s.synchronize()
+        for i in range(layers):
+            L.check(i, len(lens), kv, f"step graph step {step}")
+    # rebind to the layers in reverse order: same topology -> update in place
+    assert sg.rebind(launches[::-1]) is True and sg.stats["updates"] == 1
+    sg.close()
+
+
+@pytest.mark.gpu
+def test_graph_api_update_refusal_and_invalidated_capture():
+    from rtattn.runtime import CudaError, DeviceBuffer
+    a = Arrays()
+    L = Layers(a, 1, 4, 32)
+    w = _wrapper_gpu(4, 32)
+    s = Stream()
+    w.plan(*_kv([20, 30], 1, 32), stream=s)
+    q, k, v, o, lse = L.tensors(0, 2)
+    launch = w.prepare(q, k, v, out=o, lse=lse, stream=s)
+    one = G.capture(lambda: launch(s), s)
+    two = G.capture(lambda: (launch(s), launch(s)), s)
+    kinds = one.node_types()
+    assert len(two.nodes()) == 2 * len(one.nodes()) and len(one.kernel_nodes()) == len(kinds)
+    ex = one.instantiate()
+    res = ex.update(two)
+    assert not res and "TOPOLOGY" in res.reason, res
+    assert ex.update(G.capture(lambda: launch(s), s))  # same topology: fine
+    ex.launch(s)
+    s.synchronize()
+    # an allocation during a thread-local capture is refused; the stream stays usable
+    with pytest.raises(CudaError):
+        G.capture(lambda: DeviceBuffer(1 << 20), s)
+    again = G.capture(lambda: launch(s), s).instantiate()
+    again.launch(s)
+    s.synchronize()
+    for x in (ex, again):
+        x.destroy(graph_too=True)
+    one.destroy(), two.destroy()
+    assert ex.destroyed and one.destroyed
