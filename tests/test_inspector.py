@@ -218,3 +218,53 @@ def test_plan_info_header():
     assert h[F.INFO_NUM_QO_TOKENS] == 11
     assert h[F.INFO_NUM_PARTIAL_ROWS] == info.num_partial_rows
     assert h[F.INFO_NUM_MERGE_ROWS] == info.num_merge_rows
+
+
+# -- rtattn-inspect ---------------------------------------------------------------
+
+def test_cli_json_no_arguments(capsys):
+    import json
+
+    from rtattn.cli.inspect import main
+    assert main(["--json", "--reps", "5"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    for key in ("num_ctas", "cta_loads", "naive_max_load", "partial_slots", "workspace_bytes",
+                "plan_bytes", "tile", "plan_us"):
+        assert key in d
+    assert len(d["cta_loads"]) == d["num_ctas"] and set(d["tile"]) >= {"q", "kv"}
+    assert d["batch"] == 64 and max(d["cta_loads"]) < d["naive_max_load"]
+    assert [f["name"] for f in d["fields"]] == list(F.FIELD_NAMES)
+
+
+@pytest.mark.parametrize("argv", [
+    [],
+    ["--batch", "8", "--kv-dist", "const:1024", "--mode", "naive"],
+    ["--batch", "16", "--kv-dist", "uniform:512:1024", "--heads", "32/4", "--qo-len", "64",
+     "--causal", "--device", "a100", "--page-size", "1"],
+    ["--batch", "4", "--kv-dist", "zipf:4096", "--mode", "batch-invariant", "--head-dim", "256"],
+])
+def test_cli_rich_output(argv, capsys):
+    from rtattn.cli.inspect import main
+    assert main(argv + ["--reps", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "plan fields" in out and "item_partial" in out and "per-CTA load" in out
+
+
+def test_cli_lengths_files(tmp_path, capsys):
+    import json
+
+    from rtattn.cli.inspect import main
+    p = tmp_path / "l.json"
+    p.write_text(json.dumps({"kv_lens": [100, 5000, 7], "qo_lens": [1, 2, 1]}))
+    assert main(["--lengths", str(p), "--json", "--reps", "2"]) == 0
+    assert json.loads(capsys.readouterr().out)["qo_total"] == 4
+    p2 = tmp_path / "l.npz"
+    np.savez(p2, kv_lens=np.array([10, 20000]))
+    assert main(["--lengths", str(p2), "--json", "--reps", "2"]) == 0
+    assert json.loads(capsys.readouterr().out)["kv_total"] == 20010
+
+
+def test_cli_bad_dist():
+    from rtattn.cli.inspect import main
+    with pytest.raises(SystemExit, match="kv-dist"):
+        main(["--kv-dist", "poisson:3"])

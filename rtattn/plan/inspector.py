@@ -73,15 +73,21 @@ def item_cost(qo_len, kv_len):
     return COST_ALPHA * qo_len + COST_BETA * kv_len + COST_GAMMA
 
 
-def _repeat_index(counts: np.ndarray):
-    """For counts c_i: (owner index per element, position within owner, starts)."""
-    n = int(counts.sum())
-    starts = np.zeros(counts.shape[0], dtype=np.int64)
-    if counts.shape[0] > 1:
-        np.cumsum(counts[:-1], out=starts[1:])
-    owner = np.repeat(np.arange(counts.shape[0]), counts)
-    pos = np.arange(n) - starts[owner]
-    return owner, pos, starts
+_MAX = np.maximum.reduce
+_ADD = np.add.reduce
+_ACC = np.add.accumulate
+
+
+def _repeat_index(counts: np.ndarray, ar: np.ndarray, ends: np.ndarray | None = None):
+    """For counts c_i: (owner index of each of the sum(c) elements, position
+    within its owner).  `ar` is a cached arange at least sum(c) long; `ends`
+    the inclusive cumsum of counts if the caller has it."""
+    if ends is None:
+        ends = _ACC(counts, dtype=np.int64)
+    n = int(ends[-1]) if ends.shape[0] else 0
+    owner = np.repeat(ar[:counts.shape[0]], counts)
+    pos = ar[:n] - (ends - counts)[owner]
+    return owner, pos
 
 
 def lpt_assign(cost_sorted: list, num_ctas: int) -> np.ndarray:
@@ -150,6 +156,13 @@ class Planner:
         floor = max(self.page_size, int(min_chunk_tokens))
         self.min_chunk = -(-floor // self.page_size) * self.page_size
         self.num_pages_pool = num_pages_pool
+        b = self.bounds
+        if b.max_kv_tokens >= 2**31:
+            raise ValueError(f"max_pages * page_size = {b.max_kv_tokens} does not fit int32")
+        # one cached arange serves every "0..n-1" the scheduler needs
+        self._ar = np.arange(max(b.max_items, b.max_partial_rows, b.max_tiles, b.max_batch,
+                                 b.max_merge_rows) + 1, dtype=np.int64)
+        self._vcache = None
 
     # convenience ---------------------------------------------------------------
     @property
@@ -174,8 +187,14 @@ class Planner:
                                max_qo_tokens=b.max_qo_tokens, max_pages=b.max_pages,
                                max_qo_len=b.max_qo_len)
         items = self._schedule(batch)
-        buf = out if out is not None else self.layout.allocate()
-        views = self.layout.views(buf)
+        if out is None:
+            buf = self.layout.allocate()
+            views = self.layout.views(buf)
+        elif self._vcache is not None and self._vcache[0] is out:
+            buf, views = out, self._vcache[1]   # same (pinned) buffer as last step
+        else:
+            buf, views = out, self.layout.views(out)
+            self._vcache = (out, views)
         self._write(views, batch, items)
         return PlanInfo(items["n"], items["merge_rows"], items["partial_rows"], batch.batch,
                         int(batch.qo_indptr[-1]), self.num_ctas, self.tile_q, self.page_size,
@@ -183,89 +202,90 @@ class Planner:
                         buf if isinstance(buf, np.ndarray) else np.frombuffer(buf, np.uint8),
                         views)
 
-    def _schedule(self, batch: Batch) -> dict:
-        tq, C, mode = self.tile_q, self.num_ctas, self.mode
-        qo_len = batch.qo_len.astype(np.int64)
-        kv_len = batch.kv_len.astype(np.int64)
-        # Tiles: (request, j-th tile of tq tokens).
-        ntile = -(-qo_len // tq)
-        if tq == 1 and (qo_len == 1).all():   # pure decode fast path: tile == request
-            t_req = np.arange(batch.batch)
-            t_off = np.zeros(batch.batch, dtype=np.int64)
+    def _schedule(self, bt: Batch) -> dict:
+        """Tiles -> chunks -> items, LPT assignment, partial rows, merge map.
+        Plain numpy on small arrays: every call here is ~0.5-1.5 us, so the code
+        keeps the call count low (ufunc methods directly, one 2-D item array,
+        fast paths for pure decode and for unsplit plans)."""
+        tq, C, mode, B = self.tile_q, self.num_ctas, self.mode, bt.batch
+        qo_len, kv_len, qo_indptr = bt.qo_len, bt.kv_len, bt.qo_indptr
+        decode = int(qo_indptr[-1]) == B and (B == 0 or bt.qo_max == 1)
+        if decode:   # every request is one 1-token tile
+            t_req = self._ar[:B]
+            t_off = None
             t_qlen = qo_len
+            t_qs = qo_indptr[:B]
+            t_kv = kv_len
         else:
-            t_req, tj, _ = _repeat_index(ntile)
+            t_req, tj = _repeat_index(np.floor_divide(qo_len + (tq - 1), tq), self._ar)
             t_off = tj * tq
-            t_qlen = np.minimum(tq, qo_len[t_req] - t_off)
-        t_kv = kv_len[t_req]
-        if self.causal:   # clip to the horizon of the tile's last row
-            t_kv = t_kv - qo_len[t_req] + t_off + t_qlen
+            t_qlen = np.minimum(qo_len[t_req] - t_off, tq)
+            t_qs = qo_indptr[t_req] + t_off
+            t_kv = kv_len[t_req]
+            if self.causal:   # clip to the horizon of the tile's last row
+                t_kv = t_kv - qo_len[t_req] + t_off + t_qlen
         T = t_req.shape[0]
-        # Chunk bound.
-        if mode == "naive":
-            L = 0
-            nchunk = np.ones(T, dtype=np.int64)
+        # Chunk bound L (tokens, page multiple) and chunks per tile.
+        if mode == "naive" or T == 0:
+            L, maxc = 0, 1
         else:
             if mode == "batch-invariant":
                 L = self.bounds.chunk_tokens
             else:
-                L = -(-int(t_kv.sum()) // C) if T else 0
-                L = max(L, self.min_chunk)
+                L = max(-(-int(_ADD(t_kv, dtype=np.int64)) // C), self.min_chunk)
                 L = -(-L // self.page_size) * self.page_size
-            nchunk = np.maximum(1, -(-t_kv // L))
-        if T and int(nchunk.max()) == 1:
-            i_tile = np.arange(T)
-            i_chunk = np.zeros(T, dtype=np.int64)
+            nchunk = np.floor_divide(t_kv + (L - 1), L)
+            np.maximum(nchunk, 1, out=nchunk)
+            maxc = int(_MAX(nchunk))
+        # Items: rows request, qo_start, qo_len, kv_start, kv_end, partial.
+        if maxc == 1:
+            n = T
+            it = np.empty((6, n), dtype=np.int32)
+            it[0], it[1], it[2], it[3], it[4], it[5] = t_req, t_qs, t_qlen, 0, t_kv, -1
+            i_tile = i_chunk = None
         else:
-            i_tile, i_chunk, _ = _repeat_index(nchunk)
-        n = i_tile.shape[0]
-        if n > self.bounds.max_items:
-            raise ValueError(f"plan needs {n} work items, exceeding max_items="
-                             f"{self.bounds.max_items} (mode={mode})")
-        kv_s = i_chunk * L if L else np.zeros(n, dtype=np.int64)
-        kv_e = np.minimum(kv_s + L, t_kv[i_tile]) if L else t_kv[i_tile]
-        q_len = t_qlen[i_tile]
-        cost = COST_ALPHA * q_len + COST_BETA * (kv_e - kv_s) + COST_GAMMA
-        # Assignment.
+            ends = _ACC(nchunk, dtype=np.int64)
+            n = int(ends[-1])
+            if n > self.bounds.max_items:
+                raise ValueError(f"plan needs {n} work items, exceeding max_items="
+                                 f"{self.bounds.max_items} (mode={mode})")
+            i_tile, i_chunk = _repeat_index(nchunk, self._ar, ends)
+            it = np.empty((6, n), dtype=np.int32)
+            if decode:   # t_req is the identity, every tile has one row
+                it[0] = i_tile
+                it[1] = qo_indptr[i_tile]
+                it[2] = 1
+            else:
+                it[0] = t_req[i_tile]
+                it[1] = t_qs[i_tile]
+                it[2] = t_qlen[i_tile]
+            np.multiply(i_chunk, L, out=it[3])
+            np.minimum(it[3] + L, t_kv[i_tile], out=it[4])
+        cost = np.subtract(it[4], it[3], dtype=np.int64)
+        if decode:
+            cost += COST_ALPHA + COST_GAMMA
+        else:
+            cost += COST_ALPHA * it[2] + COST_GAMMA
+        # Assignment: naive = round robin in item order; else LPT.
         if mode == "naive":
-            order = np.arange(n)
-            cta_sorted = (order % C).astype(np.int32)
+            order = None
+            cs = cost
+            cta = self._ar[:n] % C
         else:
             order = np.argsort(-cost, kind="stable")
             cs = cost[order]
-            if n <= C or cs[0] == cs[-1]:
-                # all items equal (or fewer than CTAs): LPT == round-robin
-                cta_sorted = (np.arange(n) % C).astype(np.int32)
+            if n <= C or cs[0] == cs[n - 1]:   # all equal (or spare CTAs): LPT == round robin
+                cta = self._ar[:n] % C
             else:
-                cta_sorted = lpt_assign(cs.tolist(), C)
-        q = np.argsort(cta_sorted, kind="stable")   # queue order: (cta, assignment order)
-        final = order[q]
-        counts = np.bincount(cta_sorted, minlength=C)
-        loads = np.bincount(cta_sorted, weights=cost[order], minlength=C).astype(np.int64)
-        # Partials and merge map.
-        split = nchunk >= 2
-        res = dict(n=n, L=int(L), loads=loads, counts=counts, final=final,
-                   i_req=t_req[i_tile], i_qo=batch.qo_indptr[t_req[i_tile]] + t_off[i_tile],
-                   i_qlen=q_len, i_kvs=kv_s, i_kve=kv_e, split_tiles=int(split.sum()))
-        if res["split_tiles"]:
-            st = np.flatnonzero(split)
-            rows_per = nchunk[st] * t_qlen[st]
-            pbase = np.zeros(T, dtype=np.int64)
-            pbase[st] = np.concatenate(([0], np.cumsum(rows_per)[:-1]))
-            part = np.where(split[i_tile], pbase[i_tile] + i_chunk * q_len, -1)
-            e_tile_i, e_r, _ = _repeat_index(t_qlen[st])
-            e_tile = st[e_tile_i]
-            e_cnt = nchunk[e_tile]
-            m_indptr = np.zeros(e_tile.shape[0] + 1, dtype=np.int64)
-            np.cumsum(e_cnt, out=m_indptr[1:])
-            p_owner, p_j, _ = _repeat_index(e_cnt)
-            m_part = pbase[e_tile][p_owner] + p_j * t_qlen[e_tile][p_owner] + e_r[p_owner]
-            res.update(part=part, m_indptr=m_indptr,
-                       m_row=batch.qo_indptr[t_req[e_tile]] + t_off[e_tile] + e_r,
-                       m_part=m_part, merge_rows=int(e_tile.shape[0]),
-                       partial_rows=int(rows_per.sum()))
-        else:
-            res.update(part=None, merge_rows=0, partial_rows=0)
+                cta = lpt_assign(cs.tolist(), C)
+        q = np.argsort(cta, kind="stable")     # queue order: (cta, assignment order)
+        final = q if order is None else order[q]
+        counts = np.bincount(cta, minlength=C)
+        loads = np.bincount(cta, weights=cs, minlength=C).astype(np.int64)
+        res = dict(n=n, L=int(L), loads=loads, counts=counts, items=it, final=final,
+                   merge_rows=0, partial_rows=0, split_tiles=0)
+        if maxc > 1:
+            self._partials(res, it, nchunk, t_qlen, t_qs, i_tile, i_chunk, decode)
         bb = self.bounds
         if res["merge_rows"] > bb.max_merge_rows:
             raise ValueError(f"plan needs {res['merge_rows']} merge rows, exceeding "
@@ -274,6 +294,51 @@ class Planner:
             raise ValueError(f"plan needs {res['partial_rows']} partial rows, exceeding "
                              f"max_partial_rows={bb.max_partial_rows}")
         return res
+
+    def _partials(self, res, it, nchunk, t_qlen, t_qs, i_tile, i_chunk, decode):
+        """Partial rows: split tile t owns rows pbase[t] .. + n_t * qo_t, chunk j
+        writes pbase[t] + j * qo_t + r for its row r.  Merge entry (t, r) lists
+        those n_t rows in chunk (= ascending KV) order."""
+        split = nchunk >= 2
+        rows_t = nchunk * split if decode else nchunk * t_qlen * split
+        pend = _ACC(rows_t)
+        P = int(pend[-1])
+        if P > self.bounds.max_partial_rows:
+            raise ValueError(f"plan needs {P} partial rows, exceeding "
+                             f"max_partial_rows={self.bounds.max_partial_rows}")
+        # pbase = -1 for unsplit tiles: their only item has chunk 0, so the item's
+        # partial index comes out as -1 (writethrough) with no extra select.
+        pbase = np.where(split, pend - rows_t, -1)
+        part = pbase[i_tile]
+        part += i_chunk if decode else i_chunk * it[2]
+        it[5] = part
+        st = split.nonzero()[0]
+        if decode:   # one row per tile: entries are the split tiles, partials 0..P-1
+            M = st.shape[0]
+            self._check_merge(M)
+            cnt = nchunk[st]
+            m_row = t_qs[st]
+            m_part = self._ar[:P]
+        else:
+            qst = t_qlen[st]
+            M = int(_ADD(qst, dtype=np.int64))
+            self._check_merge(M)
+            e_tile_i, e_r = _repeat_index(qst, self._ar)
+            e_tile = st[e_tile_i]
+            cnt = nchunk[e_tile]
+            m_row = t_qs[e_tile] + e_r
+            p_owner, p_j = _repeat_index(cnt, self._ar)
+            e_base = pbase[e_tile] + e_r
+            m_part = e_base[p_owner] + p_j * t_qlen[e_tile][p_owner]
+        m_indptr = np.zeros(M + 1, dtype=np.int64)
+        _ACC(cnt, out=m_indptr[1:])
+        res.update(m_indptr=m_indptr, m_row=m_row, m_part=m_part, merge_rows=M,
+                   partial_rows=P, split_tiles=int(st.shape[0]))
+
+    def _check_merge(self, M):
+        if M > self.bounds.max_merge_rows:
+            raise ValueError(f"plan needs {M} merge rows, exceeding "
+                             f"max_merge_rows={self.bounds.max_merge_rows}")
 
     def _write(self, v: dict, batch: Batch, it: dict) -> None:
         B, n, C = batch.batch, it["n"], self.num_ctas
@@ -285,23 +350,13 @@ class Planner:
         v["kv_indices"][:nnz] = batch.kv_indices[:nnz]
         wi = v["work_indptr"]
         wi[0] = 0
-        np.cumsum(it["counts"], out=wi[1:C + 1])
-        f = it["final"]
-        v["item_request"][:n] = it["i_req"][f]
-        v["item_qo_start"][:n] = it["i_qo"][f]
-        v["item_qo_len"][:n] = it["i_qlen"][f]
-        v["item_kv_start"][:n] = it["i_kvs"][f]
-        v["item_kv_end"][:n] = it["i_kve"][f]
-        if it["part"] is None:
-            v["item_partial"][:n] = -1
-        else:
-            v["item_partial"][:n] = it["part"][f]
-            m = it["merge_rows"]
+        _ACC(it["counts"], out=wi[1:C + 1])
+        v["_items"][:, :n] = it["items"][:, it["final"]]
+        m = it["merge_rows"]
+        v["merge_indptr"][0] = 0
+        if m:
             v["merge_indptr"][:m + 1] = it["m_indptr"]
             v["merge_qo_row"][:m] = it["m_row"]
             v["merge_partial"][:it["partial_rows"]] = it["m_part"]
-        if it["part"] is None and self.layout.capacity["merge_indptr"] >= 1:
-            v["merge_indptr"][0] = 0
-        v["plan_info"][:] = (n, it["merge_rows"], it["partial_rows"], B, self.tile_q,
+        v["plan_info"][:] = (n, m, it["partial_rows"], B, self.tile_q,
                              self.page_size, C, int(batch.qo_indptr[-1]))
-

@@ -1,0 +1,74 @@
+"""Host time of Planner.plan() vs batch size, decode and prefill.
+
+    python tools/bench_plan.py [--device h200] [--heads 32/8] [--reps 400]
+
+Median over many runs of the full plan() call (validation + Algorithm 1 +
+writing the plan into a reused host buffer), heavy-tailed KV lengths (mean
+~1024, up to 32K), page size 16.  FlashInfer's decode plan() takes 75-165 us
+for batch 16-256 on our machine (shared/PERF.md).
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+
+from rtattn.plan.inspector import Planner
+from rtattn.plan.layout import indptr_from_lengths, paged_kv
+
+
+def kv_lengths(rng, batch):
+    return np.clip((rng.pareto(1.5, batch) + 1) * 350, 16, 32768).astype(np.int64)
+
+
+def bench(planner, qo, kv, reps):
+    kvp, idx, last = paged_kv(kv, planner.page_size, shuffle_seed=0)
+    args = (indptr_from_lengths(qo).astype(np.int32), kvp, idx, last)
+    buf = planner.layout.allocate()
+    for _ in range(20):
+        planner.plan(*args, out=buf)
+    ts = np.empty(reps)
+    for i in range(reps):
+        t = time.perf_counter()
+        info = planner.plan(*args, out=buf)
+        ts[i] = time.perf_counter() - t
+    return float(np.median(ts) * 1e6), float(np.percentile(ts, 90) * 1e6), info
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="h200")
+    ap.add_argument("--heads", default="32/8")
+    ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--page-size", type=int, default=16)
+    ap.add_argument("--reps", type=int, default=400)
+    ap.add_argument("--mode", default="balanced")
+    a = ap.parse_args(argv)
+    hq, hk = (int(x) for x in a.heads.split("/"))
+    rng = np.random.default_rng(0)
+    print(f"plan() host time, {a.device}, heads {a.heads}, D={a.head_dim}, page "
+          f"{a.page_size}, mode {a.mode}, heavy-tailed KV (median / p90 us)")
+    print(f"{'kind':8} {'batch':>6} {'q len':>8} {'items':>6} {'splits':>6} "
+          f"{'median us':>10} {'p90 us':>8}")
+    for kind in ("decode", "prefill"):
+        for batch in (1, 4, 16, 64, 128, 256, 512, 1024):
+            kv = kv_lengths(rng, batch)
+            if kind == "decode":
+                qo = np.ones(batch, np.int64)
+                qdesc = "1"
+            else:
+                qo = rng.integers(128, 513, batch)
+                kv = kv + qo
+                qdesc = "128-512"
+            max_pages = int(sum(-(-kv // a.page_size))) + 1
+            p = Planner(batch, int(qo.sum()), max_pages, hq, hk, a.head_dim, a.page_size,
+                        device=a.device, mode=a.mode, max_qo_len=int(qo.max()),
+                        causal=kind == "prefill")
+            med, p90, info = bench(p, qo, kv, a.reps if batch <= 256 else a.reps // 4)
+            print(f"{kind:8} {batch:6d} {qdesc:>8} {info.num_items:6d} "
+                  f"{info.num_split_tiles:6d} {med:10.1f} {p90:8.1f}")
+
+
+if __name__ == "__main__":
+    main()
