@@ -49,8 +49,9 @@ class AttentionSpec:
             raise ValueError(f"dtype {self.dtype!r} not supported; use one of {sorted(DTYPES)}")
         if self.head_dim not in HEAD_DIMS:
             raise ValueError(f"head_dim {self.head_dim} not supported; use one of {HEAD_DIMS}")
-        if self.m_tiles not in (1, 2):
-            raise ValueError("m_tiles must be 1 or 2")
+        if self.m_tiles not in (1, 2) or (self.m_tiles == 2 and self.head_dim > 128):
+            raise ValueError(f"m_tiles={self.m_tiles} with head_dim={self.head_dim}: use 1, or 2 for "
+                             f"head_dim <= 128 (32 fused rows do not fit the registers at 256)")
         names = [p.name for p in self.params]
         if len(set(names)) != len(names):
             raise ValueError(f"duplicate parameter names in {names}")
@@ -118,3 +119,21 @@ BUILTINS = {
     "rope": rope,
     "custom_mask": custom_mask,
 }
+
+
+def default_stages(head_dim: int, arch: str) -> int:
+    """KV pipeline depth: 3 stages, except head_dim 256 before Hopper (A100's 163 KiB of shared
+    memory per block holds only 2)."""
+    return 2 if head_dim > 128 and int(arch[3:5]) < 90 else 3
+
+
+def shipped_specs(arch: str = "sm_90") -> list[AttentionSpec]:
+    """Every kernel instance the package ships for `arch` (what rtattn-compile warms)."""
+    out = []
+    for make in BUILTINS.values():
+        for dtype in DTYPES:
+            for head_dim in HEAD_DIMS:
+                for m_tiles in ((1, 2) if head_dim <= 128 else (1,)):
+                    out.append(make(dtype=dtype, head_dim=head_dim, m_tiles=m_tiles,
+                                    stages=default_stages(head_dim, arch)))
+    return out

@@ -14,7 +14,7 @@ import math
 
 import numpy as np
 
-from rtattn.codegen.spec import BUILTINS, AttentionSpec
+from rtattn.codegen.spec import BUILTINS, AttentionSpec, default_stages
 from rtattn.kernels import decode_kernels
 from rtattn.plan import devices as plan_devices
 from rtattn.plan.inspector import Planner, PlanInfo
@@ -24,7 +24,7 @@ from rtattn.tensors import cuda_tensor, expect_inner_contiguous, expect_shape, e
 KV_LAYOUTS = ("NHD", "HND")
 
 
-def _spec_for(variant, dtype: str, head_dim: int, group: int) -> AttentionSpec:
+def _spec_for(variant, dtype: str, head_dim: int, group: int, arch: str) -> AttentionSpec:
     m_tiles = 1 if group <= 16 else 2
     if isinstance(variant, AttentionSpec):
         if variant.head_dim != head_dim or variant.dtype != dtype:
@@ -34,7 +34,7 @@ def _spec_for(variant, dtype: str, head_dim: int, group: int) -> AttentionSpec:
     if variant not in BUILTINS:
         raise ValueError(f"unknown variant {variant!r}; built-ins are {sorted(BUILTINS)} "
                          f"(or pass an AttentionSpec)")
-    return BUILTINS[variant](dtype=dtype, head_dim=head_dim, m_tiles=m_tiles)
+    return BUILTINS[variant](dtype=dtype, head_dim=head_dim, m_tiles=m_tiles, stages=default_stages(head_dim, arch))
 
 
 class BatchDecodeWrapper:
@@ -52,7 +52,7 @@ class BatchDecodeWrapper:
         self.num_qo_heads, self.num_kv_heads, self.head_dim = num_qo_heads, num_kv_heads, head_dim
         self.group = num_qo_heads // num_kv_heads
         self.page_size, self.kv_layout, self.dtype = page_size, kv_layout, dtype
-        self.spec = _spec_for(variant, dtype, head_dim, self.group)
+        self.spec = _spec_for(variant, dtype, head_dim, self.group, self.device.arch)
         if self.group > self.spec.rows:
             raise ValueError(f"head group {self.group} exceeds the kernel's {self.spec.rows} rows")
         self.kernels = decode_kernels(self.spec, self.device.ordinal)
