@@ -1,0 +1,514 @@
+#!/usr/bin/env python3
+"""Decode benchmark: rtattn vs FlashInfer 0.7.4 on the shared/PERF.md rows, one process.
+
+    source tools/peer_setup.sh && python tools/bench_decode.py            # all 14 rows
+    python tools/bench_decode.py --quick                                  # 3 rows
+    python tools/bench_decode.py --rows 'b16-*-kv4' s256x4096 --no-flashinfer
+    python tools/bench_decode.py --selftest                               # no GPU needed
+
+bf16, head_dim 128, page 16, NHD, pages scattered (random permutation of page ids).
+Heavy-tailed rows: lognormal lengths (sigma 1.2) rescaled to mean exactly 1024, clipped to
+[1, 16384] (tools/bench_common.lengths_heavy). Bytes = K+V read + q + o (shared/PERF.md).
+
+Two passes over the same cached inputs: FlashInfer first ("cc" = CUDA-core decode,
+"tc" = tensor-core decode, backend defaults), then rtattn; so a crashing rtattn kernel
+(sticky CUDA error) cannot take FlashInfer's numbers with it. Every output is checked
+against a float32 torch reference (relative error norm < 2e-2) after an eager call and
+again after the timed graph replays (outputs poisoned with NaN in between).
+Timing: tools/bench_common.time_graph (CUDA-graph replays, events, median).
+A watchdog prints whatever has been measured when --deadline seconds have passed.
+"""
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import json
+import math
+import os
+import sys
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_common as bc  # noqa: E402
+
+HEAD_DIM, PAGE = 128, 16
+TOL = 2e-2
+LIBS = ("fi-cc", "fi-tc", "rt")
+
+
+# ---------------------------------------------------------------- rows
+@dataclass(frozen=True)
+class Row:
+    name: str
+    label: str
+    hq: int
+    hkv: int
+    gen: Callable  # rng -> kv lengths
+    perf_md: tuple  # PERF.md FlashInfer (cc µs, tc µs); None where not measured
+    seed: str  # rows of one distribution share lengths and page tables across head counts
+
+    def lengths(self) -> np.ndarray:
+        return self.gen(bc.rng_for(self.seed))
+
+
+def _rows() -> list[Row]:
+    dists = {"all1024": ("16x1024", lambda r: np.full(16, 1024, np.int64)),
+             "u512": ("16xU(512,1024)", lambda r: bc.lengths_uniform(r, 16, 512, 1024)),
+             "heavy": ("16xheavy(1024)", lambda r: bc.lengths_heavy(r, 16, 1024))}
+    ref = {(32, "all1024"): (79.3, 76.7), (32, "u512"): (62.2, 61.4), (32, "heavy"): (84.7, 119.2),
+           (8, "all1024"): (33.0, 29.0), (8, "u512"): (29.5, 24.8), (8, "heavy"): (35.8, 28.8),
+           (4, "all1024"): (29.1, 20.1), (4, "u512"): (28.3, 17.7), (4, "heavy"): (34.2, 21.3)}
+    rows = [Row(f"b16-{d}-kv{hkv}", f"{lab} 32/{hkv}", 32, hkv, gen, ref[hkv, d], f"b16-{d}")
+            for hkv in (32, 8, 4) for d, (lab, gen) in dists.items()]
+    serving = [("s64x4096", "64x4096", lambda r: np.full(64, 4096, np.int64), 392.6),
+               ("s256x4096", "256x4096", lambda r: np.full(256, 4096, np.int64), 1421.2),
+               ("s32xU4k-16k", "32xU(4096,16384)", lambda r: bc.lengths_uniform(r, 32, 4096, 16384), 503.9),
+               ("s1x32k+63x512", "1x32768+63x512",
+                lambda r: np.array([32768] + [512] * 63, np.int64), 108.3),
+               ("s1x32k", "1x32768", lambda r: np.array([32768], np.int64), 59.1)]
+    rows += [Row(n, f"{lab} 32/8", 32, 8, gen, (cc, None), n) for n, lab, gen, cc in serving]
+    return rows
+
+
+ROWS = _rows()
+QUICK = ["b16-all1024-kv4", "b16-heavy-kv8", "s256x4096"]
+
+
+def select_rows(patterns) -> list[Row]:
+    if not patterns:
+        return list(ROWS)
+    picked = [r for r in ROWS if any(fnmatch.fnmatchcase(r.name, p) for p in patterns)]
+    unknown = [p for p in patterns if not any(fnmatch.fnmatchcase(r.name, p) for r in ROWS)]
+    if unknown:
+        raise SystemExit(f"unknown rows {unknown}; rows are: {' '.join(r.name for r in ROWS)}")
+    return picked
+
+
+def row_bytes(row: Row, lens) -> tuple[int, int]:
+    return bc.decode_bytes(lens, row.hq, row.hkv, HEAD_DIM)
+
+
+# ---------------------------------------------------------------- results and the table
+def lib_state(res: dict | None) -> str:
+    if not res:
+        return "-"
+    if res.get("skipped"):
+        return "skip"
+    if res.get("error"):
+        return "ERR"
+    return "ok" if res.get("ok") else "FAIL"
+
+
+def fi_best(r: dict):
+    ts = [r[k]["us"] for k in ("fi-cc", "fi-tc") if lib_state(r.get(k)) == "ok"]
+    return min(ts) if ts else None
+
+
+def ratio(r: dict):
+    best, rt = fi_best(r), r.get("rt")
+    if best is None or not rt or rt.get("us") is None:
+        return None
+    return best / rt["us"]
+
+
+def _f(x, spec: str, width: int) -> str:
+    return f"{x:{width}{spec}}" if isinstance(x, (int, float)) and x is not None and math.isfinite(x) \
+        else f"{'-':>{width}}"
+
+
+def format_table(rows: list[Row], results: dict) -> str:
+    head = (f"{'row':<22} {'MB':>7} {'rt us':>8} {'TB/s':>5} {'%4.25':>5} {'cc us':>8} {'tc us':>8}"
+            f" {'ratio':>6} {'PERF.md':>8}  check")
+    lines = [head, "-" * len(head)]
+    for row in rows:
+        r = results.get(row.name, {})
+        rt = r.get("rt") or {}
+        us = rt.get("us")
+        tbps = r["bytes"] / (us * 1e6) if us and "bytes" in r else None
+        pct = 100 * tbps / bc.HBM_TBPS if tbps else None
+        cc, tc = ((r.get(k) or {}).get("us") for k in ("fi-cc", "fi-tc"))
+        ref = min(x for x in row.perf_md if x is not None)
+        states = {k: lib_state(r.get(k)) for k in LIBS}
+        bad = [f"{k.replace('fi-', '')}:{s}" for k, s in states.items() if s in ("FAIL", "ERR", "skip")]
+        check = "PASS" if not bad and any(s == "ok" for s in states.values()) else (" ".join(bad) or "-")
+        lines.append(f"{row.name:<22} {_f(r.get('bytes', 0) / 1e6 if 'bytes' in r else None, '.1f', 7)}"
+                     f" {_f(us, '.1f', 8)} {_f(tbps, '.2f', 5)} {_f(pct, '.0f', 5)}"
+                     f" {_f(cc, '.1f', 8)} {_f(tc, '.1f', 8)} {_f(ratio(r), '.2f', 6)} {_f(ref, '.1f', 8)}  {check}")
+    return "\n".join(lines)
+
+
+def format_summary(rows: list[Row], results: dict) -> str:
+    """The issue-4 targets, judged on the rows that ran with a correct rtattn."""
+    got = {row.name: ratio(results.get(row.name, {})) for row in rows}
+    ok = {n: x for n, x in got.items() if x is not None and lib_state(results[n].get("rt")) == "ok"}
+    if not ok:
+        return "targets: no row with both a correct rtattn and a FlashInfer time"
+    below = [f"{n} {x:.2f}" for n, x in ok.items() if x < 1.0]
+    gm = bc.geomean(ok.values())
+    small = [f"{n} {ok[n]:.2f}" for n in ok if n.startswith("b16-") and n.endswith("-kv4")]
+    small_bad = [s for s in small if float(s.split()[-1]) < 1.5]
+    lines = [f"targets over {len(ok)} rows: geomean ratio {gm:.2f} (>= 1.20: {'yes' if gm >= 1.2 else 'NO'});"
+             f" min {min(ok.values()):.2f}; rows < 1.0: {', '.join(below) or 'none'}",
+             f"  32/4 rows >= 1.5x: {'yes' if small and not small_bad else 'NO'} ({', '.join(small) or 'not run'})"]
+    big = results.get("s256x4096", {})
+    if big.get("rt", {}).get("us"):
+        pct = 100 * big["bytes"] / (big["rt"]["us"] * 1e6) / bc.HBM_TBPS
+        lines.append(f"  256x4096 at {pct:.0f}% of 4.25 TB/s (>= 85%: {'yes' if pct >= 85 else 'NO'})")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- GPU inputs and reference
+class Inputs:
+    """One row's inputs on the GPU: `copies` identical copies (distinct addresses) of q and the
+    K/V page pools for L2 rotation, the page table, and a float32 reference output."""
+
+    def __init__(self, row: Row):
+        import torch
+        self.row = row
+        self.lens = row.lengths()
+        self.indptr, self.indices, self.last = bc.page_table(bc.rng_for(row.seed, 1), self.lens, PAGE)
+        kv, qo = row_bytes(row, self.lens)
+        self.bytes = kv + qo
+        self.copies = bc.rotation_copies(self.bytes)
+        B, N, dt = len(self.lens), int(self.indptr[-1]), torch.bfloat16
+        self.batch, self.pages = B, N
+        g = torch.Generator(device="cuda").manual_seed(int(bc.rng_for(row.name, 2).integers(2**31)))
+        self.q = torch.empty(self.copies, B, row.hq, HEAD_DIM, device="cuda", dtype=dt)
+        self.k = torch.empty(self.copies * N, PAGE, row.hkv, HEAD_DIM, device="cuda", dtype=dt)
+        self.v = torch.empty_like(self.k)
+        for t, n in ((self.q, 1), (self.k, N), (self.v, N)):
+            t[:n].normal_(generator=g)
+            for c in range(1, self.copies):
+                t[c * n:(c + 1) * n].copy_(t[:n])
+        self.kv = [(self.k[c * N:(c + 1) * N], self.v[c * N:(c + 1) * N]) for c in range(self.copies)]
+        self.ref = self._reference()
+        torch.cuda.synchronize()
+
+    def _reference(self):
+        import torch
+        row, D = self.row, HEAD_DIM
+        g, scale = row.hq // row.hkv, 1.0 / math.sqrt(D)
+        pages = torch.from_numpy(self.indices.astype(np.int64)).cuda()
+        k0, v0 = self.kv[0]
+        out = torch.empty(self.batch, row.hq, D, device="cuda", dtype=torch.float32)
+        for b in range(self.batch):
+            p = pages[int(self.indptr[b]):int(self.indptr[b + 1])]
+            L = int(self.lens[b])
+            k = k0[p].reshape(-1, row.hkv, D)[:L].float()
+            v = v0[p].reshape(-1, row.hkv, D)[:L].float()
+            qb = self.q[0, b].float().view(row.hkv, g, D)
+            w = torch.softmax(torch.einsum("hgd,lhd->hgl", qb, k) * scale, dim=-1)
+            out[b] = torch.einsum("hgl,lhd->hgd", w, v).reshape(row.hq, D)
+        return out
+
+    def rel_err(self, outs) -> float:
+        """Largest relative error norm over the outputs (inf if any is not finite)."""
+        import torch
+        worst = 0.0
+        for o in outs:
+            o = o.float()
+            if not torch.isfinite(o).all():
+                return float("inf")
+            worst = max(worst, float((o - self.ref).norm() / self.ref.norm()))
+        return worst
+
+    def new_outs(self):
+        import torch
+        return [torch.full_like(self.q[c], float("nan")) for c in range(self.copies)]
+
+
+def _plan_us(plan, reps: int = 5) -> float:
+    ts = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        plan()
+        ts.append((time.perf_counter() - t0) * 1e6)
+    return float(np.median(ts))
+
+
+def _measure(ctx, x: Inputs, calls, outs, eager) -> dict:
+    """Eager correctness, then graph timing, then correctness of what the replays wrote."""
+    import torch
+    eager()
+    torch.cuda.synchronize()
+    err0 = x.rel_err(outs[:1])
+    for o in outs:
+        o.fill_(float("nan"))
+    ctx.warm_clocks()
+    n = bc.launches_per_graph(bc.estimate_us(x.bytes), x.copies)
+    t = bc.time_graph(calls, ctx.stream, n, samples=ctx.args.samples)
+    ctx.last_gpu = time.perf_counter()
+    err = max(err0, x.rel_err(outs))
+    return {"us": t["median"], "p10": t["p10"], "p90": t["p90"], "launches_per_graph": n,
+            "rel_err": err, "ok": err < TOL}
+
+
+def bench_flashinfer(ctx, x: Inputs, tc: bool) -> dict:
+    import flashinfer
+    import torch
+    row = x.row
+    if ctx.fi_workspace is None:
+        ctx.fi_workspace = torch.zeros(256 * 2**20, dtype=torch.uint8, device="cuda")
+    w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ctx.fi_workspace, kv_layout="NHD", use_tensor_cores=tc)
+    indptr, indices, last = (torch.from_numpy(a).cuda() for a in (x.indptr, x.indices, x.last))
+
+    def plan():
+        w.plan(indptr, indices, last, row.hq, row.hkv, HEAD_DIM, PAGE,
+               q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16)
+    plan()                                   # the first one JIT-builds the module
+    plan_us = _plan_us(plan)
+    outs = x.new_outs()
+    calls = [lambda c=c: w.run(x.q[c], x.kv[c], out=outs[c]) for c in range(x.copies)]
+    res = _measure(ctx, x, calls, outs, eager=calls[0])
+    res.update(plan_us=plan_us, backend=getattr(w, "resolved_backend", "?"))
+    return res
+
+
+def bench_rtattn(ctx, x: Inputs) -> dict:
+    import torch
+    from rtattn.wrapper import BatchDecodeWrapper
+    row = x.row
+    w = BatchDecodeWrapper(row.hq, row.hkv, HEAD_DIM, PAGE, max_batch=x.batch, max_pages=x.pages,
+                           dtype="bfloat16", kv_layout="NHD")
+    plan_us = _plan_us(lambda: w.plan(x.indptr, x.indices, x.last))
+    torch.cuda.synchronize()
+    outs = x.new_outs()
+    launches = [w.prepare(x.q[c], *x.kv[c], out=outs[c], stream=ctx.stream) for c in range(x.copies)]
+    calls = [lambda l=l: l(torch.cuda.current_stream()) for l in launches]
+    res = _measure(ctx, x, calls, outs, eager=lambda: launches[0](ctx.stream))
+    info = w.info
+    res.update(plan_us=plan_us, num_ctas=w.num_ctas,
+               items=getattr(info, "num_items", None), merge_rows=getattr(info, "num_merge_rows", None))
+    return res
+
+
+# ---------------------------------------------------------------- driver
+class Context:
+    def __init__(self, args, rows):
+        self.args, self.rows, self.t0 = args, rows, time.perf_counter()
+        self.results: dict = {}
+        self.meta: dict = {"argv": sys.argv[1:]}
+        self.inputs: dict = {}
+        self.stream = None
+        self.fi_workspace = None
+        self.last_gpu = None  # when the GPU last ran timed work (None: not yet)
+        self._done = threading.Lock()
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def log(self, msg: str) -> None:
+        print(f"[{self.elapsed():6.1f}s] {msg}", flush=True)
+
+    def warm_clocks(self, idle_s: float = 5.0) -> None:
+        """Warm before the first timing, and again after the GPU sat idle (JIT builds, compiles)."""
+        if self.last_gpu is None or time.perf_counter() - self.last_gpu > idle_s:
+            tf = bc.warm_clocks(self.args.warm)
+            self.last_gpu = time.perf_counter()
+            self.meta.setdefault("warm_tflops", []).append(round(tf, 1))
+            self.log(f"clocks warmed: {tf:.0f} TFLOP/s bf16 matmul")
+
+    def finish(self, reason: str = "") -> bool:
+        """Print the table and write JSON once (main thread or watchdog, whichever is first)."""
+        if not self._done.acquire(blocking=False):
+            return False
+        if reason:
+            print(f"\n!! {reason}", flush=True)
+        self.meta["elapsed_s"] = round(self.elapsed(), 1)
+        out_dir = self.args.json_dir or os.environ.get("OUT")
+        try:
+            if out_dir:
+                os.makedirs(out_dir, exist_ok=True)
+                path = os.path.join(out_dir, "bench_decode.json")
+                with open(path, "w") as f:
+                    json.dump({"meta": self.meta, "rows": self.results}, f, indent=1, default=str)
+                print(f"wrote {path}")
+        except Exception as e:  # noqa: BLE001 -- the table below matters more
+            print(f"could not write JSON: {e}")
+        print("\n" + format_table(self.rows, self.results))
+        print(format_summary(self.rows, self.results))
+        print(f"(us: median per call over graph replays; ratio = min(FI cc, FI tc) / rtattn; "
+              f"PERF.md: FI best there; {self.meta['elapsed_s']} s)", flush=True)
+        return True
+
+
+def _error(ctx, where: str, e: BaseException) -> dict:
+    tb = traceback.format_exception(type(e), e, e.__traceback__)
+    msg = f"{type(e).__name__}: {e}"[:400]
+    ctx.log(f"{where}: {msg}")
+    if not ctx.meta.setdefault("tracebacks", {}).get(where.split()[0]):
+        ctx.meta["tracebacks"][where.split()[0]] = "".join(tb)[-3000:]
+        print("".join(tb[-4:])[-1500:], flush=True)
+    return {"error": msg}
+
+
+def run_pass(ctx, libs) -> None:
+    import torch
+    for row in ctx.rows:
+        r = ctx.results.setdefault(row.name, {"label": row.label})
+        if ctx.elapsed() > ctx.args.deadline - 20:
+            for lib in libs:
+                r[lib] = {"skipped": "deadline near"}
+            ctx.log(f"{row.name}: skipped {'/'.join(libs)} (deadline near)")
+            continue
+        try:
+            if row.name not in ctx.inputs:
+                ctx.inputs[row.name] = Inputs(row)
+            x = ctx.inputs[row.name]
+        except Exception as e:  # noqa: BLE001
+            for lib in libs:
+                r[lib] = _error(ctx, f"{lib} {row.name} inputs", e)
+            continue
+        r.update(bytes=x.bytes, copies=x.copies, batch=x.batch, kv_tokens=int(x.lens.sum()),
+                 max_kv=int(x.lens.max()))
+        for lib in libs:
+            try:
+                res = bench_rtattn(ctx, x) if lib == "rt" else bench_flashinfer(ctx, x, tc=(lib == "fi-tc"))
+                r[lib] = res
+                ctx.log(f"{lib:5} {row.name:<16} {res['us']:9.1f} us  (p10 {res['p10']:.1f} p90 {res['p90']:.1f})"
+                        f"  err {res['rel_err']:.1e} {'ok' if res['ok'] else 'FAIL'}  plan {res['plan_us']:.0f} us")
+            except Exception as e:  # noqa: BLE001
+                r[lib] = _error(ctx, f"{lib} {row.name}", e)
+            try:  # a sticky CUDA error surfaces here too; every later call will report it
+                torch.cuda.synchronize()
+            except Exception as e:  # noqa: BLE001
+                r[lib] = r[lib] if r[lib].get("error") else _error(ctx, f"{lib} {row.name} sync", e)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog="rows: " + " ".join(r.name for r in ROWS))
+    ap.add_argument("--quick", action="store_true", help=f"only {' '.join(QUICK)}")
+    ap.add_argument("--rows", nargs="+", metavar="NAME", help="row names or glob patterns")
+    ap.add_argument("--no-flashinfer", action="store_true", help="skip the FlashInfer pass")
+    ap.add_argument("--no-rtattn", action="store_true", help="skip the rtattn pass")
+    ap.add_argument("--samples", type=int, default=30, help="graph replays timed per measurement")
+    ap.add_argument("--warm", type=float, default=2.0,
+                    help="seconds of matmul that warm the clocks (first timing, and after >5 s idle)")
+    ap.add_argument("--deadline", type=float, default=225.0,
+                    help="seconds after start: skip rows near it, print partial results at it")
+    ap.add_argument("--json-dir", help="where bench_decode.json goes (default: $OUT if set)")
+    ap.add_argument("--selftest", action="store_true", help="check workloads/bytes/table; no GPU")
+    args = ap.parse_args(argv)
+    if args.selftest:
+        return selftest()
+    rows = select_rows(QUICK if args.quick and not args.rows else args.rows)
+    ctx = Context(args, rows)
+    watchdog = threading.Timer(args.deadline, lambda: ctx.finish(f"deadline {args.deadline:.0f} s: partial results")
+                               and os._exit(3))
+    watchdog.daemon = True
+    watchdog.start()
+
+    import torch
+    ctx.stream = torch.cuda.Stream()
+    ctx.meta.update(gpu=torch.cuda.get_device_name(), torch=torch.__version__, rows=[r.name for r in rows])
+    ctx.log(f"{ctx.meta['gpu']}, torch {torch.__version__}, {len(rows)} rows")
+    if not args.no_flashinfer:
+        try:
+            import flashinfer
+            ctx.meta["flashinfer"] = getattr(flashinfer, "__version__", "?")
+            ctx.log(f"FlashInfer {ctx.meta['flashinfer']} pass (first plan JIT-builds its modules)")
+            run_pass(ctx, ("fi-cc", "fi-tc"))
+        except Exception as e:  # noqa: BLE001
+            _error(ctx, "fi import", e)
+    if not args.no_rtattn:
+        ctx.log("rtattn pass")
+        run_pass(ctx, ("rt",))
+    watchdog.cancel()
+    ctx.finish()
+    return 0
+
+
+# ---------------------------------------------------------------- selftest (no GPU)
+def selftest() -> int:
+    import random
+    # lengths: heavy-tailed rows have mean exactly 1024, bounded, deterministic
+    for seed in range(200):
+        x = bc.lengths_heavy(np.random.default_rng(seed), 16, 1024)
+        assert x.sum() == 16 * 1024 and x.min() >= 1 and x.max() <= bc.HEAVY_MAX, (seed, x)
+    x = bc.lengths_heavy(np.random.default_rng(0), 4, 8192)  # clipping at 16384 must be absorbed
+    assert x.sum() == 4 * 8192 and x.max() <= bc.HEAVY_MAX
+    heavy = [r for r in ROWS if "heavy" in r.name]
+    assert all((r.lengths() == heavy[0].lengths()).all() for r in heavy), "same lengths for every head count"
+    assert all((r.lengths() == r.lengths()).all() for r in heavy)
+    assert max(int(r.lengths().max()) for r in heavy) > 2 * 1024, "heavy rows should have a tail"
+    u = bc.lengths_uniform(np.random.default_rng(1), 10000, 512, 1024)
+    assert u.min() == 512 and u.max() == 1024
+    # page tables: a scattered permutation covering every page once, lengths recoverable
+    rng = np.random.default_rng(3)
+    for _ in range(50):
+        lens = rng.integers(1, 5000, size=rng.integers(1, 70))
+        ip, idx, last = bc.page_table(rng, lens, PAGE)
+        assert ip.dtype == idx.dtype == last.dtype == np.int32
+        assert ip[0] == 0 and (np.diff(ip) >= 1).all()
+        assert sorted(idx.tolist()) == list(range(int(ip[-1])))
+        assert ((1 <= last) & (last <= PAGE)).all()
+        assert ((np.diff(ip) - 1) * PAGE + last == lens).all()
+    _, idx, _ = bc.page_table(np.random.default_rng(0), [16 * 1000], PAGE)
+    assert (idx != np.arange(1000)).mean() > 0.9, "pages must be scattered"
+    # bytes: PERF.md's 16 x 1024 at 32/4 moves 33 MB (7.9 us at 4.25 TB/s)
+    kv, qo = bc.decode_bytes(np.full(16, 1024), 32, 4, 128)
+    assert kv == 16 * 1024 * 4 * 128 * 2 * 2 == 33554432 and qo == 16 * 32 * 128 * 2 * 2
+    assert abs((kv + qo) / 4.25e6 - 7.9) < 0.1
+    kv, qo = bc.decode_bytes(np.full(64, 4096), 32, 8, 128)    # PERF.md: 392.6 us -> 2.74 TB/s
+    assert abs((kv + qo) / 392.6e6 - 2.74) < 0.01
+    kv, qo = bc.decode_bytes(np.full(16, 1024), 32, 32, 128)   # 79.3 us -> 3.39 TB/s
+    assert abs((kv + qo) / 79.3e6 - 3.39) < 0.01
+    # rotation: the copies of one row touch >= 4 x L2
+    for b in (1, 10**6, 33 * 10**6, 240 * 10**6, 2 * 10**9):
+        c = bc.rotation_copies(b)
+        assert c >= 2 and c * b >= 4 * bc.L2_BYTES and (c == 2 or (c - 1) * b < 4 * bc.L2_BYTES)
+    for est in (0.5, 20, 1500, 10**5):
+        for copies in (2, 3, 8):
+            n = bc.launches_per_graph(est, copies)
+            assert n % copies == 0 and n >= copies
+    st = bc.summarize([5, 1, 3, 2, 4])
+    assert st["median"] == 3 and st["p10"] == 1 and st["p90"] == 5
+    assert abs(bc.geomean([1, 4]) - 2) < 1e-12
+    # rows: 14, unique names, selection by name and glob
+    assert len(ROWS) == 14 and len({r.name for r in ROWS}) == 14
+    assert [r.name for r in select_rows(QUICK)] == [r.name for r in ROWS if r.name in QUICK]
+    assert len(select_rows(["b16-*-kv4"])) == 3 and len(select_rows(["s*"])) == 5
+    try:
+        select_rows(["nope"])
+        raise AssertionError("unknown row accepted")
+    except SystemExit:
+        pass
+    # table and summary: ok, FAIL, ERR, missing, skipped rows all render
+    res, rnd = {}, random.Random(0)
+    for i, row in enumerate(ROWS):
+        lens = row.lengths()
+        r = res[row.name] = {"bytes": sum(row_bytes(row, lens))}
+        r["fi-cc"] = {"us": rnd.uniform(10, 100), "ok": True}
+        r["fi-tc"] = {"us": rnd.uniform(10, 100), "ok": i != 3}
+        if i == 2:
+            r["rt"] = {"error": "CudaError: CUDA_ERROR_ILLEGAL_ADDRESS"}
+        elif i == 5:
+            r["rt"] = {"skipped": "deadline near"}
+        elif i != 7:
+            r["rt"] = {"us": rnd.uniform(10, 100), "ok": i != 4}
+    table = format_table(ROWS, res)
+    lines = table.splitlines()
+    assert len(lines) == 16 and max(map(len, lines)) < 120, table
+    assert "rt:ERR" in lines[4] and "tc:FAIL" in lines[5] and "rt:FAIL" in lines[6] and "rt:skip" in lines[7]
+    assert lines[2].rstrip().endswith("PASS")
+    r0 = res[ROWS[0].name]
+    want = min(r0["fi-cc"]["us"], r0["fi-tc"]["us"]) / r0["rt"]["us"]
+    assert f"{want:.2f}" in lines[2]
+    summary = format_summary(ROWS, res)
+    assert "geomean" in summary and "256x4096" in summary
+    print(table)
+    print(summary)
+    print("selftest ok")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
