@@ -8,7 +8,6 @@ with outputs poisoned before every replay.
 """
 from __future__ import annotations
 
-import ctypes
 from types import SimpleNamespace
 
 import numpy as np
