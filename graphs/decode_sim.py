@@ -50,8 +50,9 @@ class DecodeBatch:
             self._join()
 
     def _join(self) -> None:
-        prompt = int(self.rng.integers(1, max(2, self.max_len - self.max_new_tokens)))
-        target = min(self.max_len, prompt + int(self.rng.integers(1, self.max_new_tokens + 1)))
+        new = max(1, min(self.max_new_tokens, self.max_len // 2))
+        prompt = int(self.rng.integers(1, max(2, self.max_len - new)))
+        target = min(self.max_len, prompt + int(self.rng.integers(1, new + 1)))
         r = Request(self.next_id, 0, target)
         self.next_id += 1
         self._grow(r, prompt)

@@ -58,8 +58,8 @@ def build(torch, vocab, layers, H, Hk, D):
             for i, layer in enumerate(self.layers):
                 q, k, v = layer.qkv(layer.norm(x)).split([H * D, Hk * D, Hk * D], dim=-1)
                 kc, vc = caches[i]
-                kc.view(-1, Hk, D)[slots] = k.view(n, Hk, D)   # append this step's K/V to the pages
-                vc.view(-1, Hk, D)[slots] = v.view(n, Hk, D)
+                kc.view(-1, Hk, D)[slots] = k.reshape(n, Hk, D)   # append this step's K/V to the pages
+                vc.view(-1, Hk, D)[slots] = v.reshape(n, Hk, D)
                 a = attend(i, q.reshape(n, H, D).contiguous(), kc, vc)
                 x = x + layer.o(a.reshape(n, H * D))
             return self.head(self.norm(x))

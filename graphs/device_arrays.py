@@ -84,8 +84,11 @@ class DeviceArray:
         n = self.shape[0] - offset if lead is None else int(lead)
         row_elems = int(np.prod(self.shape[1:], dtype=np.int64))
         raw = np.empty(n * row_elems * self.itemsize, np.uint8)
-        if stream is not None:
-            from rtattn.runtime import as_stream
-            as_stream(stream).synchronize()
+        if stream is not None:   # the copy below is synchronous only w.r.t. the legacy stream
+            sync = getattr(stream, "synchronize", None)
+            if sync is None:
+                from rtattn.runtime import as_stream
+                sync = as_stream(stream).synchronize
+            sync()
         self.buffer.copy_to_host(raw, offset=offset * row_elems * self.itemsize)
         return from_device_bits(raw, self.dtype).astype(np.float64).reshape((n,) + self.shape[1:])

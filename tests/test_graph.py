@@ -498,3 +498,144 @@ def test_graph_api_update_refusal_and_invalidated_capture():
         x.destroy(graph_too=True)
     one.destroy(), two.destroy()
     assert ex.destroyed and one.destroyed
+
+
+# ---- the decode-loop demo end to end on a simulated device (host memory, numpy "kernels")
+class HostBuffer:
+    """DeviceBuffer stand-in: real host memory, so pointers can be dereferenced by the fakes."""
+
+    def __init__(self, nbytes, device=None):
+        self.nbytes = int(nbytes)
+        self.mem = np.zeros(max(self.nbytes, 1), np.uint8)
+        self.ptr = self.mem.ctypes.data
+        self.device = SimpleNamespace(ordinal=0)
+
+    @property
+    def array(self):
+        return self.mem
+
+    def memset(self, value=0, stream=None):
+        self.mem[:] = value & 0xFF
+
+    def copy_from_host(self, a, stream=None, offset=0):
+        raw = np.ascontiguousarray(a).view(np.uint8).ravel()
+        self.mem[offset:offset + raw.size] = raw
+
+    def copy_to_host(self, out, stream=None, offset=0):
+        out.view(np.uint8).ravel()[:] = self.mem[offset:offset + out.nbytes]
+        return out
+
+
+def _strided(ptr, shape, strides, dtype=np.uint16):
+    import ctypes as C
+    span = 1 + sum((n - 1) * s for n, s in zip(shape, strides))
+    base = np.ctypeslib.as_array((C.c_uint16 * span).from_address(ptr))
+    return np.lib.stride_tricks.as_strided(base, shape, tuple(s * 2 for s in strides))
+
+
+class SimKernels(FakeKernels):
+    """Executes a launch with the float64 reference on the memory its argument struct points at,
+    for the batch of the wrapper's latest plan; records instead while a fake capture runs."""
+    recording = None
+
+    def launch(self, params, num_ctas, grid_y, stream=None, merge=True):
+        if SimKernels.recording is not None:
+            SimKernels.recording += [(self, bytes(params), True)] + ([(self, bytes(params), False)] if merge else [])
+        else:
+            self.execute(params)
+
+    def execute(self, params):
+        from rtattn.plan.reference import reference_attention
+        st = self.rendered.params.ctypes_type().from_buffer_copy(params)
+        kv_indptr, kv_indices, last = self.kv
+        n, (H, Hk, D, ps) = len(last), self.dims
+        pages = int(kv_indices[:kv_indptr[-1]].max()) + 1
+        q = bf16_bits_to_f32(_strided(st.q, (n, H, D), (st.q_stride_tok, st.q_stride_head, 1)))
+        kshape = (pages, ps, Hk, D)
+        k = bf16_bits_to_f32(_strided(st.k_cache, kshape, (st.k_stride_page, st.k_stride_tok, st.k_stride_head, 1)))
+        v = bf16_bits_to_f32(_strided(st.v_cache, kshape, (st.v_stride_page, st.v_stride_tok, st.v_stride_head, 1)))
+        o, _ = reference_attention(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64),
+                                   np.arange(n + 1, dtype=np.int32), kv_indptr, kv_indices, last, ps)
+        _strided(st.o, (n, H, D), (st.o_stride_tok, st.o_stride_head, 1))[...] = f32_to_bf16_bits(o)
+
+
+class SimExec:
+    def __init__(self, calls):
+        self.calls = list(calls)
+
+    def kernel_nodes(self):
+        return [G.KernelNode(i, 0xD0 if dec else 0xE0, (1, 1, 1), (128, 1, 1), 0)
+                for i, (_, _, dec) in enumerate(self.calls)]
+
+    def set_kernel_params(self, i, params):
+        k, _, dec = self.calls[i]
+        self.calls[i] = (k, bytes(params), dec)
+
+    def update(self, graph):
+        if len(graph.calls) != len(self.calls):
+            return G.UpdateResult(False, "CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED")
+        self.calls = list(graph.calls)
+        return G.UpdateResult(True)
+
+    def launch(self, stream):
+        for k, params, dec in self.calls:
+            if dec:
+                k.execute(params)
+
+    def destroy(self, graph_too=False):
+        pass
+
+
+def test_demo_decode_loop_on_a_simulated_device(monkeypatch, capsys):
+    from rtattn.graphs import demo_decode_loop as demo
+    from rtattn.graphs import device_arrays
+    props = SimpleNamespace(name="sim", sm_count=132, smem_per_sm=233472, smem_per_block_optin=232448,
+                            regs_per_sm=65536, l2_bytes=60 << 20, cc=(9, 0), max_threads_per_sm=2048,
+                            smem_per_block=49152, regs_per_block=65536)
+    dev = SimpleNamespace(ordinal=0, props=props, arch="sm_90", name="sim")
+    monkeypatch.setattr(W, "current_device", lambda d=None: dev)
+    monkeypatch.setattr(W, "decode_kernels", lambda spec, ordinal: SimKernels(spec))
+    monkeypatch.setattr(W, "DeviceBuffer", HostBuffer)
+    monkeypatch.setattr(W, "PinnedBuffer", HostBuffer)
+    monkeypatch.setattr(W, "Event", lambda timing=False: SimpleNamespace(record=lambda s=None: None,
+                                                                          synchronize=lambda: None))
+    monkeypatch.setattr(W, "memcpy_htod_async", lambda dst, src, n, stream=None: ctypes_memmove(dst, src, n))
+    monkeypatch.setattr(device_arrays, "DeviceBuffer", HostBuffer)
+    plan = W.BatchDecodeWrapper.plan
+
+    def plan_and_remember(self, kv_indptr, kv_indices, kv_last_page_len, qo_indptr=None, stream=None):
+        self.kernels.kv = (kv_indptr, kv_indices, kv_last_page_len)
+        self.kernels.dims = (self.num_qo_heads, self.num_kv_heads, self.head_dim, self.page_size)
+        return plan(self, kv_indptr, kv_indices, kv_last_page_len, qo_indptr, stream)
+    monkeypatch.setattr(W.BatchDecodeWrapper, "plan", plan_and_remember)
+
+    class SimStream:
+        def __cuda_stream__(self):
+            return (0, 0x5000)
+
+        def synchronize(self):
+            pass
+    monkeypatch.setattr(demo, "Stream", SimStream)
+
+    def capture(fn, stream):
+        G.capturable_stream(stream)
+        SimKernels.recording = []
+        try:
+            fn()
+            calls = SimKernels.recording
+        finally:
+            SimKernels.recording = None
+        return SimpleNamespace(calls=calls, instantiate=lambda: SimExec(calls), destroy=lambda: None)
+    monkeypatch.setattr(G, "capture", capture)
+
+    rc = demo.main(["--layers", "3", "--steps", "12", "--batch", "4", "--max-len", "80", "--heads", "4/2",
+                    "--head-dim", "64", "--check-every", "3"])
+    text = capsys.readouterr().out
+    assert rc == 0, text
+    assert "all checks passed" in text and "'reinstantiations': 0" in text
+    assert "'instantiations': 1" in text and "'param_updates': 35" in text   # 12 steps x 3 layers - 1
+
+
+def ctypes_memmove(dst, src, n):
+    import ctypes as C
+    C.memmove(dst, src, n)
