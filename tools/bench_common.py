@@ -33,16 +33,23 @@ def rng_for(name: str, salt: int = 0) -> np.random.Generator:
     return np.random.default_rng(zlib.crc32(name.encode()) + salt)
 
 
+def _stratified(rng, batch: int) -> np.ndarray:
+    """Probabilities (i + 0.5) / batch in a seeded random order: a batch drawn at these
+    quantiles has its distribution's shape without sampling luck (no 1-in-100 tail draws)."""
+    return rng.permutation((np.arange(batch) + 0.5) / batch)
+
+
 def lengths_uniform(rng, batch: int, lo: int, hi: int) -> np.ndarray:
-    """U(lo, hi), both ends inclusive."""
-    return rng.integers(lo, hi + 1, size=batch).astype(np.int64)
+    """U(lo, hi), both ends inclusive, at stratified quantiles (mean ~ (lo + hi) / 2)."""
+    return lo + np.floor(_stratified(rng, batch) * (hi - lo + 1)).astype(np.int64)
 
 
 def lengths_heavy(rng, batch: int, mean: int, sigma: float = HEAVY_SIGMA, hi: int = HEAVY_MAX) -> np.ndarray:
-    """Heavy-tailed lengths with an exact mean: lognormal(mu, sigma) with mu chosen so
-    E = mean, rescaled so the batch sums to exactly batch*mean, rounded, clipped to
+    """Heavy-tailed lengths with an exact mean: lognormal(sigma) quantiles at stratified
+    probabilities, rescaled so the batch sums to exactly batch*mean, rounded, clipped to
     [1, hi]; the rounding/clipping residual goes to the shortest (or longest) request."""
-    x = rng.lognormal(math.log(mean) - sigma * sigma / 2, sigma, size=batch)
+    z = np.array([statistics.NormalDist().inv_cdf(p) for p in _stratified(rng, batch)])
+    x = np.exp(sigma * z)
     x = np.clip(np.rint(x * (batch * mean / x.sum())), 1, hi).astype(np.int64)
     residual = batch * mean - int(x.sum())
     while residual:
