@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 from cuda.bindings import driver as cu
 
-from rtattn.runtime import CudaError, NoDeviceError, Stream, as_stream, check, has_device, no_device_reason, pack_params
+from rtattn.runtime import (CudaError, NoDeviceError, Stream, as_stream, check, current_device, has_device,
+                            no_device_reason, pack_params)
 
 __all__ = ["capture", "Graph", "GraphExec", "KernelNode", "UpdateResult", "GraphCaptureError"]
 
@@ -60,9 +61,13 @@ def capture(fn, stream) -> "Graph":
     if not has_device():  # never call into the driver bindings without a device (DESIGN: no hangs)
         raise NoDeviceError(f"cannot capture a CUDA graph: {no_device_reason()}", call="cuStreamBeginCapture",
                             result_name="CUDA_ERROR_NO_DEVICE")
-    dev = getattr(s, "_device", None)  # owned streams know their device; make its context current
+    # owned streams know their device; borrowed ones (torch, cupy) use the current/first device's
+    # primary context, which those frameworks share
+    dev = getattr(s, "_device", None)
     if dev is not None:
         dev.set_current()
+    else:
+        current_device()
     check(cu.cuStreamBeginCapture(s.handle, cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
           "cuStreamBeginCapture")
     try:
@@ -122,7 +127,7 @@ class Graph:
             else:
                 got = check(cu.cuGraphGetNodes(self._live(), count), "cuGraphGetNodes")
                 nodes = got[0] if isinstance(got, tuple) else got
-                self._nodes = [n for n in (nodes or []) if int(n)]
+                self._nodes = [cu.CUgraphNode(int(n)) for n in (nodes or []) if int(n)]
         return self._nodes
 
     def node_types(self) -> list:
@@ -135,8 +140,9 @@ class Graph:
             if t != _KERNEL:
                 continue
             p = check(cu.cuGraphKernelNodeGetParams(n), "cuGraphKernelNodeGetParams")
-            out.append(KernelNode(n, p.func, (p.gridDimX, p.gridDimY, p.gridDimZ),
-                                  (p.blockDimX, p.blockDimY, p.blockDimZ), int(p.sharedMemBytes)))
+            # copy the handle out: p.func aliases p's storage, which dies with p
+            out.append(KernelNode(n, cu.CUfunction(int(p.func)), (int(p.gridDimX), int(p.gridDimY), int(p.gridDimZ)),
+                                  (int(p.blockDimX), int(p.blockDimY), int(p.blockDimZ)), int(p.sharedMemBytes)))
         return out
 
     def instantiate(self) -> "GraphExec":
@@ -160,6 +166,18 @@ class Graph:
 
     def __exit__(self, *exc):
         self.destroy()
+
+
+def _diagnose(old: Graph, new: Graph) -> str:
+    """Why `new` cannot update an exec of `old`, from the graphs themselves."""
+    a, b = old.node_types(), new.node_types()
+    if len(a) != len(b):
+        return f"CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED ({len(a)} -> {len(b)} nodes)"
+    if a != b:
+        return "CU_GRAPH_EXEC_UPDATE_ERROR_NODE_TYPE_CHANGED"
+    if [int(k.func) for k in old.kernel_nodes()] != [int(k.func) for k in new.kernel_nodes()]:
+        return "CU_GRAPH_EXEC_UPDATE_ERROR_FUNCTION_CHANGED"
+    return "CU_GRAPH_EXEC_UPDATE_ERROR (no detail from the driver)"
 
 
 def _count(ret) -> int:
@@ -202,8 +220,10 @@ class GraphExec:
         if res == cu.CUresult.CUDA_SUCCESS:
             return UpdateResult(True)
         if res == cu.CUresult.CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE:
-            reason = getattr(getattr(info, "result", None), "name", str(getattr(info, "result", "")))
-            return UpdateResult(False, reason or "CU_GRAPH_EXEC_UPDATE_ERROR")
+            # cuda.bindings returns (err, None) on failure, dropping the driver's result info:
+            # say what differs ourselves.
+            name = getattr(getattr(info, "result", None), "name", "")
+            return UpdateResult(False, name or _diagnose(self.graph, graph))
         check((res,), "cuGraphExecUpdate")
         raise AssertionError("unreachable")
 

@@ -639,3 +639,111 @@ def test_demo_decode_loop_on_a_simulated_device(monkeypatch, capsys):
 def ctypes_memmove(dst, src, n):
     import ctypes as C
     C.memmove(dst, src, n)
+
+
+# ---- graph.py against a stub libcuda.so.1: checks how cuda.bindings passes and returns
+# graph handles, node lists, kernel-node params and update results, without a GPU
+STUB_C = r'''
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdio.h>
+#include <string.h>
+#include <stdint.h>
+typedef int R;
+typedef struct { void* func; unsigned gx, gy, gz, bx, by, bz, smem; void** params; void** extra; void* kern; void* ctx; } KP;
+typedef struct { int result; void* errorNode; void* errorFromNode; } UI;
+R cuInit(unsigned f) { return 0; }
+R cuDriverGetVersion(int* v) { *v = 13000; return 0; }
+R cuDeviceGetCount(int* n) { *n = 1; return 0; }
+R cuDeviceGet(int* d, int o) { *d = o; return 0; }
+R cuDeviceGetName(char* n, int len, int d) { strncpy(n, "stub", len); return 0; }
+R cuDeviceGetAttribute(int* v, int a, int d) { *v = a == 75 ? 9 : (a == 76 ? 0 : 1024); return 0; }
+R cuDevicePrimaryCtxRetain(void** c, int d) { *c = (void*)0xC0; return 0; }
+R cuCtxSetCurrent(void* c) { return 0; }
+R cuGetErrorString(R e, const char** s) { *s = "stub"; return 0; }
+R cuGetErrorName(R e, const char** s) { *s = "STUB"; return 0; }
+R cuStreamBeginCapture_v2(void* s, int mode) { printf("begin %p %d\n", s, mode); return 0; }
+R cuStreamBeginCapture(void* s, int mode) { return cuStreamBeginCapture_v2(s, mode); }
+R cuStreamEndCapture(void* s, void** g) { *g = (void*)0xABC0; printf("end %p\n", s); return 0; }
+R cuGraphGetNodes(void* g, void** nodes, size_t* n) {
+  if (!nodes) { *n = 2; return 0; }
+  for (size_t i = 0; i < *n; i++) nodes[i] = i < 2 ? (void*)(0x1000 * (i + 1)) : 0;
+  *n = 2; return 0; }
+R cuGraphNodeGetType(void* node, int* t) { *t = 0; return 0; }
+R cuGraphKernelNodeGetParams_v2(void* node, KP* p) {
+  memset(p, 0, sizeof *p); p->func = (void*)(0xF000 + (uintptr_t)node);
+  p->gx = 132; p->gy = 8; p->gz = 1; p->bx = 128; p->by = p->bz = 1; p->smem = 4096; return 0; }
+R cuGraphKernelNodeGetParams(void* node, KP* p) { return cuGraphKernelNodeGetParams_v2(node, p); }
+R cuGraphExecKernelNodeSetParams_v2(void* ex, void* node, const KP* p) {
+  printf("setparams %p func=%p grid=%u,%u,%u block=%u smem=%u arg=%.6s\n", node, p->func, p->gx, p->gy, p->gz,
+         p->bx, p->smem, (const char*)p->params[0]); return 0; }
+R cuGraphExecKernelNodeSetParams(void* ex, void* node, const KP* p) { return cuGraphExecKernelNodeSetParams_v2(ex, node, p); }
+R cuGraphInstantiateWithFlags(void** ex, void* g, unsigned long long f) { *ex = (void*)0xE0E0; printf("instantiate\n"); return 0; }
+R cuGraphExecUpdate_v2(void* ex, void* g, UI* info) {
+  printf("update %p\n", g);
+  if ((uintptr_t)g == 0xBAD0) { info->result = 2; return 910; }
+  info->result = 0; return 0; }
+R cuGraphExecUpdate(void* ex, void* g, UI* info) { return cuGraphExecUpdate_v2(ex, g, info); }
+R cuGraphLaunch(void* ex, void* s) { printf("launch %p\n", s); return 0; }
+R cuGraphDestroy(void* g) { return 0; }
+R cuGraphExecDestroy(void* e) { return 0; }
+R cuGetProcAddress_v2(const char* sym, void** pfn, int ver, unsigned long long flags, int* status) {
+  void* h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+  *pfn = h ? dlsym(h, sym) : 0;
+  if (status) *status = *pfn ? 0 : 1;
+  return *pfn ? 0 : 500; }
+'''
+
+STUB_DRIVE = r'''
+from types import SimpleNamespace
+from cuda.bindings import driver as cu
+from rtattn.graphs import graph as G
+from rtattn.graphs.decode_graphs import DecodeGraphs
+from rtattn.runtime import Stream
+s = Stream.wrap(0x5000)
+g = G.capture(lambda: None, s)
+k = g.kernel_nodes()
+assert [int(n.node) for n in k] == [0x1000, 0x2000] and [int(n.func) for n in k] == [0x10000, 0x11000], k
+assert k[0].grid == (132, 8, 1) and k[0].block == (128, 1, 1) and k[0].smem == 4096
+ex = g.instantiate()
+ex.set_kernel_params(1, b"PARAMS" + bytes(64))
+ex.launch(s)
+assert ex.update(G.Graph(cu.CUgraph(0xABC0)))
+r = ex.update(G.Graph(cu.CUgraph(0xBAD0)))
+assert not r and r.reason, r
+rendered = SimpleNamespace(threads=128, smem_bytes=4096, merge_threads=128)
+kernels = SimpleNamespace(rendered=rendered, merge_ctas=528, decode=SimpleNamespace(handle=cu.CUfunction(0x10000)),
+                          merge=SimpleNamespace(handle=cu.CUfunction(0x11000)))
+w = SimpleNamespace(kernels=kernels, planner=SimpleNamespace(bounds=SimpleNamespace(max_merge_rows=8)),
+                    spec=SimpleNamespace(uri="stub"), device=SimpleNamespace(ordinal=0), num_ctas=132, num_kv_heads=8)
+class Launch:
+    def __init__(self, params):
+        self.wrapper, self.params = w, params
+    def __call__(self, stream):
+        pass
+dg = DecodeGraphs()
+for p in (b"LAYER0" + bytes(8), b"LAYER1" + bytes(8), b"LAYER1" + bytes(8)):
+    dg.replay(Launch(p), s)
+assert dg.stats["instantiations"] == 1 and dg.stats["param_updates"] == 1 and dg.stats["replays"] == 3, dg.stats
+print("STUB-DRIVE-OK")
+'''
+
+
+@pytest.mark.skipif(has_device(), reason="uses a stub driver instead of a GPU")
+def test_graph_api_against_a_stub_driver(tmp_path):
+    import shutil
+    import subprocess
+    import sys
+    if shutil.which("gcc") is None:
+        pytest.skip("no C compiler for the stub libcuda")
+    (tmp_path / "stub.c").write_text(STUB_C)
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(tmp_path / "libcuda.so.1"), str(tmp_path / "stub.c"), "-ldl"],
+                   check=True)
+    env = dict(__import__("os").environ, LD_LIBRARY_PATH=str(tmp_path))
+    res = subprocess.run([sys.executable, "-c", STUB_DRIVE], env=env, capture_output=True, text=True, timeout=120)
+    out = res.stdout + res.stderr
+    assert res.returncode == 0 and "STUB-DRIVE-OK" in out, out
+    assert "begin 0x5000 1" in out                                   # thread-local capture mode
+    assert "setparams 0x2000 func=0x11000 grid=132,8,1 block=128 smem=4096 arg=PARAMS" in out
+    assert "setparams 0x1000 func=0x10000" in out and "setparams 0x2000 func=0x11000 grid=132,8,1 block=128 " \
+        "smem=4096 arg=LAYER1" in out                                 # DecodeGraphs' node update, both nodes
