@@ -29,6 +29,16 @@ class CudaError(RuntimeError):
         self.call = call
         self.result_name = result_name
 
+    def __reduce__(self):  # picklable across processes (multiprocessing pools)
+        return (_rebuild, (type(self), self.args, self.__dict__))
+
+
+def _rebuild(cls, args, state):
+    e = cls.__new__(cls)
+    e.args = args
+    e.__dict__.update(state)
+    return e
+
 
 class NoDeviceError(CudaError):
     """No usable CUDA device (no driver library, no GPU, or driver init failed)."""
