@@ -2,6 +2,7 @@
 sure the tests exercise the *installed* rtattn."""
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -20,6 +21,8 @@ def _prefer_installed_rtattn() -> None:
     except ModuleNotFoundError:
         pass
     sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _ROOT]
+    # Child interpreters (`python -c ...` in tests) would hit the same trap.
+    os.environ["PYTHONSAFEPATH"] = "1"
     for name in [m for m in sys.modules if m == "rtattn" or m.startswith("rtattn.")]:
         del sys.modules[name]
     import rtattn.cuda_src  # noqa: F401  (fails loudly if rtattn is not installed)

@@ -45,7 +45,7 @@ def test_has_device_is_a_bool_and_consistent():
 
 
 @pytest.mark.skipif(has_device(), reason="checks the GPU-less path")
-def test_no_gpu_fails_fast_in_a_fresh_process():
+def test_no_gpu_fails_fast_in_a_fresh_process(tmp_path):
     # A fresh interpreter proves nothing was warmed up; the timeout proves no hang.
     code = textwrap.dedent("""
         import time
@@ -62,7 +62,7 @@ def test_no_gpu_fails_fast_in_a_fresh_process():
                 raise SystemExit("no NoDeviceError")
         print(time.perf_counter() - t0)
     """)
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert float(r.stdout.strip().splitlines()[-1]) < 5.0  # import included; Device() itself is instant
 

@@ -173,7 +173,7 @@ def test_second_process_hits_the_disk_cache(isolated_cache):
         print(json.dumps(cache_stats()))
     """ % MMA_SRC)
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                       env={**os.environ, "RTATTN_CACHE_DIR": str(isolated_cache)})
+                       env={**os.environ, "RTATTN_CACHE_DIR": str(isolated_cache)}, cwd=isolated_cache.parent)
     assert r.returncode == 0, r.stderr
     stats = __import__("json").loads(r.stdout.strip().splitlines()[-1])
     assert stats["disk_hits"] == 1 and stats["compiles"] == 0
@@ -330,7 +330,7 @@ def test_cache_reuse_across_processes_and_launch(device, isolated_cache):
         print(json.dumps(cache_stats()))
     """ % MMA_SRC)
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                       env={**os.environ, "RTATTN_CACHE_DIR": str(isolated_cache)})
+                       env={**os.environ, "RTATTN_CACHE_DIR": str(isolated_cache)}, cwd=isolated_cache.parent)
     assert r.returncode == 0, r.stderr
     stats = __import__("json").loads(r.stdout.strip().splitlines()[-1])
     assert stats["disk_hits"] == 1 and stats["compiles"] == 0
