@@ -268,3 +268,33 @@ def test_cli_bad_dist():
     from rtattn.cli.inspect import main
     with pytest.raises(SystemExit, match="kv-dist"):
         main(["--kv-dist", "poisson:3"])
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(workloads(), st.integers(0, 2**31 - 1))
+def test_reused_dirty_buffer_gives_the_same_plan_prefix(w, seed):
+    """A pinned buffer is reused every step: stale bytes past the counts must not
+    leak into anything the kernels read."""
+    p, args = make(w)
+    fresh = p.plan(*args)
+    dirty = np.random.default_rng(seed).integers(0, 256, p.layout.plan_bytes, dtype=np.uint8)
+    info = p.plan(*args, out=dirty)
+    verify_plan(info.views, w["qo"], w["kv"], tile_q=p.tile_q, page_size=w["page_size"],
+                causal=w["causal"])
+    n, m, P, B = info.num_items, info.num_merge_rows, info.num_partial_rows, info.batch
+    used = {"req_qo_start": B, "req_qo_len": B, "req_kv_page_start": B, "req_kv_len": B,
+            "kv_indices": int(args[1][-1]), "work_indptr": p.num_ctas + 1,
+            "item_request": n, "item_qo_start": n, "item_qo_len": n, "item_kv_start": n,
+            "item_kv_end": n, "item_partial": n, "merge_indptr": m + 1, "merge_qo_row": m,
+            "merge_partial": P, "plan_info": F.PLAN_INFO_LEN}
+    for name, k in used.items():
+        assert np.array_equal(info.views[name][:k], fresh.views[name][:k]), name
+
+
+@pytest.mark.parametrize("mode", F.MODES)
+def test_zero_query_requests_and_empty_batch(mode):
+    p = Planner(8, 64, 4096, 32, 8, 128, 16, mode=mode)
+    for qo, kv in [([0, 3, 0, 1], [100, 5000, 0, 70]), ([0], [10]), ([], [])]:
+        info = p.plan_lengths(np.array(qo, int), np.array(kv, int))
+        verify_plan(info.views, qo, kv, tile_q=p.tile_q, page_size=16)
+        assert info.batch == len(qo)

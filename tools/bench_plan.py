@@ -49,7 +49,7 @@ def main(argv=None):
     rng = np.random.default_rng(0)
     print(f"plan() host time, {a.device}, heads {a.heads}, D={a.head_dim}, page "
           f"{a.page_size}, mode {a.mode}, heavy-tailed KV (median / p90 us)")
-    print(f"{'kind':8} {'batch':>6} {'q len':>8} {'items':>6} {'splits':>6} "
+    print(f"{'kind':8} {'batch':>6} {'q len':>8} {'tile_q':>6} {'items':>6} {'splits':>6} "
           f"{'median us':>10} {'p90 us':>8}")
     for kind in ("decode", "prefill"):
         for batch in (1, 4, 16, 64, 128, 256, 512, 1024):
@@ -64,9 +64,9 @@ def main(argv=None):
             max_pages = int(sum(-(-kv // a.page_size))) + 1
             p = Planner(batch, int(qo.sum()), max_pages, hq, hk, a.head_dim, a.page_size,
                         device=a.device, mode=a.mode, max_qo_len=int(qo.max()),
-                        causal=kind == "prefill")
+                        causal=kind == "prefill", kernel=kind)
             med, p90, info = bench(p, qo, kv, a.reps if batch <= 256 else a.reps // 4)
-            print(f"{kind:8} {batch:6d} {qdesc:>8} {info.num_items:6d} "
+            print(f"{kind:8} {batch:6d} {qdesc:>8} {p.tile_q:6d} {info.num_items:6d} "
                   f"{info.num_split_tiles:6d} {med:10.1f} {p90:8.1f}")
 
 

@@ -90,31 +90,35 @@ def _repeat_index(counts: np.ndarray, ar: np.ndarray, ends: np.ndarray | None = 
     return owner, pos
 
 
-def lpt_assign(cost_sorted: list, num_ctas: int) -> np.ndarray:
-    """Longest-processing-time assignment of already sorted (descending) costs.
-    Least-loaded CTA first, ties by CTA id.  Returns the CTA of each item.
+def lpt_assign(cost_sorted: np.ndarray, num_ctas: int, ar: np.ndarray):
+    """Longest-processing-time assignment of costs sorted descending (int64).
+    Least-loaded CTA first, ties by CTA id.  Returns (cta of each item, load of
+    each CTA).
 
-    Key = (load << shift) | cta in one Python int, so heapq compares plain ints.
-    The first num_ctas items land on CTAs 0, 1, ... (all loads are 0 then)."""
-    n = len(cost_sorted)
+    Key = (load << shift) | cta as one Python int, so heapq compares plain ints
+    and the loop body is two C calls.  The first num_ctas items land on CTAs
+    0, 1, ... (all loads are 0 then), so the heap starts from them."""
+    n = cost_sorted.shape[0]
     m = min(n, num_ctas)
-    out = np.empty(n, dtype=np.int32)
-    out[:m] = np.arange(m, dtype=np.int32)
-    if n <= num_ctas:
-        return out
     shift = num_ctas.bit_length()
     mask = (1 << shift) - 1
-    heap = [(cost_sorted[c] << shift) | c for c in range(m)]
+    heap = ((cost_sorted[:m] << shift) | ar[:m]).tolist()
     heapq.heapify(heap)
-    rest = []
+    tops = []
     push = heapq.heapreplace
-    append = rest.append
-    for c in cost_sorted[m:]:
+    append = tops.append
+    for c in (cost_sorted[m:] << shift).tolist():
         top = heap[0]
-        push(heap, top + (c << shift))
-        append(top & mask)
-    out[m:] = rest
-    return out
+        push(heap, top + c)
+        append(top)
+    cta = np.empty(n, dtype=np.int64)
+    cta[:m] = ar[:m]
+    cta[m:] = tops
+    cta[m:] &= mask
+    fin = np.array(heap, dtype=np.int64)
+    loads = np.zeros(num_ctas, dtype=np.int64)
+    loads[fin & mask] = fin >> shift
+    return cta, loads
 
 
 class Planner:
@@ -268,20 +272,27 @@ class Planner:
             cost += COST_ALPHA * it[2] + COST_GAMMA
         # Assignment: naive = round robin in item order; else LPT.
         if mode == "naive":
-            order = None
-            cs = cost
-            cta = self._ar[:n] % C
+            order, cs = None, cost
         else:
             order = np.argsort(-cost, kind="stable")
             cs = cost[order]
-            if n <= C or cs[0] == cs[n - 1]:   # all equal (or spare CTAs): LPT == round robin
+        if n <= C:   # one item per CTA at most: queue order is the sorted order
+            final = self._ar[:n] if order is None else order
+            counts = np.zeros(C, dtype=np.int64)
+            counts[:n] = 1
+            loads = np.zeros(C, dtype=np.int64)
+            loads[:n] = cs
+        else:
+            if mode == "naive" or cs[0] == cs[n - 1]:   # round robin (== LPT if all equal)
                 cta = self._ar[:n] % C
+                loads = None
             else:
-                cta = lpt_assign(cs.tolist(), C)
-        q = np.argsort(cta, kind="stable")     # queue order: (cta, assignment order)
-        final = q if order is None else order[q]
-        counts = np.bincount(cta, minlength=C)
-        loads = np.bincount(cta, weights=cs, minlength=C).astype(np.int64)
+                cta, loads = lpt_assign(cs, C, self._ar)
+            q = np.argsort(cta, kind="stable")     # queue order: (cta, assignment order)
+            final = q if order is None else order[q]
+            counts = np.bincount(cta, minlength=C)
+            if loads is None:
+                loads = np.bincount(cta, weights=cs, minlength=C).astype(np.int64)
         res = dict(n=n, L=int(L), loads=loads, counts=counts, items=it, final=final,
                    merge_rows=0, partial_rows=0, split_tiles=0)
         if maxc > 1:
