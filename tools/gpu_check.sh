@@ -46,7 +46,10 @@ except (OSError, ET.ParseError) as e:
     cases = []
     print(f"(no junit xml: {e})")
 for tc in cases:
-    f = (tc.get("classname") or "?").rsplit(".", 1)[0].replace(".", "/") + ".py"
+    parts = (tc.get("classname") or "?").split(".")
+    while len(parts) > 1 and parts[-1][:1].isupper():  # drop test classes: module path remains
+        parts.pop()
+    f = "/".join(parts) + ".py"
     kind = 0
     if tc.find("failure") is not None or tc.find("error") is not None:
         kind = 1
@@ -54,6 +57,10 @@ for tc in cases:
     elif tc.find("skipped") is not None:
         kind = 2
     rows[f][kind] += 1
+for t in failed[:40]:  # failures first, the table last
+    print(f"FAILED {t}")
+if len(failed) > 40:
+    print(f"... and {len(failed) - 40} more failures (see $OUT/pytest.log)")
 w = max([len(f) for f in rows] + [10])
 print(f"{'file':<{w}}  passed  failed  skipped")
 tot = [0, 0, 0]
@@ -62,8 +69,6 @@ for f in sorted(rows):
     tot = [a + b for a, b in zip(tot, rows[f])]
     print(f"{f:<{w}}  {p:6d}  {fl:6d}  {s:7d}{'  <-- FAIL' if fl else ''}")
 print(f"{'TOTAL':<{w}}  {tot[0]:6d}  {tot[1]:6d}  {tot[2]:7d}")
-for t in failed:
-    print(f"FAILED {t}")
 print(f"GPU tier: {'PASS' if rc_tests == 0 else f'FAIL (pytest exit {rc_tests})'}")
 if extra:
     print(f"extra command: {'PASS' if rc_extra == 0 else f'FAIL (exit {rc_extra})'}: {extra}")
