@@ -287,3 +287,32 @@ def test_cupy_roundtrip(device, dtype):
     np.testing.assert_array_equal(buf.copy_to_host().view(dtype), np.ones(32, dtype))
     v = as_tensor(c[:, 1:3])
     assert v.ptr == c.data.ptr + ITEMSIZE[dtype] and v.strides == (8, 1) and v.dtype == dtype
+
+
+# ------------------------------------------------------------ property tests
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@settings(max_examples=60, deadline=None)
+@given(shape=st.lists(st.integers(0, 5), min_size=0, max_size=4),
+       dtype=st.sampled_from(list(dl.DTYPES)), versioned=st.booleans(), data=st.data())
+def test_roundtrip_any_shape_strides_dtype(shape, dtype, versioned, data):
+    strides = data.draw(st.lists(st.integers(0, 64), min_size=len(shape), max_size=len(shape)))
+    t = export(0x4000, shape, dtype, strides=strides)
+    v = as_tensor(t.__dlpack__(max_version=(1, 1) if versioned else None))
+    assert (v.shape, v.strides, v.dtype, v.ptr) == (tuple(shape), tuple(strides), dtype, 0x4000)
+    assert v.numel == int(np.prod(shape)) and v.nbytes == v.numel * ITEMSIZE[dtype]
+
+
+@settings(max_examples=60, deadline=None)
+@given(rows=st.integers(0, 9), cols=st.integers(1, 9), r0=st.integers(0, 3), step=st.integers(1, 3),
+       dtype=st.sampled_from(NUMPY_DTYPES))
+def test_numpy_slices_view_the_same_bytes(rows, cols, r0, step, dtype):
+    a = np.arange(rows * cols).astype(dtype).reshape(rows, cols)[r0::step, ::step]
+    v = as_tensor(a)
+    np.testing.assert_array_equal(v.numpy(), a)
+    assert v.ptr == a.ctypes.data and v.is_contiguous() == a.flags.c_contiguous
+    if a.size:  # numel_span reaches exactly the last element
+        last = a.ctypes.data + sum((n - 1) * s for n, s in zip(a.shape, a.strides))
+        assert v.ptr + (dl.numel_span(v.shape, v.strides) - 1) * v.itemsize == last

@@ -334,3 +334,31 @@ def test_cache_reuse_across_processes_and_launch(device, isolated_cache):
     assert r.returncode == 0, r.stderr
     stats = __import__("json").loads(r.stdout.strip().splitlines()[-1])
     assert stats["disk_hits"] == 1 and stats["compiles"] == 0
+
+
+def test_pack_params_struct_bytes():
+    from rtattn.runtime import pack_params
+    raw = struct.pack("<QQfi", 0x1111, 0x2222, 0.5, 7)
+    addr, keep = pack_params(raw)
+    arg0 = ctypes.c_void_p.from_address(addr).value
+    assert ctypes.string_at(arg0, len(raw)) == raw
+
+
+def test_pack_params_typed_values():
+    from rtattn.runtime import pack_params
+
+    class Buf:
+        ptr = 0xABCDEF
+
+    addr, keep = pack_params([(Buf(), ctypes.c_void_p), (np.int64(0x10), ctypes.c_void_p),
+                              (np.float32(2.5), ctypes.c_float), (-3, ctypes.c_int), (ctypes.c_uint8(9), None)])
+    ptrs = (ctypes.c_void_p * 5).from_address(addr)
+    assert ctypes.c_void_p.from_address(ptrs[0]).value == 0xABCDEF
+    assert ctypes.c_void_p.from_address(ptrs[1]).value == 0x10
+    assert ctypes.c_float.from_address(ptrs[2]).value == 2.5
+    assert ctypes.c_int.from_address(ptrs[3]).value == -3
+    assert ctypes.c_uint8.from_address(ptrs[4]).value == 9
+    with pytest.raises(TypeError, match="pair"):
+        pack_params([5])
+    with pytest.raises(ValueError, match="empty"):
+        pack_params(b"")

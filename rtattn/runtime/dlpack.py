@@ -185,7 +185,9 @@ class TensorView:
         return self.numel * self.itemsize
 
     def is_contiguous(self) -> bool:
-        """C-contiguous (size-1 dims may have any stride)."""
+        """C-contiguous (size-1 dims may have any stride; empty tensors are)."""
+        if self.numel == 0:
+            return True
         expect = contiguous_strides(self.shape)
         return all(n == 1 or s == e for n, s, e in zip(self.shape, self.strides, expect))
 

@@ -17,16 +17,19 @@ __all__ = ["DeviceBuffer", "PinnedBuffer", "memcpy_htod_async", "memcpy_dtoh_asy
 
 
 def memcpy_htod_async(dst_ptr: int, src_ptr: int, nbytes: int, stream=None) -> None:
+    current_device()  # a context must be current on this thread
     check(cu.cuMemcpyHtoDAsync(int(dst_ptr), int(src_ptr), int(nbytes), as_stream(stream).handle),
           "cuMemcpyHtoDAsync")
 
 
 def memcpy_dtoh_async(dst_ptr: int, src_ptr: int, nbytes: int, stream=None) -> None:
+    current_device()  # a context must be current on this thread
     check(cu.cuMemcpyDtoHAsync(int(dst_ptr), int(src_ptr), int(nbytes), as_stream(stream).handle),
           "cuMemcpyDtoHAsync")
 
 
 def memcpy_dtod_async(dst_ptr: int, src_ptr: int, nbytes: int, stream=None) -> None:
+    current_device()  # a context must be current on this thread
     check(cu.cuMemcpyDtoDAsync(int(dst_ptr), int(src_ptr), int(nbytes), as_stream(stream).handle),
           "cuMemcpyDtoDAsync")
 

@@ -75,8 +75,10 @@ def pack_params(params):
                 value, ctype = item
             except (TypeError, ValueError):
                 raise TypeError(f"kernel argument {item!r} must be a (value, ctypes type) pair") from None
-            if isinstance(value, ctypes._SimpleCData) or isinstance(value, ctypes.Structure):
+            if isinstance(value, (ctypes._SimpleCData, ctypes.Structure)):
                 args.append(value)
+            elif ctype is ctypes.c_void_p:  # pointers: ints, numpy ints, or buffers (.ptr)
+                args.append(ctype(int(getattr(value, "ptr", value))))
             else:
                 args.append(ctype(value))
     ptrs = (ctypes.c_void_p * max(len(args), 1))(*[ctypes.addressof(a) for a in args])

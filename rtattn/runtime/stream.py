@@ -85,13 +85,18 @@ class Stream:
     def __int__(self) -> int:
         return self._handle
 
+    def _ctx(self) -> None:
+        # Borrowed handles (notably 0, the legacy default stream) need *a*
+        # current context on this thread; use the device's primary one.
+        current_device(self._device)
+
     def synchronize(self) -> None:
-        if self._device is not None:
-            self._device.set_current()
+        self._ctx()
         check(cu.cuStreamSynchronize(self._handle), "cuStreamSynchronize")
 
     def wait(self, event: "Event") -> None:
         """Make later work on this stream wait for ``event``."""
+        self._ctx()
         check(cu.cuStreamWaitEvent(self._handle, event.handle, 0), "cuStreamWaitEvent")
 
     def close(self) -> None:
@@ -137,6 +142,7 @@ class Event:
         dev = current_device(device)
         flags = cu.CUevent_flags.CU_EVENT_DEFAULT if timing else cu.CUevent_flags.CU_EVENT_DISABLE_TIMING
         self._ev = check(cu.cuEventCreate(flags), "cuEventCreate")
+        self._device = dev
         self.timing = timing
         self._finalizer = weakref.finalize(self, _destroy_event, self._ev, dev)
 
@@ -145,6 +151,7 @@ class Event:
         return self._ev
 
     def record(self, stream=None) -> "Event":
+        current_device(self._device)
         check(cu.cuEventRecord(self._ev, as_stream(stream).handle), "cuEventRecord")
         return self
 
