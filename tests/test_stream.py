@@ -116,3 +116,32 @@ def test_many_streams_and_events_release(device):
         with Stream() as s:
             Event(timing=False).record(s).close()
     assert time.perf_counter() - t0 < 30
+
+
+@pytest.mark.gpu
+def test_fresh_thread_needs_no_explicit_context(device):
+    """Borrowed/default streams and raw copies work on a thread that never
+    made a context current (worker threads of a serving loop)."""
+    import threading
+
+    import numpy as np
+
+    from rtattn.runtime import memcpy_dtoh_async, memcpy_htod_async
+    buf = DeviceBuffer(64)
+    errors = []
+
+    def worker():
+        try:
+            src = np.arange(16, dtype=np.int32)
+            dst = np.empty_like(src)
+            memcpy_htod_async(buf.ptr, src.ctypes.data, 64, None)
+            memcpy_dtoh_async(dst.ctypes.data, buf.ptr, 64, None)
+            as_stream(None).synchronize()
+            assert (dst == src).all()
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    t = threading.Thread(target=worker)
+    t.start()
+    t.join()
+    assert not errors, errors

@@ -17,6 +17,7 @@ import os
 import re
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from cuda.bindings import nvrtc
@@ -95,16 +96,47 @@ def _toolchain_id() -> str:
     return ";".join(parts)
 
 
-def _headers_digest(dirs) -> str:
-    h = hashlib.sha256()
-    for d in dirs:
-        root = Path(d)
-        if not root.is_dir():
+def _header_files(root: str):
+    """(path, mtime_ns, size) of every header under ``root``, sorted."""
+    out, stack = [], [root]
+    while stack:
+        try:
+            entries = list(os.scandir(stack.pop()))
+        except OSError:
             continue
-        for p in sorted(root.rglob("*")):
-            if p.suffix in _HEADER_SUFFIXES and p.is_file():
-                h.update(str(p.relative_to(root)).encode() + b"\0" + p.read_bytes() + b"\0")
-    return h.hexdigest()
+        for e in entries:
+            if e.is_dir():
+                stack.append(e.path)
+            elif e.name.endswith(_HEADER_SUFFIXES):
+                st = e.stat()
+                out.append((e.path, st.st_mtime_ns, st.st_size))
+    return sorted(out)
+
+
+_digest_memo: dict[tuple, str] = {}
+
+
+def _headers_digest(dirs) -> str:
+    """sha256 over the headers' relative names and contents. Re-read only when a
+    header's (mtime, size) changes: the memo-hit path stays cheap."""
+    files = tuple((str(d), tuple(_header_files(str(d)))) for d in dirs)
+    digest = _digest_memo.get(files)
+    if digest is None:
+        h = hashlib.sha256()
+        for root, entries in files:
+            for path, _, _ in entries:
+                try:
+                    data = Path(path).read_bytes()
+                except OSError:
+                    continue
+                h.update(os.path.relpath(path, root).encode() + b"\0" + data + b"\0")
+        digest = h.hexdigest()
+        # Like git's "racy" check: a header modified in the last 2 s could change
+        # again within the same mtime tick, so do not trust its stat yet.
+        newest = max((m for _, entries in files for _, m, _ in entries), default=0)
+        if newest < time.time_ns() - 2_000_000_000:
+            _digest_memo[files] = digest
+    return digest
 
 
 def _cache_key(source, options, arch, name_expressions, include_dirs) -> str:
