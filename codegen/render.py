@@ -12,7 +12,6 @@ from rtattn.plan import fields as plan_fields
 from .cstruct import CStruct, Member
 from .spec import DTYPES, AttentionSpec
 
-MERGE_THREADS = 256
 _ENV = jinja2.Environment(loader=jinja2.PackageLoader("rtattn.codegen", "templates"),
                           undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
 
@@ -35,6 +34,7 @@ def params_struct(spec: AttentionSpec) -> CStruct:
         Member("v_stride_head", i64),
         Member("o", f"{t}*"), Member("o_stride_tok", i64), Member("o_stride_head", i64),
         Member("lse", "float*"), Member("partial_o", "float*"), Member("partial_lse", "float*"),
+        Member("merge_counters", "int*"),
         Member("plan", "PlanPtrs", _plan_struct()),
         Member("num_qo_heads", "int"), Member("group_size", "int"), Member("heads_per_cta", "int"),
         Member("head_blocks", "int"), Member("page_shift", "int"),
@@ -63,10 +63,8 @@ def min_blocks_per_sm(spec: AttentionSpec) -> int:
 class Rendered:
     source: str
     decode_name: str
-    merge_name: str
     smem_bytes: int
     threads: int
-    merge_threads: int
     params: CStruct
 
 
@@ -79,14 +77,13 @@ def render(spec: AttentionSpec) -> Rendered:
     body = body.rsplit("};", 1)[0]
     threads = spec.num_warps * 32
     smem = decode_smem_bytes(spec)
-    decode_name, merge_name = f"rtattn_decode_{spec.uri}", f"rtattn_merge_{spec.uri}"
+    decode_name = f"rtattn_decode_{spec.uri}"
     source = _ENV.get_template("decode.cu.jinja").render(
         spec=spec, ctype=DTYPES[spec.dtype], plan_struct=plan_fields.c_struct(),
         extra_struct=extra.c_source(), params_struct_head=head + "{", params_struct_body=body,
         smem_bytes=smem, params_size=_sizeof(params), threads=threads,
-        min_blocks=min_blocks_per_sm(spec), decode_name=decode_name, merge_name=merge_name,
-        merge_threads=MERGE_THREADS)
-    return Rendered(source, decode_name, merge_name, smem, threads, MERGE_THREADS, params)
+        min_blocks=min_blocks_per_sm(spec), decode_name=decode_name)
+    return Rendered(source, decode_name, smem, threads, params)
 
 
 def _sizeof(s: CStruct) -> int:

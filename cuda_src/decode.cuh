@@ -6,7 +6,8 @@
 // that share KV head y are folded into the row axis (rows = tokens x heads, at most 16*M_TILES),
 // so each K/V byte is loaded once for all of them. Each warp owns 16 of the block's tokens and
 // keeps its own online-softmax state; the warps' states are combined with the merge operator
-// at the end of the item, then written as final O (writethrough) or a float32 partial row.
+// at the end of the item, then written as final O (writethrough) or a float32 partial row;
+// split rows are merged by the last CTA to finish one of their chunks (merge_if_last).
 #pragma once
 #include "ptx.cuh"
 
@@ -31,6 +32,59 @@ struct DecodeShape {
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
+// Split-KV merge, fused: after a CTA has written partial rows, it counts its arrival on each
+// of the item's merge rows (per KV head); the CTA that arrives last merges that row's partials
+// in the plan's fixed order and resets the counter for the next launch. The result does not
+// depend on which CTA came last, so outputs stay bitwise deterministic.
+//   softmax: O = sum_i e^{lse_i - lse} O_i,  lse = log sum_i e^{lse_i}
+//   sigmoid: O = sum_i O_i (unnormalized partial sums), same lse (log of the total weight)
+template <class Variant, class P>
+__device__ __forceinline__ void merge_if_last(const P& p, const Variant& var, int item, int q_tokens, int heads,
+                                              int first_qo_head, char* smem) {
+  using T = typename P::DType;
+  constexpr int D = P::head_dim;
+  int* last = reinterpret_cast<int*>(smem);  // q_tokens flags; the Q area is free between items
+  __threadfence();                            // publish this CTA's partial rows...
+  __syncthreads();
+  const int entry0 = p.plan.item_merge_row[item];
+  if (threadIdx.x < q_tokens) {
+    const int e = entry0 + threadIdx.x;
+    const int fan_in = p.plan.merge_indptr[e + 1] - p.plan.merge_indptr[e];
+    int* counter = p.merge_counters + int64_t(e) * gridDim.y + blockIdx.y;
+    const bool is_last = atomicAdd(counter, 1) == fan_in - 1;  // ...before counting in
+    if (is_last) *counter = 0;
+    last[threadIdx.x] = is_last;
+  }
+  __syncthreads();
+  for (int t = 0; t < q_tokens; ++t) {
+    if (!last[t]) continue;
+    __threadfence();  // acquire: the other CTAs' partials are visible past their counts
+    const int e = entry0 + t;
+    const int first = p.plan.merge_indptr[e], end = p.plan.merge_indptr[e + 1];
+    const int q_row = p.plan.merge_qo_row[e];
+    for (int i = threadIdx.x; i < heads * D; i += blockDim.x) {
+      const int qo_head = first_qo_head + i / D, d = i % D;
+      float m = -INFINITY;
+      for (int k = first; k < end; ++k)
+        m = fmaxf(m, __ldcg(p.partial_lse + int64_t(p.plan.merge_partial[k]) * p.num_qo_heads + qo_head));
+      const float base = m == -INFINITY ? 0.f : m;
+      float acc = 0.f, w_sum = 0.f;
+      for (int k = first; k < end; ++k) {
+        const int64_t prow = int64_t(p.plan.merge_partial[k]) * p.num_qo_heads + qo_head;
+        const float w = __expf(__ldcg(p.partial_lse + prow) - base);
+        w_sum += w;
+        acc += (Variant::use_softmax ? w : 1.f) * __ldcg(p.partial_o + prow * D + d);
+      }
+      if (Variant::use_softmax) acc = w_sum > 0.f ? acc / w_sum : 0.f;
+      if constexpr (Variant::has_output_transform) acc = var.OutputTransform(p, acc, qo_head, d);
+      p.o[int64_t(q_row) * p.o_stride_tok + int64_t(qo_head) * p.o_stride_head + d] = from_float<T>(acc);
+      if (p.lse != nullptr && d == 0)
+        p.lse[int64_t(q_row) * p.num_qo_heads + qo_head] = w_sum > 0.f ? base + __logf(w_sum) : -INFINITY;
+    }
+  }
+  __syncthreads();  // flags live in the Q area, rewritten by the next item
+}
+
 template <class Variant, class P, int M_TILES, int NUM_WARPS, int STAGES>
 __device__ __forceinline__ void decode_persistent(const P& p, char* smem) {
   using T = typename P::DType;
@@ -48,6 +102,8 @@ __device__ __forceinline__ void decode_persistent(const P& p, char* smem) {
   T* kv_smem = reinterpret_cast<T*>(smem + S::q_bytes);
   float* combine = reinterpret_cast<float*>(smem + S::q_bytes);
 
+  // Programmatic dependent launch: everything below may read what the previous kernel wrote.
+  wait_for_previous_grid();
   const int item_begin = p.plan.work_indptr[blockIdx.x];
   const int item_end = p.plan.work_indptr[blockIdx.x + 1];
 
@@ -329,7 +385,10 @@ __device__ __forceinline__ void decode_persistent(const P& p, char* smem) {
       }
     }
     __syncthreads();  // the combine area is the next item's first KV stages
+    if (partial_row >= 0) merge_if_last<Variant>(p, var, item, q_tokens, heads, first_qo_head, smem);
   }
+  // Let a programmatically dependent launch (the next layer's kernel) start its prologue.
+  allow_next_grid();
 }
 
 }  // namespace rtattn

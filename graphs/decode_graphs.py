@@ -1,7 +1,7 @@
 """CUDA graphs of a BatchDecodeWrapper's run(), keyed by configuration, updated in place.
 
 Why this works: the wrapper's plan lives at fixed workspace offsets, so a captured decode +
-merge pair stays valid across plan() calls with any lengths; only the tensor pointers
+kernel (which also merges split-KV partials) stays valid across plan() calls with any lengths; only the tensor pointers
 (another layer's q/KV/out) change the kernels' argument struct. Per configuration (variant
 spec, tile config) we keep up to `max_execs` executable graphs, each remembering the argument
 struct it holds:
@@ -33,9 +33,8 @@ UPDATE_MODES = ("nodes", "capture")
 def config_key(wrapper) -> tuple:
     """What fixes the captured topology and launch shapes (not the pointers)."""
     k, r = wrapper.kernels, wrapper.kernels.rendered
-    merge = wrapper.planner.bounds.max_merge_rows > 0
     return (wrapper.spec.uri, wrapper.device.ordinal, wrapper.num_ctas, wrapper.num_kv_heads,
-            r.threads, r.smem_bytes, merge, getattr(k, "merge_ctas", 0), r.merge_threads)
+            r.threads, r.smem_bytes)
 
 
 class DecodeGraphs:
@@ -132,9 +131,9 @@ class DecodeGraphs:
 
 
 def _nodes_take_params(ex, launch) -> bool:
-    """True when every kernel node of `ex` is the decode or merge kernel, both of which take
+    """True when every kernel node of `ex` is the decode kernel, which takes
     the launch's whole argument struct: then a per-node parameter update is exact."""
     k = launch.wrapper.kernels
-    funcs = {int(k.decode.handle), int(k.merge.handle)}
+    funcs = {int(k.decode.handle)}
     nodes = ex.kernel_nodes()
     return bool(nodes) and all(int(n.func) in funcs for n in nodes)

@@ -1,15 +1,21 @@
-"""AttentionSpec -> compiled, loaded decode + merge kernels, and their launches."""
+"""AttentionSpec -> compiled, loaded decode kernel, and its launch.
+
+The decode kernel merges split-KV partials itself (the last CTA to finish a row merges it),
+so one step of attention is one launch. It is launched with programmatic dependent launch
+(PDL): the GPU may start it while the previous kernel on the stream drains; the kernel waits
+(griddepcontrol.wait) before touching memory, so results are unchanged.
+"""
 from __future__ import annotations
 
 import functools
 
+from cuda.bindings import driver as cu
+
 from rtattn.codegen.render import Rendered, render
 from rtattn.codegen.spec import AttentionSpec
-from rtattn.runtime import Device, Module, compile_to_cubin
+from rtattn.runtime import Device, Module, as_stream, check, compile_to_cubin, pack_params
 
-# The kernels use mma.sync/ldmatrix/cp.async (sm_80+); nothing needs sm_90a.
 COMPILE_OPTIONS = ("-lineinfo", "--extra-device-vectorization")
-MERGE_CTAS_PER_SM = 4
 
 
 def compile_spec(spec: AttentionSpec, arch: str, quiet: bool | None = None) -> tuple[Rendered, bytes]:
@@ -20,7 +26,7 @@ def compile_spec(spec: AttentionSpec, arch: str, quiet: bool | None = None) -> t
 
 
 class DecodeKernels:
-    """The decode and merge kernels of one spec, loaded on one device."""
+    """The decode kernel of one spec, loaded on one device."""
 
     def __init__(self, spec: AttentionSpec, device: Device | None = None):
         self.spec = spec
@@ -28,23 +34,35 @@ class DecodeKernels:
         self.rendered, cubin = compile_spec(spec, self.device.arch)
         self.module = Module.load(cubin, self.device)
         self.decode = self.module.function(self.rendered.decode_name)
-        self.merge = self.module.function(self.rendered.merge_name)
         self.decode.set_max_dynamic_smem(self.rendered.smem_bytes)
         self.ctas_per_sm = self.decode.occupancy(self.rendered.threads, self.rendered.smem_bytes)
         if self.ctas_per_sm < 1:
             raise RuntimeError(f"{self.rendered.decode_name} cannot be resident on {self.device.name} "
                                f"({self.rendered.smem_bytes} B shared memory, {self.decode.attributes()})")
-        self.merge_ctas = self.device.props.sm_count * MERGE_CTAS_PER_SM
+        self.pdl = self.device.props.cc >= (9, 0)
 
     def num_ctas(self, num_kv_heads: int) -> int:
         """Fixed grid x: every SM busy with `ctas_per_sm` CTAs across the KV heads."""
         return max(1, self.device.props.sm_count * self.ctas_per_sm // num_kv_heads)
 
-    def launch(self, params: bytes, num_ctas: int, grid_y: int, stream=None, merge: bool = True) -> None:
+    def launch(self, params: bytes, num_ctas: int, grid_y: int, stream=None) -> None:
         r = self.rendered
-        self.decode.launch((num_ctas, grid_y, 1), (r.threads, 1, 1), params, r.smem_bytes, stream)
-        if merge:
-            self.merge.launch((self.merge_ctas, 1, 1), (r.merge_threads, 1, 1), params, 0, stream)
+        if not self.pdl:
+            self.decode.launch((num_ctas, grid_y, 1), (r.threads, 1, 1), params, r.smem_bytes, stream)
+            return
+        cfg = cu.CUlaunchConfig()
+        cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = num_ctas, grid_y, 1
+        cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = r.threads, 1, 1
+        cfg.sharedMemBytes = r.smem_bytes
+        cfg.hStream = as_stream(stream).handle
+        attr = cu.CUlaunchAttribute()
+        attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+        attr.value.programmaticStreamSerializationAllowed = 1
+        cfg.attrs, cfg.numAttrs = [attr], 1
+        addr, keep = pack_params(params)
+        self.device.set_current()
+        check(cu.cuLaunchKernelEx(cfg, self.decode.handle, addr, 0), f"cuLaunchKernelEx({r.decode_name})")
+        del keep  # the driver copied the arguments at launch
 
 
 @functools.lru_cache(maxsize=None)

@@ -1,9 +1,9 @@
 """BatchDecodeWrapper: plan() once per step on the host, run() per layer on the device.
 
 plan() fills a pinned buffer at offsets fixed when the wrapper was built and issues one async
-host-to-device copy into the workspace; run() launches the persistent decode kernel and the
-merge kernel with a fixed grid and fixed pointers, so both can be captured into a CUDA graph
-once and replayed every step while the plan changes underneath (see rtattn.graphs).
+host-to-device copy into the workspace; run() launches the persistent decode kernel (which also
+merges split-KV partials) with a fixed grid and fixed pointers, so it can be captured into a
+CUDA graph once and replayed every step while the plan changes underneath (see rtattn.graphs).
 
 LSE convention: natural logarithm (base e) of the sum of the attention weights' exponentials,
 log sum_j exp(s_j), with s_j the logits after sm_scale (and the variant's logits transform).
@@ -41,7 +41,7 @@ class BatchDecodeWrapper:
     def __init__(self, num_qo_heads: int, num_kv_heads: int, head_dim: int, page_size: int, *,
                  max_batch: int, max_pages: int, max_qo_tokens: int | None = None,
                  variant="plain", dtype: str = "bfloat16", kv_layout: str = "NHD",
-                 mode: str = "balanced", chunk_tokens: int = 2048, device=None, workspace=None):
+                 mode: str = "contiguous", chunk_tokens: int = 2048, device=None, workspace=None):
         if page_size < 1 or page_size & (page_size - 1):
             raise ValueError(f"page_size={page_size}: the decode kernel needs a power of two")
         if kv_layout not in KV_LAYOUTS:
@@ -64,6 +64,11 @@ class BatchDecodeWrapper:
         self.layout = self.planner.layout
         self.pinned = PinnedBuffer(self.layout.plan_bytes, self.device)
         self.workspace = self._workspace(workspace)
+        # Arrival counters of the fused split-KV merge, one per (merge row, KV head). The kernel
+        # leaves them at zero after every launch, so they are cleared once, here.
+        self.merge_counters = DeviceBuffer(max(1, self.planner.bounds.max_merge_rows * num_kv_heads) * 4,
+                                           self.device)
+        self.merge_counters.memset(0)
         self._copy_done = Event(timing=False)
         self._copy_pending = False
         self.info: PlanInfo | None = None
@@ -202,13 +207,14 @@ class BatchDecodeWrapper:
             lse=lv.ptr if lv is not None else 0,
             partial_o=ws + self.layout.partial_o_offset(),
             partial_lse=ws + self.layout.partial_lse_offset(self.num_qo_heads, self.head_dim),
+            merge_counters=self.merge_counters.ptr,
             plan=plan, num_qo_heads=self.num_qo_heads, group_size=self.group, heads_per_cta=self.group,
             head_blocks=1, page_shift=self.page_size.bit_length() - 1,
             sm_scale=scale, sm_scale_log2=scale * 1.4426950408889634, extra=extra)
 
 
 class DecodeLaunch:
-    """A fully validated launch: calling it enqueues the decode and merge kernels."""
+    """A fully validated launch: calling it enqueues the decode kernel."""
 
     def __init__(self, wrapper: BatchDecodeWrapper, params: bytes, stream, out, lse, keep):
         self.wrapper, self.params, self.stream = wrapper, params, stream
@@ -216,8 +222,7 @@ class DecodeLaunch:
 
     def __call__(self, stream=None) -> None:
         w = self.wrapper
-        merge = w.planner.bounds.max_merge_rows > 0
-        w.kernels.launch(self.params, w.num_ctas, w.num_kv_heads, stream or self.stream, merge=merge)
+        w.kernels.launch(self.params, w.num_ctas, w.num_kv_heads, stream or self.stream)
 
 
 def _host(a) -> np.ndarray:

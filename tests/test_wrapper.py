@@ -23,8 +23,8 @@ class FakeKernels:
     def num_ctas(self, num_kv_heads):
         return max(1, 132 * 2 // num_kv_heads)
 
-    def launch(self, params, num_ctas, grid_y, stream=None, merge=True):
-        self.launches.append((params, num_ctas, grid_y, merge))
+    def launch(self, params, num_ctas, grid_y, stream=None):
+        self.launches.append((params, num_ctas, grid_y))
 
 
 class FakeBuffer:
@@ -34,6 +34,9 @@ class FakeBuffer:
         self.nbytes, self.ptr = nbytes, FakeBuffer._next
         FakeBuffer._next += (nbytes + 4095) // 4096 * 4096 + 4096
         self.array = np.zeros(nbytes, np.uint8)
+
+    def memset(self, value=0, stream=None):
+        self.array[:] = value
 
     def as_tensor(self, dtype, shape, stream=None):
         return export(self.ptr, shape, dtype, 0)
@@ -82,7 +85,7 @@ def test_plan_copies_the_plan_once_and_run_packs_every_pointer(fake_gpu):
         cuda((3, 32, 128), ptr=1 << 34)
     out = w.run(q, k, v, out=o)
     assert out is o
-    params, num_ctas, grid_y, merge = fake_gpu.kernels[0].launches[0]
+    params, num_ctas, grid_y = fake_gpu.kernels[0].launches[0]
     st = w.kernels.rendered.params.ctypes_type().from_buffer_copy(params)
     assert (st.q, st.k_cache, st.v_cache, st.o, st.lse) == (q.ptr, k.ptr, v.ptr, o.ptr, None)
     assert (st.k_stride_page, st.k_stride_tok, st.k_stride_head) == (16 * 8 * 128, 8 * 128, 128)

@@ -15,9 +15,11 @@ import time
 
 import numpy as np
 
+from rtattn.plan.fields import MODES
+
 # The embedded workload: a serving-shaped decode step (heavy-tailed contexts).
 DEFAULT = dict(batch=64, kv_dist="zipf:1024", qo_len=1, heads="32/8", head_dim=128,
-               page_size=16, device="h200", mode="balanced", seed=0)
+               page_size=16, device="h200", mode="contiguous", seed=0)
 MAX_KV = 32768
 
 
@@ -72,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--page-size", type=int, default=d["page_size"])
     ap.add_argument("--device", default=d["device"], choices=["h200", "h100", "a100"])
     ap.add_argument("--lengths", help="JSON list / NPZ (kv_lens, qo_lens) of lengths")
-    ap.add_argument("--mode", default=d["mode"], choices=["balanced", "naive", "batch-invariant"])
+    ap.add_argument("--mode", default=d["mode"], choices=list(MODES))
     ap.add_argument("--chunk-tokens", type=int, default=2048, help="batch-invariant chunk")
     ap.add_argument("--causal", action="store_true", help="clip tiles to the causal horizon")
     ap.add_argument("--kernel", default=None, choices=["decode", "prefill"],

@@ -241,11 +241,13 @@ class Planner:
             nchunk = np.floor_divide(t_kv + (L - 1), L)
             np.maximum(nchunk, 1, out=nchunk)
             maxc = int(_MAX(nchunk))
-        # Items: rows request, qo_start, qo_len, kv_start, kv_end, partial.
+        if mode == "contiguous" and T > 0:
+            return self._contiguous(decode, t_req, t_qs, t_qlen, t_kv)
+        # Items: rows request, qo_start, qo_len, kv_start, kv_end, partial, merge entry.
         if maxc == 1:
             n = T
-            it = np.empty((6, n), dtype=np.int32)
-            it[0], it[1], it[2], it[3], it[4], it[5] = t_req, t_qs, t_qlen, 0, t_kv, -1
+            it = np.empty((7, n), dtype=np.int32)
+            it[0], it[1], it[2], it[3], it[4], it[5], it[6] = t_req, t_qs, t_qlen, 0, t_kv, -1, -1
             i_tile = i_chunk = None
         else:
             ends = _ACC(nchunk, dtype=np.int64)
@@ -254,7 +256,7 @@ class Planner:
                 raise ValueError(f"plan needs {n} work items, exceeding max_items="
                                  f"{self.bounds.max_items} (mode={mode})")
             i_tile, i_chunk = _repeat_index(nchunk, self._ar, ends)
-            it = np.empty((6, n), dtype=np.int32)
+            it = np.empty((7, n), dtype=np.int32)
             if decode:   # t_req is the identity, every tile has one row
                 it[0] = i_tile
                 it[1] = qo_indptr[i_tile]
@@ -306,6 +308,50 @@ class Planner:
                              f"max_partial_rows={bb.max_partial_rows}")
         return res
 
+    def _contiguous(self, decode, t_req, t_qs, t_qlen, t_kv) -> dict:
+        """Contiguous cost partition: lay the tiles end to end on one cost axis (each tile's
+        fixed cost, then its KV tokens) and give CTA c the slice [c*w, (c+1)*w), w = total/C,
+        cutting tiles at page boundaries. Every CTA's load is within a page (plus one item's
+        fixed cost) of the mean -- LPT over Algorithm 1's chunks is only within one chunk,
+        which at ~1 chunk per CTA doubles the slowest CTA. Cuts never exceed C - 1, so the
+        balanced bounds hold: items <= T + C - 1, split tiles <= C - 1."""
+        C, ps, T = self.num_ctas, self.page_size, t_req.shape[0]
+        fixed = COST_ALPHA * t_qlen.astype(np.int64) + COST_GAMMA
+        length = fixed + COST_BETA * t_kv
+        ends = _ACC(length)
+        total = int(ends[-1])
+        w = max(-(-total // C), self.min_chunk * COST_BETA)
+        start = ends - length
+        c0 = np.minimum(start // w, C - 1)
+        c1 = np.minimum((ends - 1) // w, C - 1)
+        i_tile, k = _repeat_index(c1 - c0 + 1, self._ar)
+        cut = (c0[i_tile] + k) * w - start[i_tile] - fixed[i_tile]   # cost -> token offset
+        np.clip(cut, 0, t_kv[i_tile], out=cut)
+        cut -= cut % ps
+        cut[k == 0] = 0
+        last = np.empty(cut.shape[0], dtype=bool)
+        last[:-1] = i_tile[1:] != i_tile[:-1]
+        last[-1] = True
+        kv_end = np.where(last, t_kv[i_tile], np.roll(cut, -1))
+        keep = (kv_end > cut) | ((k == 0) & (t_kv[i_tile] == 0))   # empty KV: one item
+        i_tile, cut, kv_end, cta = i_tile[keep], cut[keep], kv_end[keep], (c0[i_tile] + k)[keep]
+        n = i_tile.shape[0]
+        if n > self.bounds.max_items:
+            raise ValueError(f"plan needs {n} work items, exceeding max_items={self.bounds.max_items}")
+        nchunk = np.bincount(i_tile, minlength=T)
+        first = _ACC(nchunk) - nchunk
+        i_chunk = self._ar[:n] - first[i_tile]
+        it = np.empty((7, n), dtype=np.int32)
+        it[0], it[1], it[2], it[3], it[4], it[5], it[6] = t_req[i_tile], t_qs[i_tile], t_qlen[i_tile], \
+            cut, kv_end, -1, -1
+        cost = (kv_end - cut) * COST_BETA + fixed[i_tile]
+        res = dict(n=n, L=int(w), loads=np.bincount(cta, weights=cost, minlength=C).astype(np.int64),
+                   counts=np.bincount(cta, minlength=C), items=it, final=self._ar[:n],
+                   merge_rows=0, partial_rows=0, split_tiles=0)
+        if int(_MAX(nchunk)) > 1:
+            self._partials(res, it, nchunk, t_qlen, t_qs, i_tile, i_chunk, decode)
+        return res
+
     def _partials(self, res, it, nchunk, t_qlen, t_qs, i_tile, i_chunk, decode):
         """Partial rows: split tile t owns rows pbase[t] .. + n_t * qo_t, chunk j
         writes pbase[t] + j * qo_t + r for its row r.  Merge entry (t, r) lists
@@ -323,6 +369,10 @@ class Planner:
         part = pbase[i_tile]
         part += i_chunk if decode else i_chunk * it[2]
         it[5] = part
+        # Merge entries: the split tiles' rows in tile order; an item names its tile's first.
+        e_rows = split if decode else t_qlen * split
+        ebase = np.where(split, _ACC(e_rows) - e_rows, -1)
+        it[6] = ebase[i_tile]
         st = split.nonzero()[0]
         if decode:   # one row per tile: entries are the split tiles, partials 0..P-1
             M = st.shape[0]
