@@ -1,15 +1,15 @@
 """CUDA graphs of a BatchDecodeWrapper's run(), keyed by configuration, updated in place.
 
-Why this works: the wrapper's plan lives at fixed workspace offsets, so a captured decode +
-kernel (which also merges split-KV partials) stays valid across plan() calls with any lengths; only the tensor pointers
-(another layer's q/KV/out) change the kernels' argument struct. Per configuration (variant
+Why this works: the wrapper's plan lives at fixed workspace offsets, so a captured decode
+kernel (which also merges split-KV partials) stays valid across plan() calls with any lengths;
+only the tensor pointers (another layer's q/KV/out) change the kernel's argument struct. Per configuration (variant
 spec, tile config) we keep up to `max_execs` executable graphs, each remembering the argument
 struct it holds:
 
 * same struct as an existing exec          -> replay
 * new struct, room for another exec        -> capture + instantiate
 * new struct, pool full                    -> update the least recently used exec in place:
-  kernel-node parameter update ("nodes", default: two driver calls, no capture) or capture +
+  kernel-node parameter update ("nodes", default: one driver call per node, no capture) or capture +
   cuGraphExecUpdate ("capture"); re-instantiate only when the driver refuses the update
   (topology changed), which is counted and logged.
 
@@ -32,7 +32,7 @@ UPDATE_MODES = ("nodes", "capture")
 
 def config_key(wrapper) -> tuple:
     """What fixes the captured topology and launch shapes (not the pointers)."""
-    k, r = wrapper.kernels, wrapper.kernels.rendered
+    r = wrapper.kernels.rendered
     return (wrapper.spec.uri, wrapper.device.ordinal, wrapper.num_ctas, wrapper.num_kv_heads,
             r.threads, r.smem_bytes)
 
@@ -131,9 +131,8 @@ class DecodeGraphs:
 
 
 def _nodes_take_params(ex, launch) -> bool:
-    """True when every kernel node of `ex` is the decode kernel, which takes
+    """True when every kernel node of `ex` is one of the wrapper's kernels, each of which takes
     the launch's whole argument struct: then a per-node parameter update is exact."""
-    k = launch.wrapper.kernels
-    funcs = {int(k.decode.handle)}
+    funcs = {int(f.handle) for f in launch.wrapper.kernels.functions}
     nodes = ex.kernel_nodes()
     return bool(nodes) and all(int(n.func) in funcs for n in nodes)

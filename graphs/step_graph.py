@@ -8,7 +8,7 @@ the batch grows or shrinks), capture them all, then per step only plan() and rep
     sg = StepGraph(launches, s)
     for step ...:
         w.plan(...)      # one async H2D copy on s
-        sg.replay()      # all L decode + merge pairs, one cuGraphLaunch
+        sg.replay()      # all L layers' attention launches, one cuGraphLaunch
 
 When the launches change (a reallocated cache), `rebind(new_launches)` captures again and
 updates the executable graph in place; it re-instantiates only if the topology changed.

@@ -49,17 +49,15 @@ def test_bf16_round_trip_rounds_to_nearest_even():
 class FakeKernels:
     def __init__(self, spec):
         self.rendered = render(spec)
-        self.decode, self.merge = SimpleNamespace(handle=0xD0), SimpleNamespace(handle=0xE0)
-        self.merge_ctas = 528
+        self.decode = SimpleNamespace(handle=0xD0)
+        self.functions = (self.decode,)
         self.launches = []
 
     def num_ctas(self, num_kv_heads):
         return max(1, 132 * 2 // num_kv_heads)
 
-    def launch(self, params, num_ctas, grid_y, stream=None, merge=True):
+    def launch(self, params, num_ctas, grid_y, stream=None):
         self.launches.append(params)
-        if merge:
-            self.launches.append(params)
 
 
 class FakeBuffer:
@@ -69,6 +67,9 @@ class FakeBuffer:
         self.nbytes, self.ptr = nbytes, FakeBuffer._next
         FakeBuffer._next += (nbytes + 4095) // 4096 * 4096 + 4096
         self.array = np.zeros(nbytes, np.uint8)
+
+    def memset(self, value=0, stream=None):
+        self.array[:] = value
 
     def as_tensor(self, dtype, shape, stream=None):
         return export(self.ptr, shape, dtype, 0)
@@ -175,7 +176,7 @@ def test_same_pointers_replay_one_graph_across_replans(fakes):
         assert out.shape == (len(lens), 32, 128)
     assert g.stats == dict(captures=1, instantiations=1, updates=0, param_updates=0, reinstantiations=0,
                            replays=4)
-    assert len(fakes.captured) == 1 and len(fakes.captured[0]) == 2  # decode + merge in one graph
+    assert len(fakes.captured) == 1 and len(fakes.captured[0]) == 1  # one fused decode kernel per step
 
 
 def test_new_pointers_update_the_exec_in_place_with_node_params(fakes):
@@ -439,7 +440,7 @@ def test_pointer_change_updates_in_place(update):
     key = "param_updates" if update == "nodes" else "updates"
     (ex,) = next(iter(g._pools.values())).values()
     funcs = [hex(int(k.func)) for k in ex.kernel_nodes()]
-    handles = [hex(int(w.kernels.decode.handle)), hex(int(w.kernels.merge.handle))]
+    handles = [hex(int(w.kernels.decode.handle))]
     assert g.stats[key] == 8, (g.stats, "node funcs", funcs, "kernel handles", handles)  # 9 calls, 1st instantiates
 
 
@@ -541,9 +542,9 @@ class SimKernels(FakeKernels):
     for the batch of the wrapper's latest plan; records instead while a fake capture runs."""
     recording = None
 
-    def launch(self, params, num_ctas, grid_y, stream=None, merge=True):
+    def launch(self, params, num_ctas, grid_y, stream=None):
         if SimKernels.recording is not None:
-            SimKernels.recording += [(self, bytes(params), True)] + ([(self, bytes(params), False)] if merge else [])
+            SimKernels.recording += [(self, bytes(params), True)]
         else:
             self.execute(params)
 
@@ -674,7 +675,7 @@ R cuGraphGetNodes(void* g, void** nodes, size_t* n) {
   *n = 2; return 0; }
 R cuGraphNodeGetType(void* node, int* t) { *t = 0; return 0; }
 R cuGraphKernelNodeGetParams_v2(void* node, KP* p) {
-  memset(p, 0, sizeof *p); p->func = (void*)(0xF000 + (uintptr_t)node);
+  memset(p, 0, sizeof *p); p->func = (void*)0x11000;   /* two nodes of one kernel (two layers) */
   p->gx = 132; p->gy = 8; p->gz = 1; p->bx = 128; p->by = p->bz = 1; p->smem = 4096; return 0; }
 R cuGraphKernelNodeGetParams(void* node, KP* p) { return cuGraphKernelNodeGetParams_v2(node, p); }
 R cuGraphExecKernelNodeSetParams_v2(void* ex, void* node, const KP* p) {
@@ -706,7 +707,7 @@ from rtattn.runtime import Stream
 s = Stream.wrap(0x5000)
 g = G.capture(lambda: None, s)
 k = g.kernel_nodes()
-assert [int(n.node) for n in k] == [0x1000, 0x2000] and [int(n.func) for n in k] == [0x10000, 0x11000], k
+assert [int(n.node) for n in k] == [0x1000, 0x2000] and [int(n.func) for n in k] == [0x11000, 0x11000], k
 assert k[0].grid == (132, 8, 1) and k[0].block == (128, 1, 1) and k[0].smem == 4096
 ex = g.instantiate()
 ex.set_kernel_params(1, b"PARAMS" + bytes(64))
@@ -714,9 +715,9 @@ ex.launch(s)
 assert ex.update(G.Graph(cu.CUgraph(0xABC0)))
 r = ex.update(G.Graph(cu.CUgraph(0xBAD0)))
 assert not r and r.reason, r
-rendered = SimpleNamespace(threads=128, smem_bytes=4096, merge_threads=128)
-kernels = SimpleNamespace(rendered=rendered, merge_ctas=528, decode=SimpleNamespace(handle=cu.CUfunction(0x10000)),
-                          merge=SimpleNamespace(handle=cu.CUfunction(0x11000)))
+rendered = SimpleNamespace(threads=128, smem_bytes=4096)
+kernels = SimpleNamespace(rendered=rendered, decode=SimpleNamespace(handle=cu.CUfunction(0x10000)),
+                          functions=[SimpleNamespace(handle=cu.CUfunction(h)) for h in (0x10000, 0x11000)])
 w = SimpleNamespace(kernels=kernels, planner=SimpleNamespace(bounds=SimpleNamespace(max_merge_rows=8)),
                     spec=SimpleNamespace(uri="stub"), device=SimpleNamespace(ordinal=0), num_ctas=132, num_kv_heads=8)
 class Launch:
@@ -748,5 +749,5 @@ def test_graph_api_against_a_stub_driver(tmp_path):
     assert res.returncode == 0 and "STUB-DRIVE-OK" in out, out
     assert "begin 0x5000 1" in out                                   # thread-local capture mode
     assert "setparams 0x2000 func=0x11000 grid=132,8,1 block=128 smem=4096 arg=PARAMS" in out
-    assert "setparams 0x1000 func=0x10000" in out and "setparams 0x2000 func=0x11000 grid=132,8,1 block=128 " \
-        "smem=4096 arg=LAYER1" in out                                 # DecodeGraphs' node update, both nodes
+    assert "setparams 0x1000 func=0x11000 grid=132,8,1 block=128 smem=4096 arg=LAYER1" in out \
+        and "setparams 0x2000 func=0x11000 grid=132,8,1 block=128 smem=4096 arg=LAYER1" in out  # both nodes
