@@ -46,11 +46,19 @@ def params_struct(spec: AttentionSpec) -> CStruct:
 
 def decode_smem_bytes(spec: AttentionSpec) -> int:
     """Mirror of rtattn::DecodeShape::smem_bytes (a static_assert in the source checks it)."""
-    d, rows, warps = spec.head_dim, spec.rows, spec.num_warps
-    row_stride, elem = d + 8, 2
-    kv = spec.stages * 2 * warps * 16 * row_stride * elem
-    combine = warps * rows * (d + 2) * 4
-    return rows * row_stride * elem + max(kv, combine)
+    return _q_bytes(spec) + decode_scratch_bytes(spec)
+
+
+def _q_bytes(spec: AttentionSpec) -> int:
+    return spec.rows * (spec.head_dim + 8) * 2
+
+
+def decode_scratch_bytes(spec: AttentionSpec) -> int:
+    """The KV-stage area, reused between items by the warp combine and the fused merge."""
+    d, warps = spec.head_dim, spec.num_warps
+    kv = spec.stages * 2 * warps * 16 * (d + 8) * 2
+    combine = warps * spec.rows * (d + 2) * 4
+    return max(kv, combine)
 
 
 def min_blocks_per_sm(spec: AttentionSpec) -> int:

@@ -35,6 +35,7 @@ class DecodeKernels:
         self.module = Module.load(cubin, self.device)
         self.decode = self.module.function(self.rendered.decode_name)
         self.decode.set_max_dynamic_smem(self.rendered.smem_bytes)
+        self.functions = (self.decode,)  # every kernel a launch enqueues (graph node updates check this)
         self.ctas_per_sm = self.decode.occupancy(self.rendered.threads, self.rendered.smem_bytes)
         if self.ctas_per_sm < 1:
             raise RuntimeError(f"{self.rendered.decode_name} cannot be resident on {self.device.name} "

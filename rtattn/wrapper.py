@@ -14,6 +14,7 @@ import math
 
 import numpy as np
 
+from rtattn.codegen.render import decode_scratch_bytes
 from rtattn.codegen.spec import BUILTINS, AttentionSpec, default_stages
 from rtattn.kernels import decode_kernels
 from rtattn.plan import devices as plan_devices
@@ -62,6 +63,7 @@ class BatchDecodeWrapper:
                                mode=mode, num_ctas=self.num_ctas, max_rows=self.spec.rows,
                                chunk_tokens=chunk_tokens, causal="causal" in self.spec.variant)
         self.layout = self.planner.layout
+        self._check_merge_scratch()
         self.pinned = PinnedBuffer(self.layout.plan_bytes, self.device)
         self.workspace = self._workspace(workspace)
         # Arrival counters of the fused split-KV merge, one per (merge row, KV head). The kernel
@@ -73,6 +75,16 @@ class BatchDecodeWrapper:
         self._copy_pending = False
         self.info: PlanInfo | None = None
         self._max_page = -1
+
+    def _check_merge_scratch(self) -> None:
+        """The fused merge keeps one row's partial ids and per-head weights in shared memory."""
+        fan = self.planner.bounds.max_chunks_per_tile
+        need = 4 * (fan + (fan + 1) * self.group)
+        have = decode_scratch_bytes(self.spec)
+        if fan > 1 and need > have:
+            raise ValueError(f"a query row may be split into {fan} chunks; merging them for {self.group} heads "
+                             f"needs {need} B of shared memory, the kernel has {have} B: raise chunk_tokens "
+                             f"(batch-invariant mode) or lower max_pages")
 
     def _workspace(self, workspace):
         need = self.planner.workspace_bytes()

@@ -271,12 +271,12 @@ def bench_flashinfer(ctx, x: Inputs, tc: bool) -> dict:
     return res
 
 
-def bench_rtattn(ctx, x: Inputs) -> dict:
+def bench_rtattn(ctx, x: Inputs, mode: str = "contiguous") -> dict:
     import torch
     from rtattn.wrapper import BatchDecodeWrapper
     row = x.row
     w = BatchDecodeWrapper(row.hq, row.hkv, HEAD_DIM, PAGE, max_batch=x.batch, max_pages=x.pages,
-                           dtype="bfloat16", kv_layout="NHD")
+                           dtype="bfloat16", kv_layout="NHD", mode=mode)
     plan_us = _plan_us(lambda: w.plan(x.indptr, x.indices, x.last))
     torch.cuda.synchronize()
     outs = x.new_outs()
@@ -370,7 +370,10 @@ def run_pass(ctx, libs) -> None:
                  max_kv=int(x.lens.max()))
         for lib in libs:
             try:
-                res = bench_rtattn(ctx, x) if lib == "rt" else bench_flashinfer(ctx, x, tc=(lib == "fi-tc"))
+                if lib.startswith("rt"):   # "rt" = the first --rt-modes entry, "rt:MODE" the others
+                    res = bench_rtattn(ctx, x, lib.split(":")[1] if ":" in lib else ctx.args.rt_modes[0])
+                else:
+                    res = bench_flashinfer(ctx, x, tc=(lib == "fi-tc"))
                 r[lib] = res
                 ctx.log(f"{lib:5} {row.name:<16} {res['us']:9.1f} us  (p10 {res['p10']:.1f} p90 {res['p90']:.1f})"
                         f"  err {res['rel_err']:.1e} {'ok' if res['ok'] else 'FAIL'}  plan {res['plan_us']:.0f} us")
@@ -390,6 +393,8 @@ def main(argv=None) -> int:
     ap.add_argument("--rows", nargs="+", metavar="NAME", help="row names or glob patterns")
     ap.add_argument("--no-flashinfer", action="store_true", help="skip the FlashInfer pass")
     ap.add_argument("--no-rtattn", action="store_true", help="skip the rtattn pass")
+    ap.add_argument("--rt-modes", nargs="+", default=["contiguous"],
+                    help="planner modes to time rtattn with; the first fills the table, the others are logged")
     ap.add_argument("--samples", type=int, default=30, help="graph replays timed per measurement")
     ap.add_argument("--warm", type=float, default=2.0,
                     help="seconds of matmul that warm the clocks (first timing, and after >5 s idle)")
@@ -421,7 +426,7 @@ def main(argv=None) -> int:
             _error(ctx, "fi import", e)
     if not args.no_rtattn:
         ctx.log("rtattn pass")
-        run_pass(ctx, ("rt",))
+        run_pass(ctx, ("rt",) + tuple(f"rt:{m}" for m in args.rt_modes[1:]))
     watchdog.cancel()
     ctx.finish()
     return 0
