@@ -12,6 +12,7 @@ from rtattn.plan import fields as plan_fields
 from .cstruct import CStruct, Member
 from .spec import DTYPES, AttentionSpec
 
+MERGE_THREADS = 256  # 8 warps, one (merge row, head) each per turn
 _ENV = jinja2.Environment(loader=jinja2.PackageLoader("rtattn.codegen", "templates"),
                           undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
 
@@ -71,6 +72,7 @@ def min_blocks_per_sm(spec: AttentionSpec) -> int:
 class Rendered:
     source: str
     decode_name: str
+    merge_name: str | None      # the separate merge kernel (None when the merge is fused)
     smem_bytes: int
     threads: int
     params: CStruct
@@ -86,12 +88,14 @@ def render(spec: AttentionSpec) -> Rendered:
     threads = spec.num_warps * 32
     smem = decode_smem_bytes(spec)
     decode_name = f"rtattn_decode_{spec.uri}"
+    merge_name = None if spec.fused_merge else f"rtattn_merge_{spec.uri}"
     source = _ENV.get_template("decode.cu.jinja").render(
         spec=spec, ctype=DTYPES[spec.dtype], plan_struct=plan_fields.c_struct(),
         extra_struct=extra.c_source(), params_struct_head=head + "{", params_struct_body=body,
         smem_bytes=smem, params_size=_sizeof(params), threads=threads,
-        min_blocks=min_blocks_per_sm(spec), decode_name=decode_name)
-    return Rendered(source, decode_name, smem, threads, params)
+        min_blocks=min_blocks_per_sm(spec), decode_name=decode_name, merge_name=merge_name,
+        merge_threads=MERGE_THREADS)
+    return Rendered(source, decode_name, merge_name, smem, threads, params)
 
 
 def _sizeof(s: CStruct) -> int:

@@ -126,7 +126,7 @@ __device__ __forceinline__ void merge_if_last(const P& p, const Variant& var, in
   }
 }
 
-template <class Variant, class P, int M_TILES, int NUM_WARPS, int STAGES>
+template <class Variant, class P, int M_TILES, int NUM_WARPS, int STAGES, bool FUSED_MERGE>
 __device__ __forceinline__ void decode_persistent(const P& p, char* smem) {
   using T = typename P::DType;
   constexpr int D = P::head_dim;
@@ -426,7 +426,7 @@ __device__ __forceinline__ void decode_persistent(const P& p, char* smem) {
       }
     }
     __syncthreads();  // the combine area is the next item's first KV stages
-    if (partial_row >= 0)
+    if (FUSED_MERGE && partial_row >= 0)
       merge_if_last<Variant>(p, var, item, q_tokens, heads, first_qo_head, reinterpret_cast<int*>(smem),
                              smem + S::q_bytes);
   }

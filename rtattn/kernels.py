@@ -1,9 +1,10 @@
-"""AttentionSpec -> compiled, loaded decode kernel, and its launch.
+"""AttentionSpec -> compiled, loaded decode (+ merge) kernels, and their launch.
 
-The decode kernel merges split-KV partials itself (the last CTA to finish a row merges it),
-so one step of attention is one launch. It is launched with programmatic dependent launch
-(PDL): the GPU may start it while the previous kernel on the stream drains; the kernel waits
-(griddepcontrol.wait) before touching memory, so results are unchanged.
+Split-KV partials are merged either inside the decode kernel (spec.fused_merge: the last CTA
+to finish a row merges it; one launch per step) or by a small persistent merge kernel right
+after it. Launches use programmatic dependent launch (PDL) on sm_90: the GPU may start a
+kernel while the previous one on the stream drains; each kernel waits (griddepcontrol.wait)
+before touching memory, so results are unchanged.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from rtattn.codegen.spec import AttentionSpec
 from rtattn.runtime import Device, Module, as_stream, check, compile_to_cubin, pack_params
 
 COMPILE_OPTIONS = ("-lineinfo", "--extra-device-vectorization")
+MERGE_CTAS_PER_SM = 2
 
 
 def compile_spec(spec: AttentionSpec, arch: str, quiet: bool | None = None) -> tuple[Rendered, bytes]:
@@ -35,26 +37,37 @@ class DecodeKernels:
         self.module = Module.load(cubin, self.device)
         self.decode = self.module.function(self.rendered.decode_name)
         self.decode.set_max_dynamic_smem(self.rendered.smem_bytes)
-        self.functions = (self.decode,)  # every kernel a launch enqueues (graph node updates check this)
+        self.merge = self.module.function(self.rendered.merge_name) if self.rendered.merge_name else None
+        # every kernel a launch enqueues (graph node updates check this)
+        self.functions = (self.decode,) if self.merge is None else (self.decode, self.merge)
+        self.merge_ctas = self.device.props.sm_count * MERGE_CTAS_PER_SM
         self.ctas_per_sm = self.decode.occupancy(self.rendered.threads, self.rendered.smem_bytes)
         if self.ctas_per_sm < 1:
             raise RuntimeError(f"{self.rendered.decode_name} cannot be resident on {self.device.name} "
                                f"({self.rendered.smem_bytes} B shared memory, {self.decode.attributes()})")
-        self.pdl = self.device.props.cc >= (9, 0)
+        self.pdl_capable = self.device.props.cc >= (9, 0)
 
     def num_ctas(self, num_kv_heads: int) -> int:
         """Fixed grid x: every SM busy with `ctas_per_sm` CTAs across the KV heads."""
         return max(1, self.device.props.sm_count * self.ctas_per_sm // num_kv_heads)
 
-    def launch(self, params: bytes, num_ctas: int, grid_y: int, stream=None) -> None:
+    def launch(self, params: bytes, num_ctas: int, grid_y: int, stream=None, merge: bool = True,
+               pdl: bool = True) -> None:
+        """Enqueue the decode kernel, then (separate-merge specs, when the plan may split) the merge."""
         r = self.rendered
-        if not self.pdl:
-            self.decode.launch((num_ctas, grid_y, 1), (r.threads, 1, 1), params, r.smem_bytes, stream)
+        pdl = pdl and self.pdl_capable
+        self._launch(self.decode, (num_ctas, grid_y, 1), r.threads, r.smem_bytes, params, stream, pdl)
+        if self.merge is not None and merge:
+            self._launch(self.merge, (self.merge_ctas, 1, 1), r.merge_threads, 0, params, stream, pdl)
+
+    def _launch(self, fn, grid, threads: int, smem: int, params: bytes, stream, pdl: bool) -> None:
+        if not pdl:
+            fn.launch(grid, (threads, 1, 1), params, smem, stream)
             return
         cfg = cu.CUlaunchConfig()
-        cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = num_ctas, grid_y, 1
-        cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = r.threads, 1, 1
-        cfg.sharedMemBytes = r.smem_bytes
+        cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = grid
+        cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = threads, 1, 1
+        cfg.sharedMemBytes = smem
         cfg.hStream = as_stream(stream).handle
         attr = cu.CUlaunchAttribute()
         attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
@@ -62,7 +75,7 @@ class DecodeKernels:
         cfg.attrs, cfg.numAttrs = [attr], 1
         addr, keep = pack_params(params)
         self.device.set_current()
-        check(cu.cuLaunchKernelEx(cfg, self.decode.handle, addr, 0), f"cuLaunchKernelEx({r.decode_name})")
+        check(cu.cuLaunchKernelEx(cfg, fn.handle, addr, 0), f"cuLaunchKernelEx({fn.name})")
         del keep  # the driver copied the arguments at launch
 
 

@@ -25,7 +25,7 @@ from rtattn.tensors import cuda_tensor, expect_inner_contiguous, expect_shape, e
 KV_LAYOUTS = ("NHD", "HND")
 
 
-def _spec_for(variant, dtype: str, head_dim: int, group: int, arch: str) -> AttentionSpec:
+def _spec_for(variant, dtype: str, head_dim: int, group: int, arch: str, fused_merge: bool) -> AttentionSpec:
     m_tiles = 1 if group <= 16 else 2
     if isinstance(variant, AttentionSpec):
         if variant.head_dim != head_dim or variant.dtype != dtype:
@@ -35,14 +35,16 @@ def _spec_for(variant, dtype: str, head_dim: int, group: int, arch: str) -> Atte
     if variant not in BUILTINS:
         raise ValueError(f"unknown variant {variant!r}; built-ins are {sorted(BUILTINS)} "
                          f"(or pass an AttentionSpec)")
-    return BUILTINS[variant](dtype=dtype, head_dim=head_dim, m_tiles=m_tiles, stages=default_stages(head_dim, arch))
+    return BUILTINS[variant](dtype=dtype, head_dim=head_dim, m_tiles=m_tiles, stages=default_stages(head_dim, arch),
+                             fused_merge=fused_merge)
 
 
 class BatchDecodeWrapper:
     def __init__(self, num_qo_heads: int, num_kv_heads: int, head_dim: int, page_size: int, *,
                  max_batch: int, max_pages: int, max_qo_tokens: int | None = None,
                  variant="plain", dtype: str = "bfloat16", kv_layout: str = "NHD",
-                 mode: str = "contiguous", chunk_tokens: int = 2048, device=None, workspace=None):
+                 mode: str = "contiguous", chunk_tokens: int = 2048, fused_merge: bool = False,
+                 pdl: bool = True, device=None, workspace=None):
         if page_size < 1 or page_size & (page_size - 1):
             raise ValueError(f"page_size={page_size}: the decode kernel needs a power of two")
         if kv_layout not in KV_LAYOUTS:
@@ -53,10 +55,11 @@ class BatchDecodeWrapper:
         self.num_qo_heads, self.num_kv_heads, self.head_dim = num_qo_heads, num_kv_heads, head_dim
         self.group = num_qo_heads // num_kv_heads
         self.page_size, self.kv_layout, self.dtype = page_size, kv_layout, dtype
-        self.spec = _spec_for(variant, dtype, head_dim, self.group, self.device.arch)
+        self.spec = _spec_for(variant, dtype, head_dim, self.group, self.device.arch, fused_merge)
         if self.group > self.spec.rows:
             raise ValueError(f"head group {self.group} exceeds the kernel's {self.spec.rows} rows")
         self.kernels = decode_kernels(self.spec, self.device.ordinal)
+        self.pdl = pdl
         self.num_ctas = self.kernels.num_ctas(num_kv_heads)
         self.planner = Planner(max_batch, max_qo_tokens or max_batch, max_pages, num_qo_heads, num_kv_heads,
                                head_dim, page_size, device=plan_devices.from_props(self.device.props),
@@ -78,7 +81,7 @@ class BatchDecodeWrapper:
 
     def _check_merge_scratch(self) -> None:
         """The fused merge keeps one row's partial ids and per-head weights in shared memory."""
-        fan = self.planner.bounds.max_chunks_per_tile
+        fan = self.planner.bounds.max_chunks_per_tile if self.spec.fused_merge else 1
         need = 4 * (fan + (fan + 1) * self.group)
         have = decode_scratch_bytes(self.spec)
         if fan > 1 and need > have:
@@ -234,7 +237,8 @@ class DecodeLaunch:
 
     def __call__(self, stream=None) -> None:
         w = self.wrapper
-        w.kernels.launch(self.params, w.num_ctas, w.num_kv_heads, stream or self.stream)
+        w.kernels.launch(self.params, w.num_ctas, w.num_kv_heads, stream or self.stream,
+                         merge=w.planner.bounds.max_merge_rows > 0, pdl=w.pdl)
 
 
 def _host(a) -> np.ndarray:

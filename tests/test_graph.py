@@ -56,7 +56,7 @@ class FakeKernels:
     def num_ctas(self, num_kv_heads):
         return max(1, 132 * 2 // num_kv_heads)
 
-    def launch(self, params, num_ctas, grid_y, stream=None):
+    def launch(self, params, num_ctas, grid_y, stream=None, merge=True, pdl=True):
         self.launches.append(params)
 
 
@@ -542,7 +542,7 @@ class SimKernels(FakeKernels):
     for the batch of the wrapper's latest plan; records instead while a fake capture runs."""
     recording = None
 
-    def launch(self, params, num_ctas, grid_y, stream=None):
+    def launch(self, params, num_ctas, grid_y, stream=None, merge=True, pdl=True):
         if SimKernels.recording is not None:
             SimKernels.recording += [(self, bytes(params), True)]
         else:

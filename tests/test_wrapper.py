@@ -23,7 +23,7 @@ class FakeKernels:
     def num_ctas(self, num_kv_heads):
         return max(1, 132 * 2 // num_kv_heads)
 
-    def launch(self, params, num_ctas, grid_y, stream=None):
+    def launch(self, params, num_ctas, grid_y, stream=None, merge=True, pdl=True):
         self.launches.append((params, num_ctas, grid_y))
 
 

@@ -271,12 +271,21 @@ def bench_flashinfer(ctx, x: Inputs, tc: bool) -> dict:
     return res
 
 
-def bench_rtattn(ctx, x: Inputs, mode: str = "contiguous") -> dict:
+def rt_config(name: str) -> dict:
+    """'MODE[+fused][+nopdl]' -> BatchDecodeWrapper keyword arguments."""
+    mode, *flags = name.split("+")
+    unknown = set(flags) - {"fused", "nopdl"}
+    if unknown:
+        raise ValueError(f"unknown rtattn config flags {sorted(unknown)} in {name!r}")
+    return dict(mode=mode, fused_merge="fused" in flags, pdl="nopdl" not in flags)
+
+
+def bench_rtattn(ctx, x: Inputs, config: str = "balanced") -> dict:
     import torch
     from rtattn.wrapper import BatchDecodeWrapper
     row = x.row
     w = BatchDecodeWrapper(row.hq, row.hkv, HEAD_DIM, PAGE, max_batch=x.batch, max_pages=x.pages,
-                           dtype="bfloat16", kv_layout="NHD", mode=mode)
+                           dtype="bfloat16", kv_layout="NHD", **rt_config(config))
     plan_us = _plan_us(lambda: w.plan(x.indptr, x.indices, x.last))
     torch.cuda.synchronize()
     outs = x.new_outs()
@@ -393,8 +402,9 @@ def main(argv=None) -> int:
     ap.add_argument("--rows", nargs="+", metavar="NAME", help="row names or glob patterns")
     ap.add_argument("--no-flashinfer", action="store_true", help="skip the FlashInfer pass")
     ap.add_argument("--no-rtattn", action="store_true", help="skip the rtattn pass")
-    ap.add_argument("--rt-modes", nargs="+", default=["contiguous"],
-                    help="planner modes to time rtattn with; the first fills the table, the others are logged")
+    ap.add_argument("--rt-modes", nargs="+", default=["balanced"],
+                    help="rtattn configs MODE[+fused][+nopdl] (planner mode, fused merge, no PDL); "
+                         "the first fills the table, the others are logged")
     ap.add_argument("--samples", type=int, default=30, help="graph replays timed per measurement")
     ap.add_argument("--warm", type=float, default=2.0,
                     help="seconds of matmul that warm the clocks (first timing, and after >5 s idle)")

@@ -1,0 +1,65 @@
+// Split-KV merge as its own kernel (the alternative to the fused merge in decode.cuh, chosen by
+// AttentionSpec.fused_merge). One warp per (merge row, query head), lanes split head_dim; the
+// partials are folded in the plan's fixed order with an online rescale, KU at a time so their
+// loads are in flight together. The grid is fixed (a persistent loop over rows), so it is
+// captured once and replayed for any plan.
+#pragma once
+#include "ptx.cuh"
+
+namespace rtattn {
+
+template <class Variant, class P, int NUM_WARPS>
+__device__ __forceinline__ void merge_persistent(const P& p) {
+  using T = typename P::DType;
+  constexpr int D = P::head_dim;
+  constexpr int PER_LANE = D / 32;
+  constexpr int KU = 4;
+  wait_for_previous_grid();
+  const int num_rows = p.plan.plan_info[RTATTN_PLAN_INFO_NUM_MERGE_ROWS];
+  const int warp = blockIdx.x * NUM_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int H = p.num_qo_heads;
+  Variant var;  // output transforms see only (params, value, head, d)
+  for (int job = warp; job < num_rows * H; job += gridDim.x * NUM_WARPS) {
+    const int r = job / H, head = job % H;
+    const int first = p.plan.merge_indptr[r], last = p.plan.merge_indptr[r + 1];
+    float m = -INFINITY, w_sum = 0.f, acc[PER_LANE];
+#pragma unroll
+    for (int j = 0; j < PER_LANE; ++j) acc[j] = 0.f;
+    for (int k0 = first; k0 < last; k0 += KU) {
+      float l[KU], v[KU][PER_LANE];
+#pragma unroll
+      for (int kk = 0; kk < KU; ++kk) {
+        const bool ok = k0 + kk < last;
+        const int64_t prow = ok ? int64_t(p.plan.merge_partial[k0 + kk]) * H + head : 0;
+        l[kk] = ok ? p.partial_lse[prow] : -INFINITY;
+#pragma unroll
+        for (int j = 0; j < PER_LANE; ++j) v[kk][j] = ok ? p.partial_o[prow * D + lane + 32 * j] : 0.f;
+      }
+#pragma unroll
+      for (int kk = 0; kk < KU; ++kk) {  // fold in order: online rescale to the running max
+        const float m_new = fmaxf(m, l[kk]);
+        const float base = m_new == -INFINITY ? 0.f : m_new;
+        const float scale = __expf(m - base), w = __expf(l[kk] - base);
+        w_sum = w_sum * scale + w;
+#pragma unroll
+        for (int j = 0; j < PER_LANE; ++j)
+          acc[j] = Variant::use_softmax ? acc[j] * scale + w * v[kk][j] : acc[j] + v[kk][j];
+        m = m_new;
+      }
+    }
+    const float inv = (Variant::use_softmax && w_sum > 0.f) ? 1.f / w_sum : 1.f;
+    const int q_row = p.plan.merge_qo_row[r];
+    T* dst = p.o + int64_t(q_row) * p.o_stride_tok + int64_t(head) * p.o_stride_head;
+#pragma unroll
+    for (int j = 0; j < PER_LANE; ++j) {
+      float x = acc[j] * inv;
+      if constexpr (Variant::has_output_transform) x = var.OutputTransform(p, x, head, lane + 32 * j);
+      dst[lane + 32 * j] = from_float<T>(x);
+    }
+    if (p.lse != nullptr && lane == 0)
+      p.lse[int64_t(q_row) * H + head] = w_sum > 0.f ? (m == -INFINITY ? 0.f : m) + __logf(w_sum) : -INFINITY;
+  }
+  allow_next_grid();
+}
+
+}  // namespace rtattn
