@@ -12,7 +12,7 @@ import functools
 
 from cuda.bindings import driver as cu
 
-from rtattn.codegen.render import Rendered, render
+from rtattn.codegen.render import MERGE_THREADS, Rendered, render
 from rtattn.codegen.spec import AttentionSpec
 from rtattn.runtime import Device, Module, as_stream, check, compile_to_cubin, pack_params
 
@@ -58,7 +58,7 @@ class DecodeKernels:
         pdl = pdl and self.pdl_capable
         self._launch(self.decode, (num_ctas, grid_y, 1), r.threads, r.smem_bytes, params, stream, pdl)
         if self.merge is not None and merge:
-            self._launch(self.merge, (self.merge_ctas, 1, 1), r.merge_threads, 0, params, stream, pdl)
+            self._launch(self.merge, (self.merge_ctas, 1, 1), MERGE_THREADS, 0, params, stream, pdl)
 
     def _launch(self, fn, grid, threads: int, smem: int, params: bytes, stream, pdl: bool) -> None:
         if not pdl:

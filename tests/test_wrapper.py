@@ -150,3 +150,26 @@ def test_plan_bounds_are_enforced(fake_gpu):
     w = _wrapper(max_batch=2)
     with pytest.raises(ValueError, match="max_batch"):
         w.plan(*paged_kv([10, 10, 10], 16))
+
+
+def test_decode_kernels_launch_sequence_without_a_gpu():
+    """DecodeKernels.launch: decode grid (ctas, kv heads), then the merge kernel when asked."""
+    from rtattn.codegen.spec import standard
+    from rtattn.kernels import DecodeKernels
+    calls = []
+
+    class Fn:
+        def __init__(self, name):
+            self.name = name
+
+        def launch(self, grid, block, params, smem, stream):
+            calls.append((self.name, grid, block, smem))
+
+    k = object.__new__(DecodeKernels)
+    k.rendered = render(standard())
+    k.decode, k.merge, k.merge_ctas, k.pdl_capable = Fn("decode"), Fn("merge"), 264, False
+    k.launch(b"P", 33, 8, None, merge=True)
+    k.launch(b"P", 33, 8, None, merge=False)
+    r = k.rendered
+    assert calls == [("decode", (33, 8, 1), (r.threads, 1, 1), r.smem_bytes), ("merge", (264, 1, 1), (256, 1, 1), 0),
+                     ("decode", (33, 8, 1), (r.threads, 1, 1), r.smem_bytes)]
