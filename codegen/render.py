@@ -35,7 +35,6 @@ def params_struct(spec: AttentionSpec) -> CStruct:
         Member("v_stride_head", i64),
         Member("o", f"{t}*"), Member("o_stride_tok", i64), Member("o_stride_head", i64),
         Member("lse", "float*"), Member("partial_o", "float*"), Member("partial_lse", "float*"),
-        Member("merge_counters", "int*"),
         Member("plan", "PlanPtrs", _plan_struct()),
         Member("num_qo_heads", "int"), Member("group_size", "int"), Member("heads_per_cta", "int"),
         Member("head_blocks", "int"), Member("page_shift", "int"),
@@ -55,7 +54,7 @@ def _q_bytes(spec: AttentionSpec) -> int:
 
 
 def decode_scratch_bytes(spec: AttentionSpec) -> int:
-    """The KV-stage area, reused between items by the warp combine and the fused merge."""
+    """The KV-stage area, reused at the end of each item by the warps' combine."""
     d, warps = spec.head_dim, spec.num_warps
     kv = spec.stages * 2 * warps * 16 * (d + 8) * 2
     combine = warps * spec.rows * (d + 2) * 4
@@ -72,7 +71,7 @@ def min_blocks_per_sm(spec: AttentionSpec) -> int:
 class Rendered:
     source: str
     decode_name: str
-    merge_name: str | None      # the separate merge kernel (None when the merge is fused)
+    merge_name: str
     smem_bytes: int
     threads: int
     params: CStruct
@@ -88,7 +87,7 @@ def render(spec: AttentionSpec) -> Rendered:
     threads = spec.num_warps * 32
     smem = decode_smem_bytes(spec)
     decode_name = f"rtattn_decode_{spec.uri}"
-    merge_name = None if spec.fused_merge else f"rtattn_merge_{spec.uri}"
+    merge_name = f"rtattn_merge_{spec.uri}"
     source = _ENV.get_template("decode.cu.jinja").render(
         spec=spec, ctype=DTYPES[spec.dtype], plan_struct=plan_fields.c_struct(),
         extra_struct=extra.c_source(), params_struct_head=head + "{", params_struct_body=body,

@@ -41,7 +41,6 @@ class AttentionSpec:
     m_tiles: int = 1             # 16-row query tiles per CTA (rows = query tokens x fused heads)
     num_warps: int = 4
     stages: int = 3
-    fused_merge: bool = False    # True: the last CTA of a split row merges it; False: a merge kernel
 
     def __post_init__(self):
         if not _IDENT.match(self.variant):
@@ -65,7 +64,7 @@ class AttentionSpec:
     def uri(self) -> str:
         """Readable name of the specialization; kernel symbols derive from it."""
         return (f"{self.variant}_{self.dtype}_d{self.head_dim}_m{self.m_tiles}"
-                f"_w{self.num_warps}_s{self.stages}{'_fm' if self.fused_merge else ''}")
+                f"_w{self.num_warps}_s{self.stages}")
 
     def with_(self, **changes) -> "AttentionSpec":
         return replace(self, **changes)

@@ -6,8 +6,8 @@
 // that share KV head y are folded into the row axis (rows = tokens x heads, at most 16*M_TILES),
 // so each K/V byte is loaded once for all of them. Each warp owns 16 of the block's tokens and
 // keeps its own online-softmax state; the warps' states are combined with the merge operator
-// at the end of the item, then written as final O (writethrough) or a float32 partial row;
-// split rows are merged by the last CTA to finish one of their chunks (merge_if_last).
+// at the end of the item, then written as final O (writethrough) or a float32 partial row that
+// the merge kernel (merge.cuh) folds in the plan's fixed order.
 #pragma once
 #include "ptx.cuh"
 
@@ -32,101 +32,7 @@ struct DecodeShape {
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
-// Split-KV merge, fused: after a CTA has written partial rows, it counts its arrival on each
-// of the item's merge rows (per KV head); the CTA that arrives last merges that row's partials
-// in the plan's fixed order and resets the counter for the next launch. The result does not
-// depend on which CTA came last, so outputs stay bitwise deterministic.
-//   softmax: O = sum_i e^{lse_i - lse} O_i,  lse = log sum_i e^{lse_i}
-//   sigmoid: O = sum_i O_i (unnormalized partial sums), same lse (log of the total weight)
-// The merge is latency-bound (a few KB from L2), so it is written as a few wide rounds of
-// independent loads: partial ids -> LSEs -> weights in shared memory -> all O loads at once.
-// `scratch` (the free KV stage area) holds fan_in ids + heads x fan_in weights; the wrapper
-// checks at construction that the largest possible fan-in fits.
-template <class Variant, class P>
-__device__ __forceinline__ void merge_if_last(const P& p, const Variant& var, int item, int q_tokens, int heads,
-                                              int first_qo_head, int* flags, char* scratch) {
-  using T = typename P::DType;
-  constexpr int D = P::head_dim;
-  constexpr int U = 8, KU = 4;  // elements x partials in flight per thread
-  const int H = p.num_qo_heads, tid = threadIdx.x, nthreads = blockDim.x;
-  __threadfence();              // publish this CTA's partial rows...
-  __syncthreads();
-  const int entry0 = p.plan.item_merge_row[item];
-  if (tid < q_tokens) {
-    const int e = entry0 + tid;
-    const int fan_in = p.plan.merge_indptr[e + 1] - p.plan.merge_indptr[e];
-    int* counter = p.merge_counters + int64_t(e) * gridDim.y + blockIdx.y;
-    const bool is_last = atomicAdd(counter, 1) == fan_in - 1;  // ...before counting in
-    if (is_last) *counter = 0;
-    flags[tid] = is_last;
-  }
-  __syncthreads();
-  for (int t = 0; t < q_tokens; ++t) {
-    if (!flags[t]) continue;
-    __threadfence();  // acquire: the other CTAs' partials are visible past their counts
-    const int e = entry0 + t;
-    const int first = p.plan.merge_indptr[e], fan = p.plan.merge_indptr[e + 1] - first;
-    const int q_row = p.plan.merge_qo_row[e];
-    int* rows = reinterpret_cast<int*>(scratch);
-    float* wts = reinterpret_cast<float*>(rows + fan);   // [heads][fan], then [heads] lse
-    float* lse_out = wts + heads * fan;
-    for (int k = tid; k < fan; k += nthreads) rows[k] = p.plan.merge_partial[first + k];
-    __syncthreads();
-    for (int i = tid; i < heads * fan; i += nthreads)
-      wts[i] = __ldcg(p.partial_lse + int64_t(rows[i % fan]) * H + first_qo_head + i / fan);
-    __syncthreads();
-    for (int j = tid; j < heads; j += nthreads) {
-      float* w = wts + j * fan;
-      float m = -INFINITY;
-      for (int k = 0; k < fan; ++k) m = fmaxf(m, w[k]);
-      const float base = m == -INFINITY ? 0.f : m;
-      float total = 0.f;
-      for (int k = 0; k < fan; ++k) total += __expf(w[k] - base);
-      const float inv = total > 0.f ? 1.f / total : 0.f;
-      for (int k = 0; k < fan; ++k) w[k] = Variant::use_softmax ? __expf(w[k] - base) * inv : 1.f;
-      lse_out[j] = total > 0.f ? base + __logf(total) : -INFINITY;
-    }
-    __syncthreads();
-    const int n = heads * D;
-    for (int i0 = tid; i0 < n; i0 += U * nthreads) {
-      float acc[U];
-#pragma unroll
-      for (int u = 0; u < U; ++u) acc[u] = 0.f;
-      for (int k0 = 0; k0 < fan; k0 += KU) {
-        float v[KU][U];
-#pragma unroll
-        for (int kk = 0; kk < KU; ++kk)
-#pragma unroll
-          for (int u = 0; u < U; ++u) {
-            const int i = i0 + u * nthreads, k = k0 + kk;
-            v[kk][u] = (i < n && k < fan)
-                           ? __ldcg(p.partial_o + (int64_t(rows[k]) * H + first_qo_head + i / D) * D + i % D)
-                           : 0.f;
-          }
-#pragma unroll
-        for (int kk = 0; kk < KU; ++kk)
-#pragma unroll
-          for (int u = 0; u < U; ++u) {
-            const int i = i0 + u * nthreads, k = k0 + kk;
-            if (i < n && k < fan) acc[u] += wts[(i / D) * fan + k] * v[kk][u];
-          }
-      }
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int i = i0 + u * nthreads;
-        if (i >= n) continue;
-        const int qo_head = first_qo_head + i / D, d = i % D;
-        float x = acc[u];
-        if constexpr (Variant::has_output_transform) x = var.OutputTransform(p, x, qo_head, d);
-        p.o[int64_t(q_row) * p.o_stride_tok + int64_t(qo_head) * p.o_stride_head + d] = from_float<T>(x);
-        if (p.lse != nullptr && d == 0) p.lse[int64_t(q_row) * H + qo_head] = lse_out[i / D];
-      }
-    }
-    __syncthreads();  // scratch is reused by the next merged row / the next item's loads
-  }
-}
-
-template <class Variant, class P, int M_TILES, int NUM_WARPS, int STAGES, bool FUSED_MERGE>
+template <class Variant, class P, int M_TILES, int NUM_WARPS, int STAGES>
 __device__ __forceinline__ void decode_persistent(const P& p, char* smem) {
   using T = typename P::DType;
   constexpr int D = P::head_dim;
@@ -426,9 +332,6 @@ __device__ __forceinline__ void decode_persistent(const P& p, char* smem) {
       }
     }
     __syncthreads();  // the combine area is the next item's first KV stages
-    if (FUSED_MERGE && partial_row >= 0)
-      merge_if_last<Variant>(p, var, item, q_tokens, heads, first_qo_head, reinterpret_cast<int*>(smem),
-                             smem + S::q_bytes);
   }
   // Let a programmatically dependent launch (the next layer's kernel) start its prologue.
   allow_next_grid();

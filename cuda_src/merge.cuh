@@ -1,5 +1,5 @@
-// Split-KV merge as its own kernel (the alternative to the fused merge in decode.cuh, chosen by
-// AttentionSpec.fused_merge). One warp per (merge row, query head), lanes split head_dim; the
+// Split-KV merge kernel, launched right after the decode kernel (PDL lets it start while the
+// decode kernel drains). One warp per (merge row, query head), lanes split head_dim; the
 // partials are folded in the plan's fixed order with an online rescale, KU at a time so their
 // loads are in flight together. The grid is fixed (a persistent loop over rows), so it is
 // captured once and replayed for any plan.

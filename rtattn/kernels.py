@@ -1,8 +1,8 @@
 """AttentionSpec -> compiled, loaded decode (+ merge) kernels, and their launch.
 
-Split-KV partials are merged either inside the decode kernel (spec.fused_merge: the last CTA
-to finish a row merges it; one launch per step) or by a small persistent merge kernel right
-after it. Launches use programmatic dependent launch (PDL) on sm_90: the GPU may start a
+Split-KV partials are merged by a small persistent merge kernel right after the decode kernel.
+(Merging inside the decode kernel -- the last CTA of a split row merges it -- was measured
+slower on every small-batch row: docs/perf-log.md.) Launches use programmatic dependent launch (PDL) on sm_90: the GPU may start a
 kernel while the previous one on the stream drains; each kernel waits (griddepcontrol.wait)
 before touching memory, so results are unchanged.
 """
@@ -37,9 +37,8 @@ class DecodeKernels:
         self.module = Module.load(cubin, self.device)
         self.decode = self.module.function(self.rendered.decode_name)
         self.decode.set_max_dynamic_smem(self.rendered.smem_bytes)
-        self.merge = self.module.function(self.rendered.merge_name) if self.rendered.merge_name else None
-        # every kernel a launch enqueues (graph node updates check this)
-        self.functions = (self.decode,) if self.merge is None else (self.decode, self.merge)
+        self.merge = self.module.function(self.rendered.merge_name)
+        self.functions = (self.decode, self.merge)  # every kernel a launch enqueues (graph node updates check this)
         self.merge_ctas = self.device.props.sm_count * MERGE_CTAS_PER_SM
         self.ctas_per_sm = self.decode.occupancy(self.rendered.threads, self.rendered.smem_bytes)
         if self.ctas_per_sm < 1:
@@ -53,11 +52,11 @@ class DecodeKernels:
 
     def launch(self, params: bytes, num_ctas: int, grid_y: int, stream=None, merge: bool = True,
                pdl: bool = True) -> None:
-        """Enqueue the decode kernel, then (separate-merge specs, when the plan may split) the merge."""
+        """Enqueue the decode kernel, then the merge kernel (when the plan may split KV)."""
         r = self.rendered
         pdl = pdl and self.pdl_capable
         self._launch(self.decode, (num_ctas, grid_y, 1), r.threads, r.smem_bytes, params, stream, pdl)
-        if self.merge is not None and merge:
+        if merge:
             self._launch(self.merge, (self.merge_ctas, 1, 1), MERGE_THREADS, 0, params, stream, pdl)
 
     def _launch(self, fn, grid, threads: int, smem: int, params: bytes, stream, pdl: bool) -> None:

@@ -14,7 +14,6 @@ import math
 
 import numpy as np
 
-from rtattn.codegen.render import decode_scratch_bytes
 from rtattn.codegen.spec import BUILTINS, AttentionSpec, default_stages
 from rtattn.kernels import decode_kernels
 from rtattn.plan import devices as plan_devices
@@ -25,7 +24,7 @@ from rtattn.tensors import cuda_tensor, expect_inner_contiguous, expect_shape, e
 KV_LAYOUTS = ("NHD", "HND")
 
 
-def _spec_for(variant, dtype: str, head_dim: int, group: int, arch: str, fused_merge: bool) -> AttentionSpec:
+def _spec_for(variant, dtype: str, head_dim: int, group: int, arch: str) -> AttentionSpec:
     m_tiles = 1 if group <= 16 else 2
     if isinstance(variant, AttentionSpec):
         if variant.head_dim != head_dim or variant.dtype != dtype:
@@ -35,16 +34,14 @@ def _spec_for(variant, dtype: str, head_dim: int, group: int, arch: str, fused_m
     if variant not in BUILTINS:
         raise ValueError(f"unknown variant {variant!r}; built-ins are {sorted(BUILTINS)} "
                          f"(or pass an AttentionSpec)")
-    return BUILTINS[variant](dtype=dtype, head_dim=head_dim, m_tiles=m_tiles, stages=default_stages(head_dim, arch),
-                             fused_merge=fused_merge)
+    return BUILTINS[variant](dtype=dtype, head_dim=head_dim, m_tiles=m_tiles, stages=default_stages(head_dim, arch))
 
 
 class BatchDecodeWrapper:
     def __init__(self, num_qo_heads: int, num_kv_heads: int, head_dim: int, page_size: int, *,
                  max_batch: int, max_pages: int, max_qo_tokens: int | None = None,
                  variant="plain", dtype: str = "bfloat16", kv_layout: str = "NHD",
-                 mode: str = "contiguous", chunk_tokens: int = 2048, fused_merge: bool = False,
-                 pdl: bool = True, device=None, workspace=None):
+                 mode: str = "balanced", chunk_tokens: int = 2048, pdl: bool = True, device=None, workspace=None):
         if page_size < 1 or page_size & (page_size - 1):
             raise ValueError(f"page_size={page_size}: the decode kernel needs a power of two")
         if kv_layout not in KV_LAYOUTS:
@@ -55,7 +52,7 @@ class BatchDecodeWrapper:
         self.num_qo_heads, self.num_kv_heads, self.head_dim = num_qo_heads, num_kv_heads, head_dim
         self.group = num_qo_heads // num_kv_heads
         self.page_size, self.kv_layout, self.dtype = page_size, kv_layout, dtype
-        self.spec = _spec_for(variant, dtype, head_dim, self.group, self.device.arch, fused_merge)
+        self.spec = _spec_for(variant, dtype, head_dim, self.group, self.device.arch)
         if self.group > self.spec.rows:
             raise ValueError(f"head group {self.group} exceeds the kernel's {self.spec.rows} rows")
         self.kernels = decode_kernels(self.spec, self.device.ordinal)
@@ -66,28 +63,12 @@ class BatchDecodeWrapper:
                                mode=mode, num_ctas=self.num_ctas, max_rows=self.spec.rows,
                                chunk_tokens=chunk_tokens, causal="causal" in self.spec.variant)
         self.layout = self.planner.layout
-        self._check_merge_scratch()
         self.pinned = PinnedBuffer(self.layout.plan_bytes, self.device)
         self.workspace = self._workspace(workspace)
-        # Arrival counters of the fused split-KV merge, one per (merge row, KV head). The kernel
-        # leaves them at zero after every launch, so they are cleared once, here.
-        self.merge_counters = DeviceBuffer(max(1, self.planner.bounds.max_merge_rows * num_kv_heads) * 4,
-                                           self.device)
-        self.merge_counters.memset(0)
         self._copy_done = Event(timing=False)
         self._copy_pending = False
         self.info: PlanInfo | None = None
         self._max_page = -1
-
-    def _check_merge_scratch(self) -> None:
-        """The fused merge keeps one row's partial ids and per-head weights in shared memory."""
-        fan = self.planner.bounds.max_chunks_per_tile if self.spec.fused_merge else 1
-        need = 4 * (fan + (fan + 1) * self.group)
-        have = decode_scratch_bytes(self.spec)
-        if fan > 1 and need > have:
-            raise ValueError(f"a query row may be split into {fan} chunks; merging them for {self.group} heads "
-                             f"needs {need} B of shared memory, the kernel has {have} B: raise chunk_tokens "
-                             f"(batch-invariant mode) or lower max_pages")
 
     def _workspace(self, workspace):
         need = self.planner.workspace_bytes()
@@ -222,7 +203,6 @@ class BatchDecodeWrapper:
             lse=lv.ptr if lv is not None else 0,
             partial_o=ws + self.layout.partial_o_offset(),
             partial_lse=ws + self.layout.partial_lse_offset(self.num_qo_heads, self.head_dim),
-            merge_counters=self.merge_counters.ptr,
             plan=plan, num_qo_heads=self.num_qo_heads, group_size=self.group, heads_per_cta=self.group,
             head_blocks=1, page_shift=self.page_size.bit_length() - 1,
             sm_scale=scale, sm_scale_log2=scale * 1.4426950408889634, extra=extra)

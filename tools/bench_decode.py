@@ -272,12 +272,12 @@ def bench_flashinfer(ctx, x: Inputs, tc: bool) -> dict:
 
 
 def rt_config(name: str) -> dict:
-    """'MODE[+fused][+nopdl]' -> BatchDecodeWrapper keyword arguments."""
+    """'MODE[+nopdl]' -> BatchDecodeWrapper keyword arguments."""
     mode, *flags = name.split("+")
-    unknown = set(flags) - {"fused", "nopdl"}
+    unknown = set(flags) - {"nopdl"}
     if unknown:
         raise ValueError(f"unknown rtattn config flags {sorted(unknown)} in {name!r}")
-    return dict(mode=mode, fused_merge="fused" in flags, pdl="nopdl" not in flags)
+    return dict(mode=mode, pdl="nopdl" not in flags)
 
 
 def bench_rtattn(ctx, x: Inputs, config: str = "balanced") -> dict:
@@ -403,7 +403,7 @@ def main(argv=None) -> int:
     ap.add_argument("--no-flashinfer", action="store_true", help="skip the FlashInfer pass")
     ap.add_argument("--no-rtattn", action="store_true", help="skip the rtattn pass")
     ap.add_argument("--rt-modes", nargs="+", default=["balanced"],
-                    help="rtattn configs MODE[+fused][+nopdl] (planner mode, fused merge, no PDL); "
+                    help="rtattn configs MODE[+nopdl] (planner mode, no PDL); "
                          "the first fills the table, the others are logged")
     ap.add_argument("--samples", type=int, default=30, help="graph replays timed per measurement")
     ap.add_argument("--warm", type=float, default=2.0,

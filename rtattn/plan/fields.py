@@ -185,8 +185,6 @@ PLAN_FIELDS: tuple[PlanField, ...] = (
        "one past the last KV token of the chunk (== start only for empty KV)"),
     _f("item_partial", lambda b: b.max_items, "max_items",
        "-1: writethrough final O/LSE; else first partial row p (rows p..p+qo_len-1)"),
-    _f("item_merge_row", lambda b: b.max_items, "max_items",
-       "-1 for writethrough; else the merge entry of the tile's first row (rows r -> entry + r)"),
     _f("merge_indptr", lambda b: b.max_merge_rows + 1, "max_merge_rows + 1",
        "merge entry r reads merge_partial[merge_indptr[r]:merge_indptr[r+1]]"),
     _f("merge_qo_row", lambda b: b.max_merge_rows, "max_merge_rows",
@@ -248,12 +246,12 @@ class PlanLayout:
             o = self.offsets[f.name]
             n = self.capacity[f.name]
             out[f.name] = raw[o:o + n * f.dtype.itemsize].view(f.dtype)
-        # The seven item_* arrays have one capacity, so they sit at equal strides:
+        # The six item_* arrays have one capacity, so they sit at equal strides:
         # a 2-D view lets the planner write all of them with one assignment.
         first = self.offsets["item_request"]
         stride = self.offsets["item_qo_start"] - first
         names = ("item_request", "item_qo_start", "item_qo_len", "item_kv_start",
-                 "item_kv_end", "item_partial", "item_merge_row")
+                 "item_kv_end", "item_partial")
         assert all(self.offsets[k] == first + i * stride for i, k in enumerate(names))
         out["_items"] = np.lib.stride_tricks.as_strided(
             out["item_request"], shape=(len(names), self.capacity["item_request"]),

@@ -243,11 +243,11 @@ class Planner:
             maxc = int(_MAX(nchunk))
         if mode == "contiguous" and T > 0:
             return self._contiguous(decode, t_req, t_qs, t_qlen, t_kv)
-        # Items: rows request, qo_start, qo_len, kv_start, kv_end, partial, merge entry.
+        # Items: rows request, qo_start, qo_len, kv_start, kv_end, partial.
         if maxc == 1:
             n = T
-            it = np.empty((7, n), dtype=np.int32)
-            it[0], it[1], it[2], it[3], it[4], it[5], it[6] = t_req, t_qs, t_qlen, 0, t_kv, -1, -1
+            it = np.empty((6, n), dtype=np.int32)
+            it[0], it[1], it[2], it[3], it[4], it[5] = t_req, t_qs, t_qlen, 0, t_kv, -1
             i_tile = i_chunk = None
         else:
             ends = _ACC(nchunk, dtype=np.int64)
@@ -256,7 +256,7 @@ class Planner:
                 raise ValueError(f"plan needs {n} work items, exceeding max_items="
                                  f"{self.bounds.max_items} (mode={mode})")
             i_tile, i_chunk = _repeat_index(nchunk, self._ar, ends)
-            it = np.empty((7, n), dtype=np.int32)
+            it = np.empty((6, n), dtype=np.int32)
             if decode:   # t_req is the identity, every tile has one row
                 it[0] = i_tile
                 it[1] = qo_indptr[i_tile]
@@ -341,9 +341,8 @@ class Planner:
         nchunk = np.bincount(i_tile, minlength=T)
         first = _ACC(nchunk) - nchunk
         i_chunk = self._ar[:n] - first[i_tile]
-        it = np.empty((7, n), dtype=np.int32)
-        it[0], it[1], it[2], it[3], it[4], it[5], it[6] = t_req[i_tile], t_qs[i_tile], t_qlen[i_tile], \
-            cut, kv_end, -1, -1
+        it = np.empty((6, n), dtype=np.int32)
+        it[0], it[1], it[2], it[3], it[4], it[5] = t_req[i_tile], t_qs[i_tile], t_qlen[i_tile], cut, kv_end, -1
         cost = (kv_end - cut) * COST_BETA + fixed[i_tile]
         res = dict(n=n, L=int(w), loads=np.bincount(cta, weights=cost, minlength=C).astype(np.int64),
                    counts=np.bincount(cta, minlength=C), items=it, final=self._ar[:n],
@@ -369,10 +368,6 @@ class Planner:
         part = pbase[i_tile]
         part += i_chunk if decode else i_chunk * it[2]
         it[5] = part
-        # Merge entries: the split tiles' rows in tile order; an item names its tile's first.
-        e_rows = split if decode else t_qlen * split
-        ebase = np.where(split, _ACC(e_rows) - e_rows, -1)
-        it[6] = ebase[i_tile]
         st = split.nonzero()[0]
         if decode:   # one row per tile: entries are the split tiles, partials 0..P-1
             M = st.shape[0]

@@ -9,7 +9,7 @@
   exactly once";
 * writethrough rows and merge rows partition the query rows;
 * partial rows are written exactly once and each merge entry lists exactly the
-  partial rows of its query row, in ascending KV order; item_merge_row names it.
+  partial rows of its query row, in ascending KV order.
 """
 from __future__ import annotations
 
@@ -108,21 +108,6 @@ def verify_plan(views: dict, qo_len, kv_len, *, tile_q: int, page_size: int,
     same = owner[1:] == owner[:-1]
     if (kv_of[mp][1:][same] <= kv_of[mp][:-1][same]).any():
         _fail("a merge entry is not in ascending KV order")
-    # item_merge_row: -1 for writethrough; else entry + r holds row qs + r and lists
-    # the item's partial row part + r (the fused merge counts arrivals per entry).
-    emr = views["item_merge_row"][:n].astype(np.int64)
-    if (emr[~pr] != -1).any():
-        _fail("a writethrough item has item_merge_row != -1")
-    if pr.any():
-        e = (emr[pr][:, None] + np.arange(tile_q)[None]).ravel()[valid]
-        if ((e < 0) | (e >= M)).any() or (mrow[np.clip(e, 0, max(M - 1, 0))] != g_row).any():
-            _fail("item_merge_row does not name the merge entries of the item's rows")
-        lo, hi = mi[np.clip(e, 0, max(M - 1, 0))], mi[np.clip(e, 0, max(M - 1, 0)) + 1]
-        listed = np.zeros(prow.size, bool)
-        for i in range(prow.size):     # small: tests only
-            listed[i] = prow[i] in mp[lo[i]:hi[i]]
-        if not listed.all():
-            _fail("an item's partial row is missing from its merge entry")
     wt = part < 0
     wt_rows = (qs[wt][:, None] + np.arange(tile_q)[None]).ravel()[
         (np.arange(tile_q)[None] < ql[wt][:, None]).ravel()]
