@@ -14,12 +14,14 @@ import numpy as np
 import pytest
 
 from rtattn import wrapper as W
-from rtattn.codegen.render import render
 from rtattn.graphs import decode_graphs as DG
 from rtattn.graphs import graph as G
 from rtattn.graphs.device_arrays import DeviceArray, bf16_bits_to_f32, f32_to_bf16_bits, rounded
 from rtattn.plan.layout import paged_kv
 from rtattn.runtime import NoDeviceError, Stream, export, has_device
+
+import fakes as fakes_mod
+from fakes import FakeKernels
 
 
 # =============================================================================== CPU tier
@@ -46,35 +48,6 @@ def test_bf16_round_trip_rounds_to_nearest_even():
 
 
 # ---- fakes: a wrapper whose device/kernels are fake, and a fake graph API
-class FakeKernels:
-    def __init__(self, spec):
-        self.rendered = render(spec)
-        self.decode = SimpleNamespace(handle=0xD0)
-        self.functions = (self.decode,)
-        self.launches = []
-
-    def num_ctas(self, num_kv_heads):
-        return max(1, 132 * 2 // num_kv_heads)
-
-    def launch(self, params, num_ctas, grid_y, stream=None, merge=True, pdl=True):
-        self.launches.append(params)
-
-
-class FakeBuffer:
-    _next = 1 << 20
-
-    def __init__(self, nbytes, device=None):
-        self.nbytes, self.ptr = nbytes, FakeBuffer._next
-        FakeBuffer._next += (nbytes + 4095) // 4096 * 4096 + 4096
-        self.array = np.zeros(nbytes, np.uint8)
-
-    def memset(self, value=0, stream=None):
-        self.array[:] = value
-
-    def as_tensor(self, dtype, shape, stream=None):
-        return export(self.ptr, shape, dtype, 0)
-
-
 class FakeGraph:
     def __init__(self, params: list):
         self.params = list(params)   # one argument struct per captured kernel
@@ -115,17 +88,7 @@ class FakeExec:
 
 @pytest.fixture
 def fakes(monkeypatch):
-    props = SimpleNamespace(name="fake H200", sm_count=132, smem_per_sm=233472, smem_per_block_optin=232448,
-                            regs_per_sm=65536, l2_bytes=60 << 20, cc=(9, 0), max_threads_per_sm=2048,
-                            smem_per_block=49152, regs_per_block=65536)
-    dev = SimpleNamespace(ordinal=0, props=props, arch="sm_90", name="fake")
-    monkeypatch.setattr(W, "current_device", lambda d=None: dev)
-    monkeypatch.setattr(W, "decode_kernels", lambda spec, ordinal: FakeKernels(spec))
-    monkeypatch.setattr(W, "DeviceBuffer", FakeBuffer)
-    monkeypatch.setattr(W, "PinnedBuffer", FakeBuffer)
-    monkeypatch.setattr(W, "Event", lambda timing=False: SimpleNamespace(record=lambda s=None: None,
-                                                                          synchronize=lambda: None))
-    monkeypatch.setattr(W, "memcpy_htod_async", lambda *a, **k: None)
+    fakes_mod.install(monkeypatch, FakeKernels)
     monkeypatch.setattr(FakeExec, "refuse_update", False)
     captured = []
 
@@ -593,17 +556,8 @@ class SimExec:
 def test_demo_decode_loop_on_a_simulated_device(monkeypatch, capsys):
     from rtattn.graphs import demo_decode_loop as demo
     from rtattn.graphs import device_arrays
-    props = SimpleNamespace(name="sim", sm_count=132, smem_per_sm=233472, smem_per_block_optin=232448,
-                            regs_per_sm=65536, l2_bytes=60 << 20, cc=(9, 0), max_threads_per_sm=2048,
-                            smem_per_block=49152, regs_per_block=65536)
-    dev = SimpleNamespace(ordinal=0, props=props, arch="sm_90", name="sim")
-    monkeypatch.setattr(W, "current_device", lambda d=None: dev)
-    monkeypatch.setattr(W, "decode_kernels", lambda spec, ordinal: SimKernels(spec))
-    monkeypatch.setattr(W, "DeviceBuffer", HostBuffer)
-    monkeypatch.setattr(W, "PinnedBuffer", HostBuffer)
-    monkeypatch.setattr(W, "Event", lambda timing=False: SimpleNamespace(record=lambda s=None: None,
-                                                                          synchronize=lambda: None))
-    monkeypatch.setattr(W, "memcpy_htod_async", lambda dst, src, n, stream=None: ctypes_memmove(dst, src, n))
+    fakes_mod.install(monkeypatch, SimKernels, device=fakes_mod.fake_device("sim"), buffer=HostBuffer,
+                      memcpy=lambda dst, src, n, stream=None: ctypes_memmove(dst, src, n))
     monkeypatch.setattr(device_arrays, "DeviceBuffer", HostBuffer)
     plan = W.BatchDecodeWrapper.plan
 

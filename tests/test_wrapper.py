@@ -2,7 +2,6 @@
 validation, planning and argument packing are tested without a GPU (the GPU tier runs them for real)."""
 from __future__ import annotations
 
-import ctypes
 from types import SimpleNamespace
 
 import numpy as np
@@ -13,55 +12,20 @@ from rtattn.codegen.render import render
 from rtattn.plan.layout import paged_kv
 from rtattn.runtime import export
 
-
-class FakeKernels:
-    def __init__(self, spec):
-        self.rendered = render(spec)
-        self.ctas_per_sm = 2
-        self.launches = []
-
-    def num_ctas(self, num_kv_heads):
-        return max(1, 132 * 2 // num_kv_heads)
-
-    def launch(self, params, num_ctas, grid_y, stream=None, merge=True, pdl=True):
-        self.launches.append((params, num_ctas, grid_y))
-
-
-class FakeBuffer:
-    _next = 1 << 20
-
-    def __init__(self, nbytes, device=None):
-        self.nbytes, self.ptr = nbytes, FakeBuffer._next
-        FakeBuffer._next += (nbytes + 4095) // 4096 * 4096 + 4096
-        self.array = np.zeros(nbytes, np.uint8)
-
-    def memset(self, value=0, stream=None):
-        self.array[:] = value
-
-    def as_tensor(self, dtype, shape, stream=None):
-        return export(self.ptr, shape, dtype, 0)
+import fakes
+from fakes import FakeKernels
 
 
 @pytest.fixture
 def fake_gpu(monkeypatch):
-    props = SimpleNamespace(name="fake H200", sm_count=132, smem_per_sm=233472, smem_per_block_optin=232448,
-                            regs_per_sm=65536, l2_bytes=60 << 20, cc=(9, 0), max_threads_per_sm=2048,
-                            smem_per_block=49152, regs_per_block=65536)
-    dev = SimpleNamespace(ordinal=0, props=props, arch="sm_90", name="fake")
     made = []
 
-    def kernels(spec, ordinal):
+    def kernels(spec):
         made.append(FakeKernels(spec))
         return made[-1]
 
-    monkeypatch.setattr(W, "current_device", lambda d=None: dev)
-    monkeypatch.setattr(W, "decode_kernels", kernels)
-    monkeypatch.setattr(W, "DeviceBuffer", FakeBuffer)
-    monkeypatch.setattr(W, "PinnedBuffer", FakeBuffer)
-    monkeypatch.setattr(W, "Event", lambda timing=False: SimpleNamespace(record=lambda s=None: None,
-                                                                          synchronize=lambda: None))
     copies = []
-    monkeypatch.setattr(W, "memcpy_htod_async", lambda dst, src, n, stream=None: copies.append((dst, src, n)))
+    fakes.install(monkeypatch, kernels, memcpy=lambda dst, src, n, stream=None: copies.append((dst, src, n)))
     monkeypatch.setattr(W, "as_stream", lambda s=None: SimpleNamespace(handle=0))
     return SimpleNamespace(kernels=made, copies=copies)
 
@@ -85,7 +49,7 @@ def test_plan_copies_the_plan_once_and_run_packs_every_pointer(fake_gpu):
         cuda((3, 32, 128), ptr=1 << 34)
     out = w.run(q, k, v, out=o)
     assert out is o
-    params, num_ctas, grid_y = fake_gpu.kernels[0].launches[0]
+    params, (num_ctas, grid_y) = fake_gpu.kernels[0].launches[0], fake_gpu.kernels[0].grids[0]
     st = w.kernels.rendered.params.ctypes_type().from_buffer_copy(params)
     assert (st.q, st.k_cache, st.v_cache, st.o, st.lse) == (q.ptr, k.ptr, v.ptr, o.ptr, None)
     assert (st.k_stride_page, st.k_stride_tok, st.k_stride_head) == (16 * 8 * 128, 8 * 128, 128)
@@ -99,7 +63,7 @@ def test_hnd_layout_and_combined_kv_cache(fake_gpu):
     w.plan(*paged_kv([40], 16))
     kv = cuda((5, 2, 8, 16, 128), ptr=1 << 32)
     w.run(cuda((1, 32, 128)), kv, out=cuda((1, 32, 128), ptr=1 << 34))
-    st = w.kernels.rendered.params.ctypes_type().from_buffer_copy(fake_gpu.kernels[0].launches[0][0])
+    st = w.kernels.rendered.params.ctypes_type().from_buffer_copy(fake_gpu.kernels[0].launches[0])
     assert st.k_cache == kv.ptr and st.v_cache == kv.ptr + 8 * 16 * 128 * 2
     assert (st.k_stride_page, st.k_stride_tok, st.k_stride_head) == (2 * 8 * 16 * 128, 128, 16 * 128)
 
@@ -142,7 +106,7 @@ def test_variant_parameters_are_checked_and_packed(fake_gpu):
     with pytest.raises(ValueError, match="missing"):
         w.run(*args, out=cuda((1, 32, 128), ptr=1 << 34))
     w.run(*args, out=cuda((1, 32, 128), ptr=1 << 34), params={"soft_cap": 30.0})
-    st = w.kernels.rendered.params.ctypes_type().from_buffer_copy(fake_gpu.kernels[0].launches[0][0])
+    st = w.kernels.rendered.params.ctypes_type().from_buffer_copy(fake_gpu.kernels[0].launches[0])
     assert st.extra.soft_cap == 30.0
 
 

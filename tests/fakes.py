@@ -1,0 +1,64 @@
+"""A fake GPU for CPU-tier tests of the wrapper and graph logic: device properties, buffers
+with host-side bytes, kernels that record their launches, and one helper to install them."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+
+from rtattn import wrapper as W
+from rtattn.codegen.render import render
+from rtattn.runtime import export
+
+
+def fake_device(name="fake H200"):
+    props = SimpleNamespace(name=name, sm_count=132, smem_per_sm=233472, smem_per_block_optin=232448,
+                            regs_per_sm=65536, l2_bytes=60 << 20, cc=(9, 0), max_threads_per_sm=2048,
+                            smem_per_block=49152, regs_per_block=65536)
+    return SimpleNamespace(ordinal=0, props=props, arch="sm_90", name=name)
+
+
+class FakeKernels:
+    """Records each launch's argument struct (`launches`) and grid (`grids`)."""
+
+    def __init__(self, spec):
+        self.rendered = render(spec)
+        self.ctas_per_sm = 2
+        self.decode = SimpleNamespace(handle=0xD0)
+        self.functions = (self.decode,)
+        self.launches, self.grids = [], []
+
+    def num_ctas(self, num_kv_heads):
+        return max(1, 132 * 2 // num_kv_heads)
+
+    def launch(self, params, num_ctas, grid_y, stream=None, merge=True, pdl=True):
+        self.launches.append(params)
+        self.grids.append((num_ctas, grid_y))
+
+
+class FakeBuffer:
+    _next = 1 << 20
+
+    def __init__(self, nbytes, device=None):
+        self.nbytes, self.ptr = nbytes, FakeBuffer._next
+        FakeBuffer._next += (nbytes + 4095) // 4096 * 4096 + 4096
+        self.array = np.zeros(nbytes, np.uint8)
+
+    def memset(self, value=0, stream=None):
+        self.array[:] = value
+
+    def as_tensor(self, dtype, shape, stream=None):
+        return export(self.ptr, shape, dtype, 0)
+
+
+def install(monkeypatch, kernels, *, device=None, buffer=FakeBuffer, memcpy=lambda *a, **k: None):
+    """Point rtattn.wrapper at fakes: `kernels(spec)` makes the kernel object."""
+    dev = device or fake_device()
+    monkeypatch.setattr(W, "current_device", lambda d=None: dev)
+    monkeypatch.setattr(W, "decode_kernels", lambda spec, ordinal: kernels(spec))
+    monkeypatch.setattr(W, "DeviceBuffer", buffer)
+    monkeypatch.setattr(W, "PinnedBuffer", buffer)
+    monkeypatch.setattr(W, "Event", lambda timing=False: SimpleNamespace(record=lambda s=None: None,
+                                                                          synchronize=lambda: None))
+    monkeypatch.setattr(W, "memcpy_htod_async", memcpy)
+    return dev
