@@ -63,10 +63,16 @@ class BatchDecodeWrapper:
                                mode=mode, num_ctas=self.num_ctas, max_rows=self.spec.rows,
                                chunk_tokens=chunk_tokens, causal="causal" in self.spec.variant)
         self.layout = self.planner.layout
-        self.pinned = PinnedBuffer(self.layout.plan_bytes, self.device)
+        # Two pinned plan buffers, used in turn: plan() for step N+1 fills one while step N's
+        # copy (queued behind step N-1's kernels) may still be pending from the other, so the
+        # host only waits on the copy of two steps ago instead of on the GPU's current work.
+        self._pinned = tuple(PinnedBuffer(self.layout.plan_bytes, self.device) for _ in range(2))
+        self._pinned_arrays = tuple(b.array for b in self._pinned)  # stable objects: the planner caches views
+        self._copied = tuple(Event(timing=False) for _ in range(2))
+        self._in_flight = [False, False]
+        self._slot = 0
+        self.pinned = self._pinned[0]   # the buffer holding the latest plan
         self.workspace = self._workspace(workspace)
-        self._copy_done = Event(timing=False)
-        self._copy_pending = False
         self.info: PlanInfo | None = None
         self._max_page = -1
 
@@ -93,13 +99,16 @@ class BatchDecodeWrapper:
         kv_indptr, kv_indices, kv_last_page_len = (_host(a) for a in (kv_indptr, kv_indices, kv_last_page_len))
         if qo_indptr is None:
             qo_indptr = np.arange(len(kv_indptr), dtype=np.int32)
-        if self._copy_pending:  # the pinned buffer may still be in flight from the last plan
-            self._copy_done.synchronize()
+        slot = self._slot
+        if self._in_flight[slot]:  # this buffer's copy (two plans ago) may not have run yet
+            self._copied[slot].synchronize()
+        buf = self._pinned[slot]
         info = self.planner.plan(_host(qo_indptr), kv_indptr, kv_indices, kv_last_page_len,
-                                 out=self.pinned.array)
-        memcpy_htod_async(self.workspace_ptr, self.pinned.ptr, self.layout.plan_bytes, stream)
-        self._copy_done.record(stream)
-        self._copy_pending = True
+                                 out=self._pinned_arrays[slot])
+        memcpy_htod_async(self.workspace_ptr, buf.ptr, self.layout.plan_bytes, stream)
+        self._copied[slot].record(stream)
+        self._in_flight[slot] = True
+        self._slot, self.pinned = slot ^ 1, buf
         nnz = int(kv_indptr[-1])
         self._max_page = int(np.max(kv_indices[:nnz])) if nnz else -1
         self.info = info

@@ -45,6 +45,12 @@ def test_plan_copies_the_plan_once_and_run_packs_every_pointer(fake_gpu):
     kv_indptr, kv_indices, last = paged_kv([100, 20, 300], 16, shuffle_seed=1)
     info = w.plan(kv_indptr, kv_indices, last)
     assert info.batch == 3 and fake_gpu.copies == [(w.workspace_ptr, w.pinned.ptr, w.layout.plan_bytes)]
+    first = w.pinned
+    info2 = w.plan(*paged_kv([7, 9, 11, 13], 16, shuffle_seed=2))   # double-buffered: the other pinned buffer
+    assert w.pinned is not first and fake_gpu.copies[1] == (w.workspace_ptr, w.pinned.ptr, w.layout.plan_bytes)
+    assert info2.batch == 4 and info.views["plan_info"][3] == 3   # step 1's plan untouched by step 2's
+    w.plan(kv_indptr, kv_indices, last)
+    assert w.pinned is first
     q, k, v, o = cuda((3, 32, 128)), cuda((40, 16, 8, 128), ptr=1 << 32), cuda((40, 16, 8, 128), ptr=1 << 33), \
         cuda((3, 32, 128), ptr=1 << 34)
     out = w.run(q, k, v, out=o)

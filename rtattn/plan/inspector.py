@@ -166,7 +166,7 @@ class Planner:
         # one cached arange serves every "0..n-1" the scheduler needs
         self._ar = np.arange(max(b.max_items, b.max_partial_rows, b.max_tiles, b.max_batch,
                                  b.max_merge_rows) + 1, dtype=np.int64)
-        self._vcache = None
+        self._vcache = {}   # id(out buffer) -> (buffer, views): callers reuse a few pinned buffers
 
     # convenience ---------------------------------------------------------------
     @property
@@ -194,11 +194,13 @@ class Planner:
         if out is None:
             buf = self.layout.allocate()
             views = self.layout.views(buf)
-        elif self._vcache is not None and self._vcache[0] is out:
-            buf, views = out, self._vcache[1]   # same (pinned) buffer as last step
+        elif id(out) in self._vcache and self._vcache[id(out)][0] is out:
+            buf, views = out, self._vcache[id(out)][1]   # a (pinned) buffer seen before
         else:
             buf, views = out, self.layout.views(out)
-            self._vcache = (out, views)
+            if len(self._vcache) >= 4:
+                self._vcache.clear()
+            self._vcache[id(out)] = (out, views)
         self._write(views, batch, items)
         return PlanInfo(items["n"], items["merge_rows"], items["partial_rows"], batch.batch,
                         int(batch.qo_indptr[-1]), self.num_ctas, self.tile_q, self.page_size,
