@@ -1,9 +1,10 @@
 """BatchDecodeWrapper: plan() once per step on the host, run() per layer on the device.
 
-plan() fills a pinned buffer at offsets fixed when the wrapper was built and issues one async
-host-to-device copy into the workspace; run() launches the persistent decode kernel (which also
-merges split-KV partials) with a fixed grid and fixed pointers, so it can be captured into a
-CUDA graph once and replayed every step while the plan changes underneath (see rtattn.graphs).
+plan() fills a pinned buffer (one of two, used in turn) at offsets fixed when the wrapper was
+built and issues one async host-to-device copy into the workspace; run() launches the persistent
+decode kernel and the split-KV merge kernel with fixed grids and fixed pointers, so both can be
+captured into a CUDA graph once and replayed every step while the plan changes underneath
+(see rtattn.graphs).
 
 LSE convention: natural logarithm (base e) of the sum of the attention weights' exponentials,
 log sum_j exp(s_j), with s_j the logits after sm_scale (and the variant's logits transform).
@@ -95,7 +96,8 @@ class BatchDecodeWrapper:
     # ------------------------------------------------------------------ plan
     def plan(self, kv_indptr, kv_indices, kv_last_page_len, qo_indptr=None, stream=None) -> PlanInfo:
         """Plan one step from host arrays (numpy or host DLPack tensors). Decode by default:
-        one query token per request unless `qo_indptr` says otherwise."""
+        one query token per request unless `qo_indptr` says otherwise. The plan's copy is
+        queued on `stream`: run() on the same stream (or order the two streams yourself)."""
         kv_indptr, kv_indices, kv_last_page_len = (_host(a) for a in (kv_indptr, kv_indices, kv_last_page_len))
         if qo_indptr is None:
             qo_indptr = np.arange(len(kv_indptr), dtype=np.int32)
