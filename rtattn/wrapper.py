@@ -74,6 +74,8 @@ class BatchDecodeWrapper:
         self._slot = 0
         self.pinned = self._pinned[0]   # the buffer holding the latest plan
         self.workspace = self._workspace(workspace)
+        self._fixed = self._fixed_params()
+        self._may_split = self.planner.bounds.max_merge_rows > 0   # naive plans never need the merge kernel
         self.info: PlanInfo | None = None
         self._max_page = -1
 
@@ -200,27 +202,32 @@ class BatchDecodeWrapper:
                 values[p.name] = float(v) if p.c_type == "float" else int(v)
         return values or {"unused_": 0}
 
+    def _fixed_params(self) -> dict:
+        """Kernel arguments that never change for this wrapper (workspace and plan pointers, head
+        layout), computed once instead of on every run()."""
+        ws = self.workspace_ptr
+        return dict(
+            partial_o=ws + self.layout.partial_o_offset(),
+            partial_lse=ws + self.layout.partial_lse_offset(self.num_qo_heads, self.head_dim),
+            plan={name: ws + off for name, off in self.layout.offsets.items()},
+            num_qo_heads=self.num_qo_heads, group_size=self.group, heads_per_cta=self.group,
+            head_blocks=1, page_shift=self.page_size.bit_length() - 1)
+
     def _pack(self, qv, kv, ov, lv, scale: float, extra: dict) -> bytes:
         kt, vt = kv
         page_k = _paged_strides(kt, self.kv_layout)
         page_v = _paged_strides(vt, self.kv_layout)
-        ws = self.workspace_ptr
-        plan = {name: ws + off for name, off in self.layout.offsets.items()}
         return self.kernels.rendered.params.pack(
             q=qv.ptr, q_stride_tok=qv.strides[0], q_stride_head=qv.strides[1],
             k_cache=kt.ptr, k_stride_page=page_k[0], k_stride_tok=page_k[1], k_stride_head=page_k[2],
             v_cache=vt.ptr, v_stride_page=page_v[0], v_stride_tok=page_v[1], v_stride_head=page_v[2],
             o=ov.ptr, o_stride_tok=ov.strides[0], o_stride_head=ov.strides[1],
             lse=lv.ptr if lv is not None else 0,
-            partial_o=ws + self.layout.partial_o_offset(),
-            partial_lse=ws + self.layout.partial_lse_offset(self.num_qo_heads, self.head_dim),
-            plan=plan, num_qo_heads=self.num_qo_heads, group_size=self.group, heads_per_cta=self.group,
-            head_blocks=1, page_shift=self.page_size.bit_length() - 1,
-            sm_scale=scale, sm_scale_log2=scale * 1.4426950408889634, extra=extra)
+            sm_scale=scale, sm_scale_log2=scale * 1.4426950408889634, extra=extra, **self._fixed)
 
 
 class DecodeLaunch:
-    """A fully validated launch: calling it enqueues the decode kernel."""
+    """A fully validated launch: calling it enqueues the decode and merge kernels."""
 
     def __init__(self, wrapper: BatchDecodeWrapper, params: bytes, stream, out, lse, keep):
         self.wrapper, self.params, self.stream = wrapper, params, stream
@@ -229,7 +236,7 @@ class DecodeLaunch:
     def __call__(self, stream=None) -> None:
         w = self.wrapper
         w.kernels.launch(self.params, w.num_ctas, w.num_kv_heads, stream or self.stream,
-                         merge=w.planner.bounds.max_merge_rows > 0, pdl=w.pdl)
+                         merge=w._may_split, pdl=w.pdl)
 
 
 def _host(a) -> np.ndarray:
