@@ -36,8 +36,8 @@ def params_struct(spec: AttentionSpec) -> CStruct:
         Member("o", f"{t}*"), Member("o_stride_tok", i64), Member("o_stride_head", i64),
         Member("lse", "float*"), Member("partial_o", "float*"), Member("partial_lse", "float*"),
         Member("plan", "PlanPtrs", _plan_struct()),
-        Member("num_qo_heads", "int"), Member("group_size", "int"), Member("heads_per_cta", "int"),
-        Member("head_blocks", "int"), Member("page_shift", "int"),
+        Member("num_qo_heads", "int"), Member("group_size", "int"),
+        Member("merge_row_capacity", "int"), Member("page_shift", "int"),
         Member("sm_scale", "float"), Member("sm_scale_log2", "float"),
         Member("extra", "ExtraParams", extra),
     ]
@@ -54,11 +54,8 @@ def _q_bytes(spec: AttentionSpec) -> int:
 
 
 def decode_scratch_bytes(spec: AttentionSpec) -> int:
-    """The KV-stage area, reused at the end of each item by the warps' combine."""
-    d, warps = spec.head_dim, spec.num_warps
-    kv = spec.stages * 2 * warps * 16 * (d + 8) * 2
-    combine = warps * spec.rows * (d + 2) * 4
-    return max(kv, combine)
+    """The KV stages (the warps' combine reuses the one stage that is free at an item's end)."""
+    return spec.stages * 2 * spec.num_warps * 16 * (spec.head_dim + 8) * 2
 
 
 def min_blocks_per_sm(spec: AttentionSpec) -> int:

@@ -1,13 +1,18 @@
 // Persistent paged-KV decode attention on tensor cores (mma.sync m16n8k16).
 //
-// Grid (num_ctas, num_kv_heads * head_blocks), fixed for the life of a wrapper so a CUDA graph
-// stays valid while plans change. CTA (c, y) walks work queue c of the plan; each item is
-// (request, up to tile_q query tokens, KV token range). Head-group fusion: the g query heads
-// that share KV head y are folded into the row axis (rows = tokens x heads, at most 16*M_TILES),
-// so each K/V byte is loaded once for all of them. Each warp owns 16 of the block's tokens and
-// keeps its own online-softmax state; the warps' states are combined with the merge operator
-// at the end of the item, then written as final O (writethrough) or a float32 partial row that
-// the merge kernel (merge.cuh) folds in the plan's fixed order.
+// Grid (num_ctas, num_kv_heads), fixed for the life of a wrapper so a CUDA graph stays valid
+// while plans change. CTA (c, y) walks work queue c of the plan; each item is (request, up to
+// tile_q query tokens, KV token range). Head-group fusion: the g query heads that share KV head
+// y are folded into the row axis (rows = tokens x heads, at most 16*M_TILES), so each K/V byte
+// is loaded once for all of them. Each warp owns 16 of the block's tokens and keeps its own
+// online-softmax state; the warps' states are combined with the merge operator at the end of
+// the item, then written as final O (writethrough) or a float32 partial row that the merge
+// kernel (merge.cuh) folds in the plan's fixed order.
+//
+// The KV loads form one stream over all of the CTA's items: the loader runs STAGES-1 blocks
+// ahead of the compute and crosses item boundaries, so the next item's first blocks are in
+// flight while this item is combined and written. The page ids of the loader's next block are
+// read one block ahead, so issuing a block never waits on an L2 round trip.
 #pragma once
 #include "ptx.cuh"
 
@@ -20,13 +25,18 @@ struct DecodeShape {
   static constexpr int block_tokens = NUM_WARPS * 16;
   static constexpr int row_stride = HEAD_DIM + 8;  // +16 bytes: ldmatrix rows land on distinct banks
   static constexpr int vecs_per_row = HEAD_DIM / 8;
+  static constexpr int token_step = threads / vecs_per_row;         // tokens one pass of the CTA copies
+  static constexpr int load_iters = block_tokens / token_step;      // tokens each thread copies per block
   static constexpr int stage_elems = block_tokens * row_stride;
-  static constexpr int kv_bytes = STAGES * 2 * stage_elems * ELEM_BYTES;
+  static constexpr int stage_bytes = 2 * stage_elems * ELEM_BYTES;  // K and V of one block
+  static constexpr int kv_bytes = STAGES * stage_bytes;
   static constexpr int q_bytes = rows * row_stride * ELEM_BYTES;
-  static constexpr int combine_bytes = NUM_WARPS * rows * (HEAD_DIM + 2) * 4;
-  static constexpr int smem_bytes = q_bytes + (kv_bytes > combine_bytes ? kv_bytes : combine_bytes);
+  static constexpr int combine_bytes = NUM_WARPS * 16 * (HEAD_DIM + 2) * 4;  // one 16-row tile
+  static constexpr int smem_bytes = q_bytes + kv_bytes;
   static_assert(HEAD_DIM % 16 == 0, "head_dim must be a multiple of 16");
-  static_assert(threads % vecs_per_row == 0, "threads must cover whole rows");
+  static_assert(threads % vecs_per_row == 0 && block_tokens % token_step == 0, "threads must cover whole rows");
+  static_assert(STAGES >= 2, "the pipeline needs a stage to compute and one in flight");
+  static_assert(combine_bytes <= stage_bytes, "the combine must fit in the one stage that is free");
 };
 
 constexpr float kLog2e = 1.4426950408889634f;
@@ -38,21 +48,86 @@ __device__ __forceinline__ void decode_persistent(const P& p, char* smem) {
   constexpr int D = P::head_dim;
   using S = DecodeShape<D, M_TILES, NUM_WARPS, STAGES, sizeof(T)>;
   constexpr int KT = D / 16;  // k-steps of the QK product, also 16-wide column pairs of PV
+  constexpr int BT = S::block_tokens;
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const int kv_head = blockIdx.y / p.head_blocks;
-  const int head_block = blockIdx.y % p.head_blocks;
-  const int heads = p.heads_per_cta;  // query heads of this CTA's group slice
-  const int first_qo_head = kv_head * p.group_size + head_block * heads;
+  const int kv_head = blockIdx.y;
+  const int heads = p.group_size;  // query heads sharing this KV head, fused into rows
+  const int first_qo_head = kv_head * heads;
 
   T* q_smem = reinterpret_cast<T*>(smem);
   T* kv_smem = reinterpret_cast<T*>(smem + S::q_bytes);
-  float* combine = reinterpret_cast<float*>(smem + S::q_bytes);
 
-  // Programmatic dependent launch: everything below may read what the previous kernel wrote.
-  wait_for_previous_grid();
+  // Programmatic dependent launch: the plan (written by a host-to-device copy, which every
+  // kernel waits for in full) may be read before the previous kernel finishes; q, the KV cache
+  // and the workspace only after wait_for_previous_grid().
   const int item_begin = p.plan.work_indptr[blockIdx.x];
   const int item_end = p.plan.work_indptr[blockIdx.x + 1];
+
+  // ---- KV load stream. Block k of the stream goes to stage k % STAGES. The loader's item
+  // fields are read one item ahead (nx_*), its page ids one block ahead (ld_page).
+  int ld_item = item_begin, ld_blk = 0, ld_nblk = 0, ld_kv0 = 0, ld_kv1 = 0;
+  int nx_kv0 = 0, nx_kv1 = 0, nx_pages = 0;
+  const int* ld_pages = p.plan.kv_indices;
+  int ld_page[S::load_iters];
+  const int ld_vec = tid % S::vecs_per_row, ld_tok = tid / S::vecs_per_row;
+
+  auto peek_item = [&](int it) {
+    if (it < item_end) {
+      nx_kv0 = p.plan.item_kv_start[it];
+      nx_kv1 = p.plan.item_kv_end[it];
+      nx_pages = p.plan.item_kv_page_start[it];
+    }
+  };
+  auto enter_item = [&]() {  // ld_item <- first item at or after it with KV (empty ones have no blocks)
+    for (; ld_item < item_end; ++ld_item) {
+      ld_kv0 = nx_kv0;
+      ld_kv1 = nx_kv1;
+      ld_pages = p.plan.kv_indices + nx_pages;
+      peek_item(ld_item + 1);
+      if (ld_kv1 > ld_kv0) break;
+    }
+    ld_blk = 0;
+    ld_nblk = (ld_kv1 - ld_kv0 + BT - 1) / BT;
+  };
+  auto fetch_pages = [&]() {
+#pragma unroll
+    for (int i = 0; i < S::load_iters; ++i) {
+      const int pos = ld_kv0 + ld_blk * BT + ld_tok + i * S::token_step;
+      ld_page[i] = (ld_item < item_end && pos < ld_kv1) ? ld_pages[pos >> p.page_shift] : 0;
+    }
+  };
+  auto issue_block = [&](int stage) {  // one commit group per call, empty once the stream ends
+    if (ld_item < item_end) {
+      T* ks = kv_smem + stage * 2 * S::stage_elems;
+      T* vs = ks + S::stage_elems;
+#pragma unroll
+      for (int i = 0; i < S::load_iters; ++i) {
+        const int tok = ld_tok + i * S::token_step;
+        const int pos = ld_kv0 + ld_blk * BT + tok;
+        const int64_t page = ld_page[i], slot = pos & ((1 << p.page_shift) - 1);
+        const T* kp = p.k_cache + page * p.k_stride_page + slot * p.k_stride_tok + kv_head * p.k_stride_head + ld_vec * 8;
+        const T* vp = p.v_cache + page * p.v_stride_page + slot * p.v_stride_tok + kv_head * p.v_stride_head + ld_vec * 8;
+        cp_async_16(ks + tok * S::row_stride + ld_vec * 8, kp, pos < ld_kv1);
+        cp_async_16(vs + tok * S::row_stride + ld_vec * 8, vp, pos < ld_kv1);
+      }
+      if (++ld_blk == ld_nblk) {
+        ++ld_item;
+        enter_item();
+      }
+      fetch_pages();
+    }
+    cp_async_commit();
+  };
+
+  peek_item(ld_item);
+  enter_item();
+  fetch_pages();
+  wait_for_previous_grid();
+  allow_next_grid();  // a dependent kernel waits for this grid's completion anyway: launch it now
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) issue_block(s);
+  int blocks_done = 0;  // compute position in the stream: stage blocks_done % STAGES is next
 
   for (int item = item_begin; item < item_end; ++item) {
     const int b = p.plan.item_request[item];
@@ -61,57 +136,53 @@ __device__ __forceinline__ void decode_persistent(const P& p, char* smem) {
     const int kv_begin = p.plan.item_kv_start[item];
     const int kv_end = p.plan.item_kv_end[item];
     const int partial_row = p.plan.item_partial[item];
+    // Per-request values; loads the variant does not use are dead code and vanish.
     const int qo_len = p.plan.req_qo_len[b];
     const int kv_len = p.plan.req_kv_len[b];
     const int qo_idx0 = q_row0 - p.plan.req_qo_start[b];
-    const int* pages = p.plan.kv_indices + p.plan.req_kv_page_start[b];
     const int rows_valid = q_tokens * heads;
-    const int num_blocks = (kv_end - kv_begin + S::block_tokens - 1) / S::block_tokens;
+    const int num_blocks = (kv_end - kv_begin + BT - 1) / BT;
 
     Variant var;
     var.init(p, b, qo_len, kv_len);
 
-    // ---- KV block loader: every thread copies the same 16-byte column of several tokens.
-    auto load_block = [&](int blk, int stage) {
-      T* ks = kv_smem + stage * 2 * S::stage_elems;
-      T* vs = ks + S::stage_elems;
-      const int vec = tid % S::vecs_per_row;
+    // ---- Query rows (token t, head j) -> row t*heads + j, as T. Each thread handles 8-wide
+    // column chunks at d and d + D/2 (the pair a RoPE-style QueryTransform rotates together);
+    // all of its 16-byte loads are issued before any is used: one round trip per item.
+    constexpr int QV = D / 16;  // chunks per half row
+    constexpr int Q_ITERS = (S::rows * QV + S::threads - 1) / S::threads;
+    uint4 q_lo[Q_ITERS], q_hi[Q_ITERS];
 #pragma unroll
-      for (int i = 0; i < S::block_tokens * S::vecs_per_row / S::threads; ++i) {
-        const int tok = tid / S::vecs_per_row + i * (S::threads / S::vecs_per_row);
-        const int pos = kv_begin + blk * S::block_tokens + tok;
-        const bool valid = pos < kv_end;
-        int64_t page = 0, slot = 0;
-        if (valid) {
-          page = pages[pos >> p.page_shift];
-          slot = pos & ((1 << p.page_shift) - 1);
-        }
-        const T* kp = p.k_cache + page * p.k_stride_page + slot * p.k_stride_tok + kv_head * p.k_stride_head + vec * 8;
-        const T* vp = p.v_cache + page * p.v_stride_page + slot * p.v_stride_tok + kv_head * p.v_stride_head + vec * 8;
-        cp_async_16(ks + tok * S::row_stride + vec * 8, kp, valid);
-        cp_async_16(vs + tok * S::row_stride + vec * 8, vp, valid);
+    for (int k = 0; k < Q_ITERS; ++k) {
+      const int i = tid + k * S::threads, r = i / QV, c = (i % QV) * 8;
+      q_lo[k] = q_hi[k] = make_uint4(0u, 0u, 0u, 0u);
+      if (i < S::rows * QV && r < rows_valid) {
+        const T* qp = p.q + int64_t(q_row0 + r / heads) * p.q_stride_tok +
+                      int64_t(first_qo_head + r % heads) * p.q_stride_head + c;
+        q_lo[k] = *reinterpret_cast<const uint4*>(qp);
+        q_hi[k] = *reinterpret_cast<const uint4*>(qp + D / 2);
       }
-    };
-
-#pragma unroll
-    for (int s = 0; s < STAGES - 1; ++s) {
-      if (s < num_blocks) load_block(s, s);
-      cp_async_commit();
     }
-
-    // ---- Query rows (token t, head j) -> row t*heads + j; transform in float, store as T.
-    for (int i = tid; i < S::rows * (D / 2); i += S::threads) {
-      const int r = i / (D / 2), d = i % (D / 2);
-      float lo = 0.f, hi = 0.f;
-      if (r < rows_valid) {
-        const int t = r / heads, qo_head = first_qo_head + r % heads;
-        const T* qp = p.q + int64_t(q_row0 + t) * p.q_stride_tok + int64_t(qo_head) * p.q_stride_head;
-        lo = to_float(qp[d]);
-        hi = to_float(qp[d + D / 2]);
-        if constexpr (Variant::has_query_transform) var.QueryTransform(p, lo, hi, d, qo_idx0 + t, qo_head);
+#pragma unroll
+    for (int k = 0; k < Q_ITERS; ++k) {
+      const int i = tid + k * S::threads, r = i / QV, c = (i % QV) * 8;
+      if (i < S::rows * QV) {
+        if constexpr (Variant::has_query_transform) {
+          if (r < rows_valid) {
+            T* lo = reinterpret_cast<T*>(&q_lo[k]);
+            T* hi = reinterpret_cast<T*>(&q_hi[k]);
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+              float x = to_float(lo[j]), y = to_float(hi[j]);
+              var.QueryTransform(p, x, y, c + j, qo_idx0 + r / heads, first_qo_head + r % heads);
+              lo[j] = from_float<T>(x);
+              hi[j] = from_float<T>(y);
+            }
+          }
+        }
+        *reinterpret_cast<uint4*>(q_smem + r * S::row_stride + c) = q_lo[k];
+        *reinterpret_cast<uint4*>(q_smem + r * S::row_stride + c + D / 2) = q_hi[k];
       }
-      q_smem[r * S::row_stride + d] = from_float<T>(lo);
-      q_smem[r * S::row_stride + d + D / 2] = from_float<T>(hi);
     }
     __syncthreads();
     uint32_t qa[M_TILES][KT][4];
@@ -148,19 +219,15 @@ __device__ __forceinline__ void decode_persistent(const P& p, char* smem) {
       l_run[mi][0] = l_run[mi][1] = 0.f;
     }
 
-    for (int blk = 0; blk < num_blocks; ++blk) {
+    for (int blk = 0; blk < num_blocks; ++blk, ++blocks_done) {
       cp_async_wait<STAGES - 2>();
-      __syncthreads();
-      {
-        const int nxt = blk + STAGES - 1;
-        if (nxt < num_blocks) load_block(nxt, nxt % STAGES);
-        cp_async_commit();
-      }
-      T* ks = kv_smem + (blk % STAGES) * 2 * S::stage_elems;
+      __syncthreads();  // block blocks_done landed for everyone; everyone is past the previous one
+      issue_block((blocks_done + STAGES - 1) % STAGES);
+      T* ks = kv_smem + (blocks_done % STAGES) * 2 * S::stage_elems;
       T* vs = ks + S::stage_elems;
-      const int blk_pos0 = kv_begin + blk * S::block_tokens;
+      const int blk_pos0 = kv_begin + blk * BT;
       if constexpr (Variant::has_key_transform) {
-        for (int i = tid; i < S::block_tokens * (D / 2); i += S::threads) {
+        for (int i = tid; i < BT * (D / 2); i += S::threads) {
           const int tok = i / (D / 2), d = i % (D / 2);
           float lo = to_float(ks[tok * S::row_stride + d]), hi = to_float(ks[tok * S::row_stride + d + D / 2]);
           var.KeyTransform(p, lo, hi, d, blk_pos0 + tok, kv_head);
@@ -266,19 +333,20 @@ __device__ __forceinline__ void decode_persistent(const P& p, char* smem) {
         }
       }
     }
-    cp_async_wait<0>();
-    __syncthreads();  // every warp is done with the KV stages: reuse them for the combine
+    __syncthreads();  // every warp is done with the last block's stage
 
-    // ---- Combine the warps: combine[w][row][0..D) = O, [D] = m (log2), [D+1] = l.
+    // ---- Combine the warps, one 16-row tile at a time, in the stage of the last block computed:
+    // the loader refills it only after the next block's __syncthreads, and the stages that hold
+    // the next item's blocks are not touched. combine[w][row][0..D) = O, [D] = m (log2), [D+1] = l.
+    float* combine = reinterpret_cast<float*>(kv_smem + ((blocks_done + STAGES - 1) % STAGES) * 2 * S::stage_elems);
 #pragma unroll
-    for (int mi = 0; mi < M_TILES; ++mi)
+    for (int mi = 0; mi < M_TILES; ++mi) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         float l = l_run[mi][h];
         l += __shfl_xor_sync(0xffffffff, l, 1);
         l += __shfl_xor_sync(0xffffffff, l, 2);
-        const int r = mi * 16 + lane / 4 + 8 * h;
-        float* dst = combine + (warp * S::rows + r) * (D + 2);
+        float* dst = combine + (warp * 16 + lane / 4 + 8 * h) * (D + 2);
 #pragma unroll
         for (int dn = 0; dn < D / 8; ++dn) {
           const int d = dn * 8 + (lane % 4) * 2;
@@ -290,51 +358,53 @@ __device__ __forceinline__ void decode_persistent(const P& p, char* smem) {
           dst[D + 1] = l;
         }
       }
-    __syncthreads();
+      __syncthreads();
 
-    for (int i = tid; i < rows_valid * (D / 2); i += S::threads) {
-      const int r = i / (D / 2), d = (i % (D / 2)) * 2;
-      float m_max = -INFINITY;
+      const int tile_rows = min(16, rows_valid - mi * 16);
+      for (int i = tid; i < tile_rows * (D / 2); i += S::threads) {
+        const int r16 = i / (D / 2), d = (i % (D / 2)) * 2;
+        float m_max = -INFINITY;
 #pragma unroll
-      for (int w = 0; w < NUM_WARPS; ++w) m_max = fmaxf(m_max, combine[(w * S::rows + r) * (D + 2) + D]);
-      const float base = m_max == -INFINITY ? 0.f : m_max;
-      float l = 0.f, o0 = 0.f, o1 = 0.f;
+        for (int w = 0; w < NUM_WARPS; ++w) m_max = fmaxf(m_max, combine[(w * 16 + r16) * (D + 2) + D]);
+        const float base = m_max == -INFINITY ? 0.f : m_max;
+        float l = 0.f, o0 = 0.f, o1 = 0.f;
 #pragma unroll
-      for (int w = 0; w < NUM_WARPS; ++w) {
-        const float* src = combine + (w * S::rows + r) * (D + 2);
-        const float f = Variant::use_softmax ? fast_exp2(src[D] - base) : 1.f;
-        l += f * src[D + 1];
-        o0 += f * src[d];
-        o1 += f * src[d + 1];
-      }
-      // Natural-log LSE of the total weight; softmax O is normalized, sigmoid O is a plain sum.
-      const float lse = l > 0.f ? (base + __log2f(l)) * kLn2 : -INFINITY;
-      if (Variant::use_softmax) {
-        const float inv = l > 0.f ? 1.f / l : 0.f;
-        o0 *= inv;
-        o1 *= inv;
-      }
-      const int t = r / heads, qo_head = first_qo_head + r % heads;
-      if (partial_row < 0) {
-        if constexpr (Variant::has_output_transform) {
-          o0 = var.OutputTransform(p, o0, qo_head, d);
-          o1 = var.OutputTransform(p, o1, qo_head, d + 1);
+        for (int w = 0; w < NUM_WARPS; ++w) {
+          const float* src = combine + (w * 16 + r16) * (D + 2);
+          const float f = Variant::use_softmax ? fast_exp2(src[D] - base) : 1.f;
+          l += f * src[D + 1];
+          o0 += f * src[d];
+          o1 += f * src[d + 1];
         }
-        T* op = p.o + int64_t(q_row0 + t) * p.o_stride_tok + int64_t(qo_head) * p.o_stride_head + d;
-        op[0] = from_float<T>(o0);
-        op[1] = from_float<T>(o1);
-        if (p.lse != nullptr && d == 0) p.lse[int64_t(q_row0 + t) * p.num_qo_heads + qo_head] = lse;
-      } else {
-        const int64_t prow = int64_t(partial_row + t) * p.num_qo_heads + qo_head;
-        p.partial_o[prow * D + d] = o0;
-        p.partial_o[prow * D + d + 1] = o1;
-        if (d == 0) p.partial_lse[prow] = lse;
+        // Natural-log LSE of the total weight; softmax O is normalized, sigmoid O is a plain sum.
+        const float lse = l > 0.f ? (base + __log2f(l)) * kLn2 : -INFINITY;
+        if (Variant::use_softmax) {
+          const float inv = l > 0.f ? 1.f / l : 0.f;
+          o0 *= inv;
+          o1 *= inv;
+        }
+        const int r = mi * 16 + r16;
+        const int t = r / heads, qo_head = first_qo_head + r % heads;
+        if (partial_row < 0) {
+          if constexpr (Variant::has_output_transform) {
+            o0 = var.OutputTransform(p, o0, qo_head, d);
+            o1 = var.OutputTransform(p, o1, qo_head, d + 1);
+          }
+          T* op = p.o + int64_t(q_row0 + t) * p.o_stride_tok + int64_t(qo_head) * p.o_stride_head + d;
+          op[0] = from_float<T>(o0);
+          op[1] = from_float<T>(o1);
+          if (p.lse != nullptr && d == 0) p.lse[int64_t(q_row0 + t) * p.num_qo_heads + qo_head] = lse;
+        } else {
+          const int64_t prow = int64_t(partial_row + t) * p.num_qo_heads + qo_head;
+          p.partial_o[prow * D + d] = o0;
+          p.partial_o[prow * D + d + 1] = o1;
+          if (d == 0) p.partial_lse[prow] = lse;
+        }
       }
+      __syncthreads();  // the combine area is refilled by the loader (or the next tile's combine)
     }
-    __syncthreads();  // the combine area is the next item's first KV stages
   }
-  // Let a programmatically dependent launch (the next layer's kernel) start its prologue.
-  allow_next_grid();
+  cp_async_wait<0>();  // only empty groups remain: the stream ended with the last item
 }
 
 }  // namespace rtattn

@@ -14,23 +14,32 @@ __device__ __forceinline__ void merge_persistent(const P& p) {
   constexpr int D = P::head_dim;
   constexpr int PER_LANE = D / 32;
   constexpr int KU = 4;
-  wait_for_previous_grid();
+  // The plan is a host-to-device copy's output (complete before the previous kernel ran): its
+  // fields are read before wait_for_previous_grid(); the partials only after it.
+  allow_next_grid();  // a dependent kernel waits for this grid's completion anyway: launch it now
   const int num_rows = p.plan.plan_info[RTATTN_PLAN_INFO_NUM_MERGE_ROWS];
   const int warp = blockIdx.x * NUM_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
   const int H = p.num_qo_heads;
   Variant var;  // output transforms see only (params, value, head, d)
-  for (int job = warp; job < num_rows * H; job += gridDim.x * NUM_WARPS) {
+  for (int job = warp;; job += gridDim.x * NUM_WARPS) {
     const int r = job / H, head = job % H;
-    const int first = p.plan.merge_indptr[r], last = p.plan.merge_indptr[r + 1];
+    // The entry's fields are read before the row count arrives (one round trip, not two); the
+    // index is clamped to the plan's capacity so the early read stays inside the plan.
+    const int rc = min(r, p.merge_row_capacity - 1);
+    const int first = p.plan.merge_indptr[rc], last = p.plan.merge_indptr[rc + 1];
+    const int start = p.plan.merge_partial_start[rc], step = p.plan.merge_partial_stride[rc];
+    const int q_row = p.plan.merge_qo_row[rc];
+    if (r >= num_rows) break;
+    wait_for_previous_grid();  // returns at once after the first time
     float m = -INFINITY, w_sum = 0.f, acc[PER_LANE];
 #pragma unroll
     for (int j = 0; j < PER_LANE; ++j) acc[j] = 0.f;
-    for (int k0 = first; k0 < last; k0 += KU) {
+    for (int k0 = 0; k0 < last - first; k0 += KU) {
       float l[KU], v[KU][PER_LANE];
 #pragma unroll
       for (int kk = 0; kk < KU; ++kk) {
-        const bool ok = k0 + kk < last;
-        const int64_t prow = ok ? int64_t(p.plan.merge_partial[k0 + kk]) * H + head : 0;
+        const bool ok = k0 + kk < last - first;
+        const int64_t prow = ok ? int64_t(start + (k0 + kk) * step) * H + head : 0;
         l[kk] = ok ? p.partial_lse[prow] : -INFINITY;
 #pragma unroll
         for (int j = 0; j < PER_LANE; ++j) v[kk][j] = ok ? p.partial_o[prow * D + lane + 32 * j] : 0.f;
@@ -48,7 +57,6 @@ __device__ __forceinline__ void merge_persistent(const P& p) {
       }
     }
     const float inv = (Variant::use_softmax && w_sum > 0.f) ? 1.f / w_sum : 1.f;
-    const int q_row = p.plan.merge_qo_row[r];
     T* dst = p.o + int64_t(q_row) * p.o_stride_tok + int64_t(head) * p.o_stride_head;
 #pragma unroll
     for (int j = 0; j < PER_LANE; ++j) {
@@ -59,7 +67,6 @@ __device__ __forceinline__ void merge_persistent(const P& p) {
     if (p.lse != nullptr && lane == 0)
       p.lse[int64_t(q_row) * H + head] = w_sum > 0.f ? (m == -INFINITY ? 0.f : m) + __logf(w_sum) : -INFINITY;
   }
-  allow_next_grid();
 }
 
 }  // namespace rtattn

@@ -2,13 +2,16 @@
 
 Split-KV partials are merged by a small persistent merge kernel right after the decode kernel.
 (Merging inside the decode kernel -- the last CTA of a split row merges it -- was measured
-slower on every small-batch row: docs/perf-log.md.) Launches use programmatic dependent launch (PDL) on sm_90: the GPU may start a
-kernel while the previous one on the stream drains; each kernel waits (griddepcontrol.wait)
-before touching memory, so results are unchanged.
+slower on every small-batch row: docs/perf-log.md.) Launches use programmatic dependent launch (PDL) on sm_90: each kernel lets its dependent
+launch at once (griddepcontrol.launch_dependents), so the next kernel on the stream starts
+while this one runs; it reads only the plan (an H2D copy's output, complete before either
+kernel started) until griddepcontrol.wait, which returns when the previous kernel has finished
+and its writes are visible. Results are unchanged.
 """
 from __future__ import annotations
 
 import functools
+import os
 
 from cuda.bindings import driver as cu
 
@@ -23,7 +26,8 @@ MERGE_CTAS_PER_SM = 2
 def compile_spec(spec: AttentionSpec, arch: str, quiet: bool | None = None) -> tuple[Rendered, bytes]:
     """Render and compile to CUBIN (through the on-disk cache); needs no GPU."""
     rendered = render(spec)
-    cubin = compile_to_cubin(rendered.source, name=spec.uri, arch=arch, options=COMPILE_OPTIONS, quiet=quiet)
+    dev = tuple(os.environ.get("RTATTN_DEV_DEFINES", "").split())  # -D flags for A/B experiments
+    cubin = compile_to_cubin(rendered.source, name=spec.uri, arch=arch, options=COMPILE_OPTIONS + dev, quiet=quiet)
     return rendered, bytes(cubin)
 
 

@@ -30,7 +30,7 @@ def expect_inner_contiguous(name: str, t) -> None:
 
 
 def expect_vector_aligned(name: str, t, nbytes: int = 16) -> None:
-    """The KV loads are 16-byte cp.async copies: the base and every outer stride must be aligned."""
+    """The q and KV loads are 16-byte vector copies: the base and every outer stride must be aligned."""
     if t.ptr % nbytes or any((s * t.itemsize) % nbytes for s in t.strides[:-1]):
         raise ValueError(f"{name}: base pointer and strides must be {nbytes}-byte aligned for vector loads "
                          f"(ptr=0x{t.ptr:x}, strides={t.strides} elements of {t.itemsize} bytes)")

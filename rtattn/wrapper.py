@@ -142,6 +142,7 @@ class BatchDecodeWrapper:
         qv = cuda_tensor("q", q, stream, dtype=dt, ndim=3)
         expect_shape("q", qv, (n_tok, H, D))
         expect_inner_contiguous("q", qv)
+        expect_vector_aligned("q", qv)
         kv = self._caches(k_cache, v_cache, stream)
         if out is None:
             out = DeviceBuffer(max(n_tok, 1) * H * D * 2, self.device).as_tensor(dt, (n_tok, H, D), stream=stream)
@@ -210,8 +211,9 @@ class BatchDecodeWrapper:
             partial_o=ws + self.layout.partial_o_offset(),
             partial_lse=ws + self.layout.partial_lse_offset(self.num_qo_heads, self.head_dim),
             plan={name: ws + off for name, off in self.layout.offsets.items()},
-            num_qo_heads=self.num_qo_heads, group_size=self.group, heads_per_cta=self.group,
-            head_blocks=1, page_shift=self.page_size.bit_length() - 1)
+            num_qo_heads=self.num_qo_heads, group_size=self.group,
+            merge_row_capacity=max(1, self.layout.bounds.max_merge_rows),
+            page_shift=self.page_size.bit_length() - 1)
 
     def _pack(self, qv, kv, ov, lv, scale: float, extra: dict) -> bytes:
         kt, vt = kv

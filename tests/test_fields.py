@@ -17,8 +17,8 @@ def test_field_order_is_the_contract():
     assert F.FIELD_NAMES == (
         "req_qo_start", "req_qo_len", "req_kv_page_start", "req_kv_len", "kv_indices",
         "work_indptr", "item_request", "item_qo_start", "item_qo_len", "item_kv_start",
-        "item_kv_end", "item_partial", "merge_indptr", "merge_qo_row", "merge_partial",
-        "plan_info")
+        "item_kv_end", "item_partial", "item_kv_page_start", "merge_indptr", "merge_qo_row",
+        "merge_partial_start", "merge_partial_stride", "plan_info")
     assert all(f.dtype == np.int32 for f in F.PLAN_FIELDS)
 
 
@@ -34,7 +34,7 @@ def test_offsets_aligned_disjoint_and_capacities(mode):
     assert lay.plan_bytes >= prev_end and lay.plan_bytes % F.ALIGN == 0
     assert lay.capacity["work_indptr"] == b.num_ctas + 1
     assert lay.capacity["item_request"] == b.max_items
-    assert lay.capacity["merge_partial"] == b.max_partial_rows
+    assert lay.capacity["merge_partial_start"] == b.max_merge_rows
     assert lay.capacity["merge_indptr"] == b.max_merge_rows + 1
     assert lay.capacity["plan_info"] == F.PLAN_INFO_LEN
 

@@ -133,10 +133,11 @@ def test_batch_invariant_request_items_independent_of_batch(seed, batch, ps):
                 for t in range(int(v["item_qo_len"][i])):
                     kvs[pr + t] = int(v["item_kv_start"][i])
         out = []
+        flat = F.merge_partials(v, info.num_merge_rows)
         for r in range(info.num_merge_rows):
             row = int(v["merge_qo_row"][r])
             if row < qo[0]:
-                ids = v["merge_partial"][v["merge_indptr"][r]:v["merge_indptr"][r + 1]]
+                ids = flat[v["merge_indptr"][r]:v["merge_indptr"][r + 1]]
                 out.append((row, [kvs[int(x)] for x in ids]))
         return out
     assert merge_kv(info1) == merge_kv(info2)
@@ -284,12 +285,13 @@ def test_reused_dirty_buffer_gives_the_same_plan_prefix(w, seed):
     info = p.plan(*args, out=dirty)
     verify_plan(info.views, w["qo"], w["kv"], tile_q=p.tile_q, page_size=w["page_size"],
                 causal=w["causal"])
-    n, m, P, B = info.num_items, info.num_merge_rows, info.num_partial_rows, info.batch
+    n, m, B = info.num_items, info.num_merge_rows, info.batch
     used = {"req_qo_start": B, "req_qo_len": B, "req_kv_page_start": B, "req_kv_len": B,
             "kv_indices": int(args[1][-1]), "work_indptr": p.num_ctas + 1,
             "item_request": n, "item_qo_start": n, "item_qo_len": n, "item_kv_start": n,
-            "item_kv_end": n, "item_partial": n, "merge_indptr": m + 1, "merge_qo_row": m,
-            "merge_partial": P, "plan_info": F.PLAN_INFO_LEN}
+            "item_kv_end": n, "item_partial": n, "item_kv_page_start": n,
+            "merge_indptr": m + 1, "merge_qo_row": m, "merge_partial_start": m,
+            "merge_partial_stride": m, "plan_info": F.PLAN_INFO_LEN}
     for name, k in used.items():
         assert np.array_equal(info.views[name][:k], fresh.views[name][:k]), name
 

@@ -79,6 +79,7 @@ def test_hnd_layout_and_combined_kv_cache(fake_gpu):
     (dict(q=cuda((3, 32, 128), dtype="float16")), "dtype float16"),
     (dict(k=cuda((2, 16, 8, 128), ptr=1 << 32)), "holds 2 pages"),
     (dict(k=cuda((40, 16, 8, 128), ptr=(1 << 32) + 8)), "16-byte aligned"),
+    (dict(q=cuda((3, 32, 128), strides=(32 * 128 + 4, 128, 1))), "q: base pointer and strides"),
     (dict(q=np.zeros((3, 32, 128), np.float16)), "CUDA device memory"),
     (dict(o=cuda((3, 32, 128), ptr=1 << 34, strides=(4096, 1, 32))), "contiguous"),
 ])

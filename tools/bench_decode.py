@@ -272,11 +272,18 @@ def bench_flashinfer(ctx, x: Inputs, tc: bool) -> dict:
 
 
 def rt_config(name: str) -> dict:
-    """'MODE[+nopdl]' -> BatchDecodeWrapper keyword arguments."""
+    """'MODE[+nopdl][+D<NAME>...]' -> BatchDecodeWrapper keyword arguments. '+DX' compiles the
+    kernels with -DX (experiments behind a #ifdef, A/B in one run; kernels.py reads
+    RTATTN_DEV_DEFINES)."""
     mode, *flags = name.split("+")
-    unknown = set(flags) - {"nopdl"}
+    defines = " ".join("-" + f for f in flags if f.startswith("D"))
+    unknown = {f for f in flags if not f.startswith("D")} - {"nopdl"}
     if unknown:
         raise ValueError(f"unknown rtattn config flags {sorted(unknown)} in {name!r}")
+    if os.environ.get("RTATTN_DEV_DEFINES", "") != defines:
+        from rtattn.kernels import decode_kernels
+        os.environ["RTATTN_DEV_DEFINES"] = defines
+        decode_kernels.cache_clear()
     return dict(mode=mode, pdl="nopdl" not in flags)
 
 

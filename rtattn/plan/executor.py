@@ -78,7 +78,8 @@ def execute_plan(views: dict, q, k_cache, v_cache, var: Variant = Variant(),
             else:
                 PO[p:p + ql], PL[p:p + ql] = o, lse
     merge = merge_sigmoid if var.sigmoid else merge_states
-    mi, mrow, mpart = views["merge_indptr"], views["merge_qo_row"], views["merge_partial"]
+    mi, mrow = views["merge_indptr"], views["merge_qo_row"]
+    mpart = F.merge_partials(views, h["num_merge_rows"])
     for r in range(h["num_merge_rows"]):
         ids = mpart[int(mi[r]):int(mi[r + 1])]
         o, lse = PO[ids[0]], PL[ids[0]]

@@ -185,12 +185,16 @@ PLAN_FIELDS: tuple[PlanField, ...] = (
        "one past the last KV token of the chunk (== start only for empty KV)"),
     _f("item_partial", lambda b: b.max_items, "max_items",
        "-1: writethrough final O/LSE; else first partial row p (rows p..p+qo_len-1)"),
+    _f("item_kv_page_start", lambda b: b.max_items, "max_items",
+       "req_kv_page_start of the item's request (the KV loader reads no request field)"),
     _f("merge_indptr", lambda b: b.max_merge_rows + 1, "max_merge_rows + 1",
-       "merge entry r reads merge_partial[merge_indptr[r]:merge_indptr[r+1]]"),
+       "merge entry r folds n_r = merge_indptr[r+1] - merge_indptr[r] partial rows"),
     _f("merge_qo_row", lambda b: b.max_merge_rows, "max_merge_rows",
        "global query row written by merge entry r"),
-    _f("merge_partial", lambda b: b.max_partial_rows, "max_partial_rows",
-       "partial row ids, ascending KV order within an entry (the fixed merge order)"),
+    _f("merge_partial_start", lambda b: b.max_merge_rows, "max_merge_rows",
+       "entry r's j-th partial row is start[r] + j * stride[r], j < n_r: ascending KV order"),
+    _f("merge_partial_stride", lambda b: b.max_merge_rows, "max_merge_rows",
+       "(1 for decode; the tile's query length when a tile holds several rows)"),
     _f("plan_info", lambda b: PLAN_INFO_LEN, str(PLAN_INFO_LEN),
        "header: " + ", ".join(PLAN_INFO_NAMES)),
 )
@@ -282,6 +286,19 @@ class PlanLayout:
         """(name, dtype, capacity, offset, formula) per field, declaration order."""
         return [(f.name, str(f.dtype), self.capacity[f.name], self.offsets[f.name], f.formula)
                 for f in PLAN_FIELDS]
+
+
+def merge_partials(views: dict, num_merge_rows: int) -> np.ndarray:
+    """Every merge entry's partial rows, flattened in entry order (entry r's slice is
+    merge_indptr[r]:merge_indptr[r+1]), from the start/stride form the kernel reads."""
+    M = num_merge_rows
+    if M == 0:
+        return np.zeros(0, np.int64)
+    mi = views["merge_indptr"][:M + 1].astype(np.int64)
+    owner = np.repeat(np.arange(M), np.diff(mi))
+    j = np.arange(int(mi[-1])) - mi[owner]
+    return (views["merge_partial_start"][:M].astype(np.int64)[owner]
+            + j * views["merge_partial_stride"][:M].astype(np.int64)[owner])
 
 
 def c_struct() -> str:

@@ -376,7 +376,7 @@ class Planner:
             self._check_merge(M)
             cnt = nchunk[st]
             m_row = t_qs[st]
-            m_part = self._ar[:P]
+            m_start, m_stride = pbase[st], np.ones(M, dtype=np.int64)
         else:
             qst = t_qlen[st]
             M = int(_ADD(qst, dtype=np.int64))
@@ -385,13 +385,11 @@ class Planner:
             e_tile = st[e_tile_i]
             cnt = nchunk[e_tile]
             m_row = t_qs[e_tile] + e_r
-            p_owner, p_j = _repeat_index(cnt, self._ar)
-            e_base = pbase[e_tile] + e_r
-            m_part = e_base[p_owner] + p_j * t_qlen[e_tile][p_owner]
+            m_start, m_stride = pbase[e_tile] + e_r, t_qlen[e_tile]
         m_indptr = np.zeros(M + 1, dtype=np.int64)
         _ACC(cnt, out=m_indptr[1:])
-        res.update(m_indptr=m_indptr, m_row=m_row, m_part=m_part, merge_rows=M,
-                   partial_rows=P, split_tiles=int(st.shape[0]))
+        res.update(m_indptr=m_indptr, m_row=m_row, m_start=m_start, m_stride=m_stride,
+                   merge_rows=M, partial_rows=P, split_tiles=int(st.shape[0]))
 
     def _check_merge(self, M):
         if M > self.bounds.max_merge_rows:
@@ -410,11 +408,13 @@ class Planner:
         wi[0] = 0
         _ACC(it["counts"], out=wi[1:C + 1])
         v["_items"][:, :n] = it["items"][:, it["final"]]
+        np.take(batch.kv_indptr, v["item_request"][:n], out=v["item_kv_page_start"][:n])
         m = it["merge_rows"]
         v["merge_indptr"][0] = 0
         if m:
             v["merge_indptr"][:m + 1] = it["m_indptr"]
             v["merge_qo_row"][:m] = it["m_row"]
-            v["merge_partial"][:it["partial_rows"]] = it["m_part"]
+            v["merge_partial_start"][:m] = it["m_start"]
+            v["merge_partial_stride"][:m] = it["m_stride"]
         v["plan_info"][:] = (n, m, it["partial_rows"], B, self.tile_q,
                              self.page_size, C, int(batch.qo_indptr[-1]))

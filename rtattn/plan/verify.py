@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from .executor import plan_header
+from .fields import merge_partials
 
 
 def _fail(msg):
@@ -43,6 +44,8 @@ def verify_plan(views: dict, qo_len, kv_len, *, tile_q: int, page_size: int,
     part = views["item_partial"][:n].astype(np.int64)
     if ((req < 0) | (req >= B)).any():
         _fail("item_request out of range")
+    if (views["item_kv_page_start"][:n] != views["req_kv_page_start"][req]).any():
+        _fail("item_kv_page_start disagrees with its request's req_kv_page_start")
     if ((ql < 1) | (ql > tile_q)).any():
         _fail("item_qo_len outside [1, tile_q]")
     if ((qs < qo_start[req]) | (qs + ql > qo_start[req] + qo_len[req])).any():
@@ -92,7 +95,7 @@ def verify_plan(views: dict, qo_len, kv_len, *, tile_q: int, page_size: int,
     # Merge map.
     mi = views["merge_indptr"][:M + 1].astype(np.int64) if M else np.zeros(1, np.int64)
     mrow = views["merge_qo_row"][:M].astype(np.int64)
-    mp = views["merge_partial"][:P].astype(np.int64)
+    mp = merge_partials(views, M)
     if mi[0] != 0 or mi[-1] != P or (np.diff(mi) < 2).any():
         _fail("merge_indptr malformed (each entry needs >= 2 partials)")
     # expected: for each partial row, its (global row, kv_start)
