@@ -71,6 +71,7 @@ __device__ __forceinline__ void decode_persistent(const P& p, char* smem) {
   const int* ld_pages = p.plan.kv_indices;
   int ld_page[S::load_iters];
   const int ld_vec = tid % S::vecs_per_row, ld_tok = tid / S::vecs_per_row;
+  const uint64_t kv_policy = evict_first_policy();
 
   auto peek_item = [&](int it) {
     if (it < item_end) {
@@ -108,8 +109,8 @@ __device__ __forceinline__ void decode_persistent(const P& p, char* smem) {
         const int64_t page = ld_page[i], slot = pos & ((1 << p.page_shift) - 1);
         const T* kp = p.k_cache + page * p.k_stride_page + slot * p.k_stride_tok + kv_head * p.k_stride_head + ld_vec * 8;
         const T* vp = p.v_cache + page * p.v_stride_page + slot * p.v_stride_tok + kv_head * p.v_stride_head + ld_vec * 8;
-        cp_async_16(ks + tok * S::row_stride + ld_vec * 8, kp, pos < ld_kv1);
-        cp_async_16(vs + tok * S::row_stride + ld_vec * 8, vp, pos < ld_kv1);
+        cp_async_16_stream(ks + tok * S::row_stride + ld_vec * 8, kp, pos < ld_kv1, kv_policy);
+        cp_async_16_stream(vs + tok * S::row_stride + ld_vec * 8, vp, pos < ld_kv1, kv_policy);
       }
       if (++ld_blk == ld_nblk) {
         ++ld_item;

@@ -1,8 +1,8 @@
 // Split-KV merge kernel, launched right after the decode kernel (PDL lets it start while the
-// decode kernel drains). One warp per (merge row, query head), lanes split head_dim; the
-// partials are folded in the plan's fixed order with an online rescale, KU at a time so their
-// loads are in flight together. The grid is fixed (a persistent loop over rows), so it is
-// captured once and replayed for any plan.
+// decode kernel drains). One warp per (merge row, query head, 32 columns), a column per lane,
+// so rows with few partials still occupy many warps; the partials are folded in the plan's
+// fixed order with an online rescale, KU at a time so their loads are in flight together. The
+// grid is fixed (a persistent loop over jobs), so it is captured once and replayed for any plan.
 #pragma once
 #include "ptx.cuh"
 
@@ -12,8 +12,8 @@ template <class Variant, class P, int NUM_WARPS>
 __device__ __forceinline__ void merge_persistent(const P& p) {
   using T = typename P::DType;
   constexpr int D = P::head_dim;
-  constexpr int PER_LANE = D / 32;
-  constexpr int KU = 4;
+  constexpr int SLICES = D / 32;  // a job is (merge row, head, 32 columns): one per lane
+  constexpr int KU = 16;  // partials whose loads are in flight together (8 measured the same)
   // The plan is a host-to-device copy's output (complete before the previous kernel ran): its
   // fields are read before wait_for_previous_grid(); the partials only after it.
   allow_next_grid();  // a dependent kernel waits for this grid's completion anyway: launch it now
@@ -22,7 +22,7 @@ __device__ __forceinline__ void merge_persistent(const P& p) {
   const int H = p.num_qo_heads;
   Variant var;  // output transforms see only (params, value, head, d)
   for (int job = warp;; job += gridDim.x * NUM_WARPS) {
-    const int r = job / H, head = job % H;
+    const int r = job / (H * SLICES), head = job / SLICES % H, d = job % SLICES * 32 + lane;
     // The entry's fields are read before the row count arrives (one round trip, not two); the
     // index is clamped to the plan's capacity so the early read stays inside the plan.
     const int rc = min(r, p.merge_row_capacity - 1);
@@ -31,40 +31,39 @@ __device__ __forceinline__ void merge_persistent(const P& p) {
     const int q_row = p.plan.merge_qo_row[rc];
     if (r >= num_rows) break;
     wait_for_previous_grid();  // returns at once after the first time
-    float m = -INFINITY, w_sum = 0.f, acc[PER_LANE];
-#pragma unroll
-    for (int j = 0; j < PER_LANE; ++j) acc[j] = 0.f;
-    for (int k0 = 0; k0 < last - first; k0 += KU) {
-      float l[KU], v[KU][PER_LANE];
+    const int n = last - first;
+    float m = -INFINITY, w_sum = 0.f, acc = 0.f;
+    for (int k0 = 0; k0 < n; k0 += KU) {
+      float l[KU], v[KU];
 #pragma unroll
       for (int kk = 0; kk < KU; ++kk) {
-        const bool ok = k0 + kk < last - first;
+        const bool ok = k0 + kk < n;
         const int64_t prow = ok ? int64_t(start + (k0 + kk) * step) * H + head : 0;
         l[kk] = ok ? p.partial_lse[prow] : -INFINITY;
-#pragma unroll
-        for (int j = 0; j < PER_LANE; ++j) v[kk][j] = ok ? p.partial_o[prow * D + lane + 32 * j] : 0.f;
+        v[kk] = ok ? p.partial_o[prow * D + d] : 0.f;
       }
+      // Fold the round into the running state: round max, then independent weights, then sums
+      // in a fixed order (short dependency chains; the same plan gives the same bits).
+      float m_new = m;
 #pragma unroll
-      for (int kk = 0; kk < KU; ++kk) {  // fold in order: online rescale to the running max
-        const float m_new = fmaxf(m, l[kk]);
-        const float base = m_new == -INFINITY ? 0.f : m_new;
-        const float scale = __expf(m - base), w = __expf(l[kk] - base);
-        w_sum = w_sum * scale + w;
+      for (int kk = 0; kk < KU; ++kk) m_new = fmaxf(m_new, l[kk]);
+      const float base = m_new == -INFINITY ? 0.f : m_new;
+      const float scale = __expf(m - base);
+      float w_round = 0.f, o_round = 0.f;
 #pragma unroll
-        for (int j = 0; j < PER_LANE; ++j)
-          acc[j] = Variant::use_softmax ? acc[j] * scale + w * v[kk][j] : acc[j] + v[kk][j];
-        m = m_new;
+      for (int kk = 0; kk < KU; ++kk) {
+        const float w = __expf(l[kk] - base);  // 0 for the padding entries (l = -inf)
+        w_round += w;
+        o_round += Variant::use_softmax ? w * v[kk] : v[kk];
       }
+      w_sum = w_sum * scale + w_round;
+      acc = Variant::use_softmax ? acc * scale + o_round : acc + o_round;
+      m = m_new;
     }
-    const float inv = (Variant::use_softmax && w_sum > 0.f) ? 1.f / w_sum : 1.f;
-    T* dst = p.o + int64_t(q_row) * p.o_stride_tok + int64_t(head) * p.o_stride_head;
-#pragma unroll
-    for (int j = 0; j < PER_LANE; ++j) {
-      float x = acc[j] * inv;
-      if constexpr (Variant::has_output_transform) x = var.OutputTransform(p, x, head, lane + 32 * j);
-      dst[lane + 32 * j] = from_float<T>(x);
-    }
-    if (p.lse != nullptr && lane == 0)
+    float x = acc * ((Variant::use_softmax && w_sum > 0.f) ? 1.f / w_sum : 1.f);
+    if constexpr (Variant::has_output_transform) x = var.OutputTransform(p, x, head, d);
+    p.o[int64_t(q_row) * p.o_stride_tok + int64_t(head) * p.o_stride_head + d] = from_float<T>(x);
+    if (p.lse != nullptr && d == 0)
       p.lse[int64_t(q_row) * H + head] = w_sum > 0.f ? (m == -INFINITY ? 0.f : m) + __logf(w_sum) : -INFINITY;
   }
 }

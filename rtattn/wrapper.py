@@ -42,7 +42,7 @@ class BatchDecodeWrapper:
     def __init__(self, num_qo_heads: int, num_kv_heads: int, head_dim: int, page_size: int, *,
                  max_batch: int, max_pages: int, max_qo_tokens: int | None = None,
                  variant="plain", dtype: str = "bfloat16", kv_layout: str = "NHD",
-                 mode: str = "balanced", chunk_tokens: int = 2048, pdl: bool = True, device=None, workspace=None):
+                 mode: str = "auto", chunk_tokens: int = 2048, pdl: bool = True, device=None, workspace=None):
         if page_size < 1 or page_size & (page_size - 1):
             raise ValueError(f"page_size={page_size}: the decode kernel needs a power of two")
         if kv_layout not in KV_LAYOUTS:

@@ -5,7 +5,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rtattn.plan import fields as F
-from rtattn.plan.inspector import COST_ALPHA, COST_BETA, COST_GAMMA, Planner
+from rtattn.plan.inspector import AUTO_IMBALANCE, COST_ALPHA, COST_BETA, COST_GAMMA, Planner
 from rtattn.plan.layout import indptr_from_lengths, paged_kv
 from rtattn.plan.verify import verify_plan
 
@@ -151,6 +151,20 @@ def test_balanced_beats_naive_on_skew():
         p = Planner(64, 64, 4096, 32, 8, 128, 16, mode=mode, max_qo_len=1)
         loads[mode] = p.plan_lengths(qo, kv).max_load
     assert loads["balanced"] * 4 < loads["naive"]
+
+
+@pytest.mark.parametrize("kv, picks", [
+    ([1024] * 16, "balanced"),                        # equal chunks: LPT is exact
+    (list(np.linspace(512, 1024, 16).astype(int)), "contiguous"),   # 72 uneven chunks on 66 CTAs
+])
+def test_auto_takes_contiguous_only_past_the_imbalance_threshold(kv, picks):
+    qo = np.ones(len(kv), int)
+    plans = {m: Planner(16, 16, 4096, 32, 4, 128, 16, mode=m, max_qo_len=1, num_ctas=66).plan_lengths(qo, kv)
+             for m in ("auto", "balanced", "contiguous")}
+    bal = plans["balanced"].cta_loads
+    assert (bal.max() > AUTO_IMBALANCE * bal.mean()) == (picks == "contiguous")
+    assert np.array_equal(plans["auto"].cta_loads, plans[picks].cta_loads)
+    assert plans["auto"].max_load <= plans["balanced"].max_load
 
 
 @SETTINGS

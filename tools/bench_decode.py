@@ -287,7 +287,7 @@ def rt_config(name: str) -> dict:
     return dict(mode=mode, pdl="nopdl" not in flags)
 
 
-def bench_rtattn(ctx, x: Inputs, config: str = "balanced") -> dict:
+def bench_rtattn(ctx, x: Inputs, config: str = "auto") -> dict:
     import torch
     from rtattn.wrapper import BatchDecodeWrapper
     row = x.row
@@ -409,7 +409,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rows", nargs="+", metavar="NAME", help="row names or glob patterns")
     ap.add_argument("--no-flashinfer", action="store_true", help="skip the FlashInfer pass")
     ap.add_argument("--no-rtattn", action="store_true", help="skip the rtattn pass")
-    ap.add_argument("--rt-modes", nargs="+", default=["balanced"],
+    ap.add_argument("--rt-modes", nargs="+", default=["auto"],
                     help="rtattn configs MODE[+nopdl] (planner mode, no PDL); "
                          "the first fills the table, the others are logged")
     ap.add_argument("--samples", type=int, default=30, help="graph replays timed per measurement")

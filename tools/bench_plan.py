@@ -43,7 +43,7 @@ def main(argv=None):
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--page-size", type=int, default=16)
     ap.add_argument("--reps", type=int, default=400)
-    ap.add_argument("--mode", default="balanced")
+    ap.add_argument("--mode", default="auto")
     a = ap.parse_args(argv)
     hq, hk = (int(x) for x in a.heads.split("/"))
     rng = np.random.default_rng(0)

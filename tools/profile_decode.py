@@ -22,7 +22,7 @@ import bench_decode as bd  # noqa: E402
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("row", help="a bench_decode row name")
-    ap.add_argument("--config", default="balanced", help="rtattn config MODE[+flags] (bench_decode --rt-modes)")
+    ap.add_argument("--config", default="auto", help="rtattn config MODE[+flags] (bench_decode --rt-modes)")
     ap.add_argument("--calls", type=int, default=3)
     args = ap.parse_args(argv)
     import torch

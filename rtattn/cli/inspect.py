@@ -19,7 +19,7 @@ from rtattn.plan.fields import MODES
 
 # The embedded workload: a serving-shaped decode step (heavy-tailed contexts).
 DEFAULT = dict(batch=64, kv_dist="zipf:1024", qo_len=1, heads="32/8", head_dim=128,
-               page_size=16, device="h200", mode="contiguous", seed=0)
+               page_size=16, device="h200", mode="auto", seed=0)
 MAX_KV = 32768
 
 

@@ -2,7 +2,7 @@
 
     from rtattn.plan import Planner
     p = Planner(max_batch, max_qo_tokens, max_pages, H_qo, H_kv, D, page_size,
-                device="h200", mode="balanced")
+                device="h200", mode="auto")
     info = p.plan(qo_indptr, kv_indptr, kv_indices, kv_last_page_len, out=pinned_u8)
 """
 from .devices import DEVICES, Device, from_props, get_device

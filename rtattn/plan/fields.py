@@ -38,7 +38,7 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-MODES = ("balanced", "contiguous", "naive", "batch-invariant")
+MODES = ("auto", "balanced", "contiguous", "naive", "batch-invariant")
 
 
 @dataclass(frozen=True)
@@ -76,7 +76,7 @@ class PlanBounds:
     max_pages: int
     num_ctas: int
     tile_q: int
-    mode: str = "balanced"
+    mode: str = "auto"
     page_size: int = 1
     chunk_tokens: int = 0   # batch-invariant chunk C (multiple of page_size)
     max_qo_len: int = 0     # per-request query-length bound (0 = max_qo_tokens)

@@ -41,6 +41,7 @@ from .tiles import TileConfig, num_ctas_for, select_tile
 COST_ALPHA = 4
 COST_BETA = 1
 COST_GAMMA = 64
+AUTO_IMBALANCE = 1.06  # mode "auto": slowest CTA / mean load above which contiguous is tried
 MIN_CHUNK_TOKENS = 128
 DEFAULT_CHUNK_TOKENS = 2048   # batch-invariant chunk
 
@@ -125,12 +126,12 @@ class Planner:
     """Build once per serving configuration; call plan() once per step.
 
     Planner(max_batch, max_qo_tokens, max_pages, num_qo_heads, num_kv_heads,
-            head_dim, page_size, device="h200", mode="balanced", ...)
+            head_dim, page_size, device="h200", mode="auto", ...)
     """
 
     def __init__(self, max_batch: int, max_qo_tokens: int, max_pages: int,
                  num_qo_heads: int, num_kv_heads: int, head_dim: int, page_size: int, *,
-                 device="h200", mode: str = "balanced", causal: bool = False,
+                 device="h200", mode: str = "auto", causal: bool = False,
                  tile: TileConfig | None = None, kernel: str = "decode",
                  max_rows: int | None = None, max_qo_len: int | None = None,
                  num_ctas: int | None = None, chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
@@ -308,6 +309,16 @@ class Planner:
         if res["partial_rows"] > bb.max_partial_rows:
             raise ValueError(f"plan needs {res['partial_rows']} partial rows, exceeding "
                              f"max_partial_rows={bb.max_partial_rows}")
+        if mode == "auto":
+            # LPT over Algorithm 1's chunks leaves one CTA a chunk above the mean when chunks
+            # barely outnumber CTAs; past AUTO_IMBALANCE the contiguous partition (every CTA
+            # within a page of the mean, more split rows) was faster on the H200
+            # (docs/perf-log.md), so take it when its slowest CTA is lighter.
+            top = int(_MAX(res["loads"]))
+            if top * C > AUTO_IMBALANCE * int(_ADD(res["loads"])):
+                con = self._contiguous(decode, t_req, t_qs, t_qlen, t_kv)
+                if int(_MAX(con["loads"])) < top:
+                    return con
         return res
 
     def _contiguous(self, decode, t_req, t_qs, t_qlen, t_kv) -> dict:
