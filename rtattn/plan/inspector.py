@@ -309,11 +309,11 @@ class Planner:
         if res["partial_rows"] > bb.max_partial_rows:
             raise ValueError(f"plan needs {res['partial_rows']} partial rows, exceeding "
                              f"max_partial_rows={bb.max_partial_rows}")
-        if mode == "auto":
+        if mode == "auto" and n > C:
             # LPT over Algorithm 1's chunks leaves one CTA a chunk above the mean when chunks
-            # barely outnumber CTAs; past AUTO_IMBALANCE the contiguous partition (every CTA
-            # within a page of the mean, more split rows) was faster on the H200
-            # (docs/perf-log.md), so take it when its slowest CTA is lighter.
+            # barely outnumber CTAs (n <= C: one chunk <= L per CTA, nothing to gain). Past
+            # AUTO_IMBALANCE the contiguous partition (every CTA within a page of the mean, more
+            # split rows) was faster on the H200 (docs/perf-log.md): take it if it is lighter.
             top = int(_MAX(res["loads"]))
             if top * C > AUTO_IMBALANCE * int(_ADD(res["loads"])):
                 con = self._contiguous(decode, t_req, t_qs, t_qlen, t_kv)
@@ -338,16 +338,20 @@ class Planner:
         c0 = np.minimum(start // w, C - 1)
         c1 = np.minimum((ends - 1) // w, C - 1)
         i_tile, k = _repeat_index(c1 - c0 + 1, self._ar)
-        cut = (c0[i_tile] + k) * w - start[i_tile] - fixed[i_tile]   # cost -> token offset
-        np.clip(cut, 0, t_kv[i_tile], out=cut)
+        kv_i = t_kv[i_tile]
+        cta = c0[i_tile] + k
+        cut = cta * w - start[i_tile] - fixed[i_tile]   # cost -> token offset
+        np.maximum(cut, 0, out=cut)
+        np.minimum(cut, kv_i, out=cut)
         cut -= cut % ps
         cut[k == 0] = 0
-        last = np.empty(cut.shape[0], dtype=bool)
-        last[:-1] = i_tile[1:] != i_tile[:-1]
-        last[-1] = True
-        kv_end = np.where(last, t_kv[i_tile], np.roll(cut, -1))
-        keep = (kv_end > cut) | ((k == 0) & (t_kv[i_tile] == 0))   # empty KV: one item
-        i_tile, cut, kv_end, cta = i_tile[keep], cut[keep], kv_end[keep], (c0[i_tile] + k)[keep]
+        kv_end = np.empty_like(cut)        # the next piece's cut, or the tile's end for its last
+        kv_end[:-1] = cut[1:]
+        last = k[1:] == 0
+        kv_end[:-1][last] = kv_i[:-1][last]
+        kv_end[-1] = kv_i[-1]
+        keep = (kv_end > cut) | ((k == 0) & (kv_i == 0))   # empty KV: one item
+        i_tile, cut, kv_end, cta = i_tile[keep], cut[keep], kv_end[keep], cta[keep]
         n = i_tile.shape[0]
         if n > self.bounds.max_items:
             raise ValueError(f"plan needs {n} work items, exceeding max_items={self.bounds.max_items}")
