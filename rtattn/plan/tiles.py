@@ -15,14 +15,18 @@ from dataclasses import dataclass
 
 from .devices import Device, get_device
 
-# Per-kernel resource model, keyed by head_dim bucket (<=128, 256).
-# smem = stages * tile_kv * head_dim * 2 (K and V) * dtype_bytes + extra_smem.
+# Per-kernel resource model, keyed by head_dim bucket (<=64, <=128, 256).
+# smem = (stages * tile_kv * 2 (K and V) + q_rows) * (head_dim + row_pad) * dtype_bytes + extra_smem.
+# Decode: cuda_src/decode.cuh (rows padded by 8 elements; registers from cuobjdump for d128 and
+# d256, m_tiles 1); 3 stages, 2 where 3 do not fit (d256 on A100), as codegen.default_stages.
 KERNEL_RESOURCES = {
     "decode": {
-        128: dict(threads=128, regs=168, stages=3, tile_kv=64, extra_smem=1024),
-        256: dict(threads=128, regs=255, stages=3, tile_kv=32, extra_smem=1024),
+        64: dict(threads=128, regs=144, stages=3, tile_kv=64, extra_smem=0, row_pad=8),
+        128: dict(threads=128, regs=218, stages=3, tile_kv=64, extra_smem=0, row_pad=8),
+        256: dict(threads=128, regs=252, stages=3, tile_kv=64, extra_smem=0, row_pad=8),
     },
     "prefill": {
+        64: dict(threads=128, regs=168, stages=2, tile_kv=None, extra_smem=1024),
         128: dict(threads=128, regs=168, stages=2, tile_kv=None, extra_smem=1024),
         256: dict(threads=128, regs=255, stages=2, tile_kv=None, extra_smem=1024),
     },
@@ -46,6 +50,8 @@ class TileConfig:
 
 
 def _bucket(head_dim: int) -> int:
+    if head_dim <= 64:
+        return 64
     if head_dim <= 128:
         return 128
     if head_dim <= 256:
@@ -54,8 +60,8 @@ def _bucket(head_dim: int) -> int:
 
 
 def smem_bytes(stages: int, tile_kv: int, head_dim: int, dtype_bytes: int = 2,
-               extra: int = 1024, q_rows: int = 0) -> int:
-    return stages * tile_kv * head_dim * 2 * dtype_bytes + q_rows * head_dim * dtype_bytes + extra
+               extra: int = 1024, q_rows: int = 0, row_pad: int = 0) -> int:
+    return (stages * tile_kv * 2 + q_rows) * (head_dim + row_pad) * dtype_bytes + extra
 
 
 def occupancy(device: Device, threads: int, regs: int, smem: int) -> int:
@@ -92,8 +98,12 @@ def select_tile(device, num_qo_heads: int, num_kv_heads: int, head_dim: int,
             raise ValueError(f"head group g={g} (={num_qo_heads}/{num_kv_heads}) exceeds "
                              f"max_rows={max_rows} of the decode kernel")
         tile_q = max(1, min(max_rows // g, max(1, max_qo_len)))
-        tile_kv, stages = res["tile_kv"], res["stages"]
-        smem = smem_bytes(stages, tile_kv, head_dim, dtype_bytes, res["extra_smem"])
+        tile_kv = res["tile_kv"]
+        for stages in (res["stages"], 2):
+            smem = smem_bytes(stages, tile_kv, head_dim, dtype_bytes, res["extra_smem"], max_rows,
+                              res["row_pad"])
+            if smem <= dev.smem_per_block_optin:
+                break
         occ = occupancy(dev, res["threads"], res["regs"], smem)
         if occ == 0:
             raise ValueError(f"decode tile (stages={stages}, tile_kv={tile_kv}, "
