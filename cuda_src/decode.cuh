@@ -109,8 +109,8 @@ __device__ __forceinline__ void decode_persistent(const P& p, char* smem) {
         const int64_t page = ld_page[i], slot = pos & ((1 << p.page_shift) - 1);
         const T* kp = p.k_cache + page * p.k_stride_page + slot * p.k_stride_tok + kv_head * p.k_stride_head + ld_vec * 8;
         const T* vp = p.v_cache + page * p.v_stride_page + slot * p.v_stride_tok + kv_head * p.v_stride_head + ld_vec * 8;
-        cp_async_16_stream(ks + tok * S::row_stride + ld_vec * 8, kp, pos < ld_kv1, kv_policy);
-        cp_async_16_stream(vs + tok * S::row_stride + ld_vec * 8, vp, pos < ld_kv1, kv_policy);
+        cp_async_16(ks + tok * S::row_stride + ld_vec * 8, kp, pos < ld_kv1, kv_policy);
+        cp_async_16(vs + tok * S::row_stride + ld_vec * 8, vp, pos < ld_kv1, kv_policy);
       }
       if (++ld_blk == ld_nblk) {
         ++ld_item;

@@ -12,13 +12,6 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
-// Copies 16 bytes; when `valid` is false nothing is read and the destination is zero-filled,
-// so tokens past the end of a KV range contribute exact zeros (never stale data or NaN).
-__device__ __forceinline__ void cp_async_16(void* smem_dst, const void* gmem_src, bool valid) {
-  const int src_bytes = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(smem_dst)),
-               "l"(gmem_src), "r"(src_bytes));
-}
 // The KV cache is read once per step: its copies carry an L2 evict-first policy so they do not
 // push out what is reused (the plan, q, partials, the next kernel's inputs). Measured on the
 // H200: 0-2% faster on 13 of 14 benchmark rows (docs/perf-log.md).
@@ -27,7 +20,9 @@ __device__ __forceinline__ uint64_t evict_first_policy() {
   asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
   return policy;
 }
-__device__ __forceinline__ void cp_async_16_stream(void* smem_dst, const void* gmem_src, bool valid, uint64_t policy) {
+// Copies 16 bytes under an L2 cache policy; when `valid` is false nothing is read and the
+// destination is zero-filled, so tokens past the end of a KV range contribute exact zeros.
+__device__ __forceinline__ void cp_async_16(void* smem_dst, const void* gmem_src, bool valid, uint64_t policy) {
   const int src_bytes = valid ? 16 : 0;
   asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(smem_addr(smem_dst)),
                "l"(gmem_src), "r"(src_bytes), "l"(policy));
