@@ -2,11 +2,16 @@
 
 Split-KV partials are merged by a small persistent merge kernel right after the decode kernel.
 (Merging inside the decode kernel -- the last CTA of a split row merges it -- was measured
-slower on every small-batch row: docs/perf-log.md.) Launches use programmatic dependent launch (PDL) on sm_90: each kernel lets its dependent
+slower on every small-batch row: docs/perf-log.md.)
+
+Launches use programmatic dependent launch (PDL) on sm_90: each kernel lets its dependent
 launch at once (griddepcontrol.launch_dependents), so the next kernel on the stream starts
 while this one runs; it reads only the plan (an H2D copy's output, complete before either
 kernel started) until griddepcontrol.wait, which returns when the previous kernel has finished
 and its writes are visible. Results are unchanged.
+
+RTATTN_DEV_DEFINES (environment): extra -D flags for A/B builds of experimental #ifdef paths
+(tools/bench_decode.py --rt-modes MODE+D<NAME>); part of the compile cache key.
 """
 from __future__ import annotations
 
