@@ -12,6 +12,7 @@ the pointers once; the contents change every step).
 """
 from __future__ import annotations
 
+import functools
 import struct
 from dataclasses import dataclass
 from typing import Callable
@@ -100,21 +101,21 @@ class PlanBounds:
             raise ValueError(f"PlanBounds.max_qo_len={self.max_qo_len} must be in "
                              f"[1, max_qo_tokens={self.max_qo_tokens}]")
 
-    @property
+    @functools.cached_property
     def max_kv_tokens(self) -> int:
         return self.max_pages * self.page_size
 
-    @property
+    @functools.cached_property
     def max_tiles(self) -> int:
         return min(self.max_qo_tokens, self.max_qo_tokens // self.tile_q + self.max_batch)
 
-    @property
+    @functools.cached_property
     def max_chunks_per_tile(self) -> int:
         if self.mode == "batch-invariant":
             return _cdiv(self.max_kv_tokens, self.chunk_tokens)
         return 1 if self.mode == "naive" else self.num_ctas + 1
 
-    @property
+    @functools.cached_property
     def max_items(self) -> int:
         if self.mode == "batch-invariant":
             per_req_tiles = _cdiv(self.max_qo_len, self.tile_q)
@@ -125,7 +126,7 @@ class PlanBounds:
             return self.max_tiles
         return self.num_ctas + self.max_tiles
 
-    @property
+    @functools.cached_property
     def max_partial_rows(self) -> int:
         if self.mode == "batch-invariant":
             k = self.max_chunks_per_tile
@@ -137,7 +138,7 @@ class PlanBounds:
             return 0
         return 2 * self.num_ctas * self.tile_q
 
-    @property
+    @functools.cached_property
     def max_merge_rows(self) -> int:
         if self.mode == "batch-invariant":
             return self.max_qo_tokens if self.max_chunks_per_tile > 1 else 0
