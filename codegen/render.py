@@ -50,12 +50,15 @@ def decode_smem_bytes(spec: AttentionSpec) -> int:
 
 
 def _q_bytes(spec: AttentionSpec) -> int:
-    return spec.rows * (spec.head_dim + 8) * 2
+    return spec.rows * spec.head_dim * 2
 
 
 def decode_scratch_bytes(spec: AttentionSpec) -> int:
-    """The KV stages (the warps' combine reuses the one stage that is free at an item's end)."""
-    return spec.stages * 2 * spec.num_warps * 16 * (spec.head_dim + 8) * 2
+    """The KV stages; each also fits the warps' combine (float32 rows + m, l), which reuses the
+    one stage that is free at an item's end."""
+    kv = 2 * spec.num_warps * 16 * spec.head_dim * 2
+    combine = spec.num_warps * 16 * (spec.head_dim + 2) * 4
+    return spec.stages * max(kv, combine)
 
 
 def min_blocks_per_sm(spec: AttentionSpec) -> int:

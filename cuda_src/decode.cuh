@@ -23,20 +23,37 @@ struct DecodeShape {
   static constexpr int rows = 16 * M_TILES;
   static constexpr int threads = NUM_WARPS * 32;
   static constexpr int block_tokens = NUM_WARPS * 16;
-  static constexpr int row_stride = HEAD_DIM + 8;  // +16 bytes: ldmatrix rows land on distinct banks
-  static constexpr int vecs_per_row = HEAD_DIM / 8;
+  static constexpr int vecs_per_row = HEAD_DIM / 8;                 // 16-byte chunks per row
   static constexpr int token_step = threads / vecs_per_row;         // tokens one pass of the CTA copies
   static constexpr int load_iters = block_tokens / token_step;      // tokens each thread copies per block
-  static constexpr int stage_elems = block_tokens * row_stride;
-  static constexpr int stage_bytes = 2 * stage_elems * ELEM_BYTES;  // K and V of one block
-  static constexpr int kv_bytes = STAGES * stage_bytes;
-  static constexpr int q_bytes = rows * row_stride * ELEM_BYTES;
+  static constexpr int stage_elems = block_tokens * HEAD_DIM;       // K, then V, of one block
   static constexpr int combine_bytes = NUM_WARPS * 16 * (HEAD_DIM + 2) * 4;  // one 16-row tile
+  // A stage also holds the warps' combine at an item's end: 512 bytes more than K and V.
+  static constexpr int stage_bytes = combine_bytes > 2 * stage_elems * ELEM_BYTES ? combine_bytes : 2 * stage_elems * ELEM_BYTES;
+  static constexpr int kv_bytes = STAGES * stage_bytes;
+  static constexpr int q_bytes = rows * HEAD_DIM * ELEM_BYTES;
   static constexpr int smem_bytes = q_bytes + kv_bytes;
-  static_assert(HEAD_DIM % 16 == 0, "head_dim must be a multiple of 16");
+
+  // Element offset of 16-byte chunk `chunk` of row `row` in a q/K/V tile. Rows are not padded,
+  // so each row of a tile starts on a 128-byte line, as it does in global memory: a warp's
+  // cp.async then reads whole 32-byte sectors in whole-line requests (padded rows split them
+  // and re-read sectors: 1.5x the L2 sector traffic on the H200, docs/perf-log.md v4). Instead
+  // the chunk index is XOR-swizzled with row % 8 inside its 128-byte line, so the 8 rows one
+  // ldmatrix reads hit 8 distinct bank groups.
+  static __device__ __forceinline__ int at(int row, int chunk) { return row * HEAD_DIM + ((chunk ^ (row & 7)) << 3); }
+  // Shared address of chunk + 2*kk of a row, from addr0 = the address of (row, chunk), chunk
+  // even or odd alike: the tile starts on a 128-byte line, so bits 4-6 of addr0 are the swizzled
+  // chunk; XOR-ing 2*kk's low bits in and adding its high bits as an immediate costs one
+  // instruction per ldmatrix and no register per k-step.
+  static __device__ __forceinline__ uint32_t kstep(uint32_t addr0, int kk) {
+    return (addr0 ^ (((2 * kk) & 7) << 4)) + (((2 * kk) & ~7) << 4);
+  }
+
+  static_assert(HEAD_DIM % 64 == 0, "head_dim must be a multiple of 64 (the swizzle spans 8 chunks)");
+  static_assert(token_step % 4 == 0, "the loader's rows step by 0 or 4 mod 8 (load_dst)");
   static_assert(threads % vecs_per_row == 0 && block_tokens % token_step == 0, "threads must cover whole rows");
   static_assert(STAGES >= 2, "the pipeline needs a stage to compute and one in flight");
-  static_assert(combine_bytes <= stage_bytes, "the combine must fit in the one stage that is free");
+  static_assert(stage_bytes % 128 == 0 && q_bytes % 128 == 0, "tiles start on 128-byte lines");
 };
 
 constexpr float kLog2e = 1.4426950408889634f;
@@ -56,7 +73,7 @@ __device__ __forceinline__ void decode_persistent(const P& p, char* smem) {
   const int first_qo_head = kv_head * heads;
 
   T* q_smem = reinterpret_cast<T*>(smem);
-  T* kv_smem = reinterpret_cast<T*>(smem + S::q_bytes);
+  auto stage_at = [&](int stage) { return reinterpret_cast<T*>(smem + S::q_bytes + stage * S::stage_bytes); };
 
   // Programmatic dependent launch: the plan (written by a host-to-device copy, which every
   // kernel waits for in full) may be read before the previous kernel finishes; q, the KV cache
@@ -71,7 +88,14 @@ __device__ __forceinline__ void decode_persistent(const P& p, char* smem) {
   const int* ld_pages = p.plan.kv_indices;
   int ld_page[S::load_iters];
   const int ld_vec = tid % S::vecs_per_row, ld_tok = tid / S::vecs_per_row;
+  // Shared-memory offsets of this thread's copies: token ld_tok + i*token_step has row % 8 equal
+  // to ld_tok % 8, or that ^ 4 (token_step is a multiple of 4), hence two bases.
+  const int ld_dst[2] = {S::at(ld_tok, ld_vec), ld_tok * D + ((ld_vec ^ (ld_tok & 7) ^ 4) << 3)};
   const uint64_t kv_policy = evict_first_policy();
+  // This lane's ldmatrix rows in a stage at k-step 0: matrix lane/8 of K's x4 is (rows +8*(m/2),
+  // chunk m%2) (two n-tiles x two k-halves); of V's transposed x4, (rows +8*(m%2), chunk m/2).
+  const uint32_t k_lane = S::at(warp * 16 + (lane / 16) * 8 + lane % 8, lane / 8 % 2) * sizeof(T);
+  const uint32_t v_lane = S::at(warp * 16 + (lane / 8 % 2) * 8 + lane % 8, lane / 16) * sizeof(T);
 
   auto peek_item = [&](int it) {
     if (it < item_end) {
@@ -100,7 +124,7 @@ __device__ __forceinline__ void decode_persistent(const P& p, char* smem) {
   };
   auto issue_block = [&](int stage) {  // one commit group per call, empty once the stream ends
     if (ld_item < item_end) {
-      T* ks = kv_smem + stage * 2 * S::stage_elems;
+      T* ks = stage_at(stage);
       T* vs = ks + S::stage_elems;
 #pragma unroll
       for (int i = 0; i < S::load_iters; ++i) {
@@ -109,8 +133,9 @@ __device__ __forceinline__ void decode_persistent(const P& p, char* smem) {
         const int64_t page = ld_page[i], slot = pos & ((1 << p.page_shift) - 1);
         const T* kp = p.k_cache + page * p.k_stride_page + slot * p.k_stride_tok + kv_head * p.k_stride_head + ld_vec * 8;
         const T* vp = p.v_cache + page * p.v_stride_page + slot * p.v_stride_tok + kv_head * p.v_stride_head + ld_vec * 8;
-        cp_async_16(ks + tok * S::row_stride + ld_vec * 8, kp, pos < ld_kv1, kv_policy);
-        cp_async_16(vs + tok * S::row_stride + ld_vec * 8, vp, pos < ld_kv1, kv_policy);
+        const int dst = ld_dst[((i * S::token_step) >> 2) & 1] + i * S::token_step * D;
+        cp_async_16(ks + dst, kp, pos < ld_kv1, kv_policy);
+        cp_async_16(vs + dst, vp, pos < ld_kv1, kv_policy);
       }
       if (++ld_blk == ld_nblk) {
         ++ld_item;
@@ -181,19 +206,18 @@ __device__ __forceinline__ void decode_persistent(const P& p, char* smem) {
             }
           }
         }
-        *reinterpret_cast<uint4*>(q_smem + r * S::row_stride + c) = q_lo[k];
-        *reinterpret_cast<uint4*>(q_smem + r * S::row_stride + c + D / 2) = q_hi[k];
+        *reinterpret_cast<uint4*>(q_smem + S::at(r, c / 8)) = q_lo[k];
+        *reinterpret_cast<uint4*>(q_smem + S::at(r, (c + D / 2) / 8)) = q_hi[k];
       }
     }
     __syncthreads();
     uint32_t qa[M_TILES][KT][4];
 #pragma unroll
-    for (int mi = 0; mi < M_TILES; ++mi)
+    for (int mi = 0; mi < M_TILES; ++mi) {
+      const uint32_t q0 = smem_addr(q_smem) + S::at(mi * 16 + (lane / 8 % 2) * 8 + lane % 8, lane / 16) * sizeof(T);
 #pragma unroll
-      for (int kk = 0; kk < KT; ++kk) {
-        const int m = lane / 8;
-        ldmatrix_x4(qa[mi][kk], q_smem + (mi * 16 + (m % 2) * 8 + lane % 8) * S::row_stride + kk * 16 + (m / 2) * 8);
-      }
+      for (int kk = 0; kk < KT; ++kk) ldmatrix_x4(qa[mi][kk], S::kstep(q0, kk));
+    }
 
     // Rows this thread holds in the accumulator layout: row = mi*16 + lane/4 + 8*half.
     int row_qo_idx[M_TILES][2], row_qo_head[M_TILES][2];
@@ -224,16 +248,17 @@ __device__ __forceinline__ void decode_persistent(const P& p, char* smem) {
       cp_async_wait<STAGES - 2>();
       __syncthreads();  // block blocks_done landed for everyone; everyone is past the previous one
       issue_block((blocks_done + STAGES - 1) % STAGES);
-      T* ks = kv_smem + (blocks_done % STAGES) * 2 * S::stage_elems;
+      T* ks = stage_at(blocks_done % STAGES);
       T* vs = ks + S::stage_elems;
       const int blk_pos0 = kv_begin + blk * BT;
       if constexpr (Variant::has_key_transform) {
         for (int i = tid; i < BT * (D / 2); i += S::threads) {
           const int tok = i / (D / 2), d = i % (D / 2);
-          float lo = to_float(ks[tok * S::row_stride + d]), hi = to_float(ks[tok * S::row_stride + d + D / 2]);
+          const int lo_at = S::at(tok, d / 8) + d % 8, hi_at = S::at(tok, (d + D / 2) / 8) + d % 8;
+          float lo = to_float(ks[lo_at]), hi = to_float(ks[hi_at]);
           var.KeyTransform(p, lo, hi, d, blk_pos0 + tok, kv_head);
-          ks[tok * S::row_stride + d] = from_float<T>(lo);
-          ks[tok * S::row_stride + d + D / 2] = from_float<T>(hi);
+          ks[lo_at] = from_float<T>(lo);
+          ks[hi_at] = from_float<T>(hi);
         }
         __syncthreads();
       }
@@ -249,8 +274,7 @@ __device__ __forceinline__ void decode_persistent(const P& p, char* smem) {
 #pragma unroll
       for (int kk = 0; kk < KT; ++kk) {
         uint32_t kb[4];
-        const int m = lane / 8;
-        ldmatrix_x4(kb, ks + (warp * 16 + (m / 2) * 8 + lane % 8) * S::row_stride + kk * 16 + (m % 2) * 8);
+        ldmatrix_x4(kb, S::kstep(smem_addr(ks) + k_lane, kk));
 #pragma unroll
         for (int mi = 0; mi < M_TILES; ++mi) {
           MmaOp<T>::run(s[mi][0], qa[mi][kk], kb[0], kb[1]);
@@ -325,8 +349,7 @@ __device__ __forceinline__ void decode_persistent(const P& p, char* smem) {
 #pragma unroll
       for (int dp = 0; dp < KT; ++dp) {
         uint32_t vb[4];
-        const int m = lane / 8;
-        ldmatrix_x4_trans(vb, vs + (warp * 16 + (m % 2) * 8 + lane % 8) * S::row_stride + dp * 16 + (m / 2) * 8);
+        ldmatrix_x4_trans(vb, S::kstep(smem_addr(vs) + v_lane, dp));
 #pragma unroll
         for (int mi = 0; mi < M_TILES; ++mi) {
           MmaOp<T>::run(o[mi][2 * dp], pa[mi], vb[0], vb[1]);
@@ -339,7 +362,7 @@ __device__ __forceinline__ void decode_persistent(const P& p, char* smem) {
     // ---- Combine the warps, one 16-row tile at a time, in the stage of the last block computed:
     // the loader refills it only after the next block's __syncthreads, and the stages that hold
     // the next item's blocks are not touched. combine[w][row][0..D) = O, [D] = m (log2), [D+1] = l.
-    float* combine = reinterpret_cast<float*>(kv_smem + ((blocks_done + STAGES - 1) % STAGES) * 2 * S::stage_elems);
+    float* combine = reinterpret_cast<float*>(stage_at((blocks_done + STAGES - 1) % STAGES));
 #pragma unroll
     for (int mi = 0; mi < M_TILES; ++mi) {
 #pragma unroll

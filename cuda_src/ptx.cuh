@@ -17,7 +17,11 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
 // H200: 0-2% faster on 13 of 14 benchmark rows (docs/perf-log.md).
 __device__ __forceinline__ uint64_t evict_first_policy() {
   uint64_t policy;
+#ifdef RTATTN_KV_EVICT_NORMAL  // dev A/B (RTATTN_DEV_DEFINES)
+  asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;\n" : "=l"(policy));
+#else
   asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+#endif
   return policy;
 }
 // Copies 16 bytes under an L2 cache policy; when `valid` is false nothing is read and the
@@ -31,16 +35,17 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
-// Four 8x8 b16 matrices; lane l supplies the row address of row (l % 8) of matrix (l / 8).
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* row_ptr) {
+// Four 8x8 b16 matrices; lane l supplies the shared-memory address of row (l % 8) of matrix
+// (l / 8).
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t row_addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(row_ptr)));
+               : "r"(row_addr));
 }
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* row_ptr) {
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t row_addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(row_ptr)));
+               : "r"(row_addr));
 }
 
 template <typename T> struct MmaOp;

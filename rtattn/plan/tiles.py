@@ -16,14 +16,14 @@ from dataclasses import dataclass
 from .devices import Device, get_device
 
 # Per-kernel resource model, keyed by head_dim bucket (<=64, <=128, 256).
-# smem = (stages * tile_kv * 2 (K and V) + q_rows) * (head_dim + row_pad) * dtype_bytes + extra_smem.
-# Decode: cuda_src/decode.cuh (rows padded by 8 elements; registers from cuobjdump for d128 and
+# smem = (stages * tile_kv * 2 (K and V) + q_rows) * head_dim * dtype_bytes + extra_smem.
+# Decode: cuda_src/decode.cuh (unpadded, swizzled rows; registers from cuobjdump for d128 and
 # d256, m_tiles 1); 3 stages, 2 where 3 do not fit (d256 on A100), as codegen.default_stages.
 KERNEL_RESOURCES = {
     "decode": {
-        64: dict(threads=128, regs=144, stages=3, tile_kv=64, extra_smem=0, row_pad=8),
-        128: dict(threads=128, regs=218, stages=3, tile_kv=64, extra_smem=0, row_pad=8),
-        256: dict(threads=128, regs=252, stages=3, tile_kv=64, extra_smem=0, row_pad=8),
+        64: dict(threads=128, regs=144, stages=3, tile_kv=64, extra_smem=0),
+        128: dict(threads=128, regs=218, stages=3, tile_kv=64, extra_smem=0),
+        256: dict(threads=128, regs=252, stages=3, tile_kv=64, extra_smem=0),
     },
     "prefill": {
         64: dict(threads=128, regs=168, stages=2, tile_kv=None, extra_smem=1024),
@@ -60,8 +60,8 @@ def _bucket(head_dim: int) -> int:
 
 
 def smem_bytes(stages: int, tile_kv: int, head_dim: int, dtype_bytes: int = 2,
-               extra: int = 1024, q_rows: int = 0, row_pad: int = 0) -> int:
-    return (stages * tile_kv * 2 + q_rows) * (head_dim + row_pad) * dtype_bytes + extra
+               extra: int = 1024, q_rows: int = 0) -> int:
+    return (stages * tile_kv * 2 + q_rows) * head_dim * dtype_bytes + extra
 
 
 def occupancy(device: Device, threads: int, regs: int, smem: int) -> int:
@@ -100,8 +100,7 @@ def select_tile(device, num_qo_heads: int, num_kv_heads: int, head_dim: int,
         tile_q = max(1, min(max_rows // g, max(1, max_qo_len)))
         tile_kv = res["tile_kv"]
         for stages in (res["stages"], 2):
-            smem = smem_bytes(stages, tile_kv, head_dim, dtype_bytes, res["extra_smem"], max_rows,
-                              res["row_pad"])
+            smem = smem_bytes(stages, tile_kv, head_dim, dtype_bytes, res["extra_smem"], max_rows)
             if smem <= dev.smem_per_block_optin:
                 break
         occ = occupancy(dev, res["threads"], res["regs"], smem)
