@@ -42,7 +42,8 @@ class BatchDecodeWrapper:
     def __init__(self, num_qo_heads: int, num_kv_heads: int, head_dim: int, page_size: int, *,
                  max_batch: int, max_pages: int, max_qo_tokens: int | None = None,
                  variant="plain", dtype: str = "bfloat16", kv_layout: str = "NHD",
-                 mode: str = "auto", chunk_tokens: int = 2048, pdl: bool = True, device=None, workspace=None):
+                 mode: str = "auto", chunk_tokens: int = 2048, pdl: bool = True, num_ctas: int | None = None,
+                 device=None, workspace=None):
         if page_size < 1 or page_size & (page_size - 1):
             raise ValueError(f"page_size={page_size}: the decode kernel needs a power of two")
         if kv_layout not in KV_LAYOUTS:
@@ -58,7 +59,11 @@ class BatchDecodeWrapper:
             raise ValueError(f"head group {self.group} exceeds the kernel's {self.spec.rows} rows")
         self.kernels = decode_kernels(self.spec, self.device.ordinal)
         self.pdl = pdl
-        self.num_ctas = self.kernels.num_ctas(num_kv_heads)
+        if num_ctas is not None and (not isinstance(num_ctas, int) or num_ctas < 1):
+            raise ValueError(f"num_ctas must be a positive int (CTAs per KV head), got {num_ctas!r}")
+        # Default: one resident wave. More oversubscribes the GPU (the hardware then hands queues
+        # to whichever SM frees first); fewer leaves SMs to other streams.
+        self.num_ctas = num_ctas or self.kernels.num_ctas(num_kv_heads)
         self.planner = Planner(max_batch, max_qo_tokens or max_batch, max_pages, num_qo_heads, num_kv_heads,
                                head_dim, page_size, device=plan_devices.from_props(self.device.props),
                                mode=mode, num_ctas=self.num_ctas, max_rows=self.spec.rows,

@@ -7,7 +7,8 @@
 
 The first call (launches 0-1: decode + merge) warms caches and modules; skip it, profile the
 second. Inputs, lengths and page tables are bench_decode's, so ncu's kernel durations line up
-with the benchmark's rows.
+with the benchmark's rows. `--lib fi-tc` / `fi-cc` runs FlashInfer's wrapper on the same inputs
+instead (source tools/peer_setup.sh; ncu --kernel-name regex:Batch...), for side-by-side sections.
 """
 from __future__ import annotations
 
@@ -24,13 +25,14 @@ def main(argv=None) -> int:
     ap.add_argument("row", help="a bench_decode row name")
     ap.add_argument("--config", default="auto", help="rtattn config MODE[+flags] (bench_decode --rt-modes)")
     ap.add_argument("--calls", type=int, default=3)
+    ap.add_argument("--lib", default="rt", choices=["rt", "fi-tc", "fi-cc"])
     args = ap.parse_args(argv)
     import torch
-    from rtattn.wrapper import BatchDecodeWrapper
     (row,) = bd.select_rows([args.row])
     x = bd.Inputs(row)
-    w = BatchDecodeWrapper(row.hq, row.hkv, bd.HEAD_DIM, bd.PAGE, max_batch=x.batch, max_pages=x.pages,
-                           dtype="bfloat16", kv_layout="NHD", **bd.rt_config(args.config))
+    if args.lib != "rt":
+        return profile_flashinfer(x, args.lib == "fi-tc", args.calls)
+    w = bd.make_rt_wrapper(row, x, args.config)
     w.plan(x.indptr, x.indices, x.last)
     out = x.new_outs()[0]
     launch = w.prepare(x.q[0], *x.kv[0], out=out)
@@ -41,6 +43,24 @@ def main(argv=None) -> int:
     info = w.info
     print(f"{row.name}: {w.num_ctas} CTAs x {row.hkv} KV heads, {info.num_items} items, "
           f"{info.num_merge_rows} merge rows, rel err {err:.1e} {'ok' if err < bd.TOL else 'FAIL'}")
+    return 0 if err < bd.TOL else 1
+
+
+def profile_flashinfer(x, tc: bool, calls: int) -> int:
+    import flashinfer
+    import torch
+    row = x.row
+    ws = torch.zeros(256 * 2**20, dtype=torch.uint8, device="cuda")
+    w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, kv_layout="NHD", use_tensor_cores=tc)
+    indptr, indices, last = (torch.from_numpy(a).cuda() for a in (x.indptr, x.indices, x.last))
+    w.plan(indptr, indices, last, row.hq, row.hkv, bd.HEAD_DIM, bd.PAGE,
+           q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16)
+    out = x.new_outs()[0]
+    for _ in range(calls):
+        w.run(x.q[0], x.kv[0], out=out)
+        torch.cuda.synchronize()
+    err = x.rel_err([out])
+    print(f"{row.name} FlashInfer {'tc' if tc else 'cc'}: rel err {err:.1e} {'ok' if err < bd.TOL else 'FAIL'}")
     return 0 if err < bd.TOL else 1
 
 
