@@ -144,3 +144,16 @@ def test_decode_kernels_launch_sequence_without_a_gpu():
     r = k.rendered
     assert calls == [("decode", (33, 8, 1), (r.threads, 1, 1), r.smem_bytes), ("merge", (264, 1, 1), (256, 1, 1), 0),
                      ("decode", (33, 8, 1), (r.threads, 1, 1), r.smem_bytes)]
+
+
+def test_num_ctas_override_sets_the_grid_and_the_plan(fake_gpu):
+    w = _wrapper(num_ctas=5)
+    assert w.num_ctas == 5 and w.planner.num_ctas == 5
+    info = w.plan(*paged_kv([100, 20, 300], 16, shuffle_seed=1))
+    assert len(info.views["work_indptr"]) == 6     # one queue per CTA column
+    q, k, v = cuda((3, 32, 128)), cuda((40, 16, 8, 128), ptr=1 << 32), cuda((40, 16, 8, 128), ptr=1 << 33)
+    w.run(q, k, v, out=cuda((3, 32, 128), ptr=1 << 34))
+    assert fake_gpu.kernels[-1].grids[-1] == (5, 8)
+    for bad in (0, -1, 2.5):
+        with pytest.raises(ValueError, match="num_ctas"):
+            _wrapper(num_ctas=bad)
