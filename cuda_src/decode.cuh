@@ -24,8 +24,8 @@ struct DecodeShape {
   static constexpr int threads = NUM_WARPS * 32;
   static constexpr int block_tokens = NUM_WARPS * 16;
   static constexpr int vecs_per_row = HEAD_DIM / 8;                 // 16-byte chunks per row
-  static constexpr int token_step = threads / vecs_per_row;         // tokens one pass of the CTA copies
-  static constexpr int load_iters = block_tokens / token_step;      // tokens each thread copies per block
+  static constexpr int token_step = threads / vecs_per_row;         // threads per 16-byte column
+  static constexpr int load_iters = block_tokens / token_step;      // consecutive tokens a thread copies per block
   static constexpr int stage_elems = block_tokens * HEAD_DIM;       // K, then V, of one block
   static constexpr int combine_bytes = NUM_WARPS * 16 * (HEAD_DIM + 2) * 4;  // one 16-row tile
   // A stage also holds the warps' combine at an item's end: 512 bytes more than K and V.
@@ -50,7 +50,7 @@ struct DecodeShape {
   }
 
   static_assert(HEAD_DIM % 64 == 0, "head_dim must be a multiple of 64 (the swizzle spans 8 chunks)");
-  static_assert(token_step % 4 == 0, "the loader's rows step by 0 or 4 mod 8 (load_dst)");
+  static_assert((load_iters & (load_iters - 1)) == 0, "a loader run is a power of two of rows (its swizzle)");
   static_assert(threads % vecs_per_row == 0 && block_tokens % token_step == 0, "threads must cover whole rows");
   static_assert(STAGES >= 2, "the pipeline needs a stage to compute and one in flight");
   static_assert(stage_bytes % 128 == 0 && q_bytes % 128 == 0, "tiles start on 128-byte lines");
@@ -83,14 +83,23 @@ __device__ __forceinline__ void decode_persistent(const P& p, char* smem) {
 
   // ---- KV load stream. Block k of the stream goes to stage k % STAGES. The loader's item
   // fields are read one item ahead (nx_*), its page ids one block ahead (ld_page).
+  // Thread (ld_row, ld_vec) copies 16-byte chunk ld_vec of the block's RUN consecutive tokens
+  // from ld_row * RUN. Items start on page boundaries, so when a page holds RUN tokens or more
+  // (page_runs, uniform) the run shares one page id and its addresses step by the token stride;
+  // smaller pages take a page id per token.
+  constexpr int RUN = S::load_iters;
+  const bool page_runs = (1 << p.page_shift) >= RUN;
+  const int slot_mask = (1 << p.page_shift) - 1;
   int ld_item = item_begin, ld_blk = 0, ld_nblk = 0, ld_kv0 = 0, ld_kv1 = 0;
   int nx_kv0 = 0, nx_kv1 = 0, nx_pages = 0;
   const int* ld_pages = p.plan.kv_indices;
-  int ld_page[S::load_iters];
-  const int ld_vec = tid % S::vecs_per_row, ld_tok = tid / S::vecs_per_row;
-  // Shared-memory offsets of this thread's copies: token ld_tok + i*token_step has row % 8 equal
-  // to ld_tok % 8, or that ^ 4 (token_step is a multiple of 4), hence two bases.
-  const int ld_dst[2] = {S::at(ld_tok, ld_vec), ld_tok * D + ((ld_vec ^ (ld_tok & 7) ^ 4) << 3)};
+  int ld_page[RUN];
+  const int ld_vec = tid % S::vecs_per_row, ld_row = tid / S::vecs_per_row * RUN;
+  const T* k_head = p.k_cache + kv_head * p.k_stride_head + ld_vec * 8;
+  const T* v_head = p.v_cache + kv_head * p.v_stride_head + ld_vec * 8;
+  // Offset of the run's first row in a tile; row ld_row + i is at (that ^ (i % 8) << 3) + i rows
+  // (ld_row is a multiple of RUN, so row % 8 == (ld_row % 8) ^ (i % 8): the swizzle of at()).
+  const int ld_dst = S::at(ld_row, ld_vec);
   const uint64_t kv_policy = evict_first_policy();
   // This lane's ldmatrix rows in a stage at k-step 0: matrix lane/8 of K's x4 is (rows +8*(m/2),
   // chunk m%2) (two n-tiles x two k-halves); of V's transposed x4, (rows +8*(m%2), chunk m/2).
@@ -116,26 +125,40 @@ __device__ __forceinline__ void decode_persistent(const P& p, char* smem) {
     ld_nblk = (ld_kv1 - ld_kv0 + BT - 1) / BT;
   };
   auto fetch_pages = [&]() {
+    const int pos0 = ld_kv0 + ld_blk * BT + ld_row;
+    if (page_runs) {
+      ld_page[0] = (ld_item < item_end && pos0 < ld_kv1) ? ld_pages[pos0 >> p.page_shift] : 0;
+    } else {
 #pragma unroll
-    for (int i = 0; i < S::load_iters; ++i) {
-      const int pos = ld_kv0 + ld_blk * BT + ld_tok + i * S::token_step;
-      ld_page[i] = (ld_item < item_end && pos < ld_kv1) ? ld_pages[pos >> p.page_shift] : 0;
+      for (int i = 0; i < RUN; ++i)
+        ld_page[i] = (ld_item < item_end && pos0 + i < ld_kv1) ? ld_pages[(pos0 + i) >> p.page_shift] : 0;
     }
+  };
+  auto copy_token = [&](T* ks, int i, const T* kp, const T* vp, bool valid) {
+    T* dst = ks + ((ld_dst ^ ((i % 8) << 3)) + i * D);
+#ifdef RTATTN_DEV_NO_KV  // timing probe (RTATTN_DEV_DEFINES): everything but the KV reads
+    valid = false;
+#endif
+    cp_async_16(dst, kp, valid, kv_policy);
+    cp_async_16(dst + S::stage_elems, vp, valid, kv_policy);
   };
   auto issue_block = [&](int stage) {  // one commit group per call, empty once the stream ends
     if (ld_item < item_end) {
       T* ks = stage_at(stage);
-      T* vs = ks + S::stage_elems;
+      const int pos0 = ld_kv0 + ld_blk * BT + ld_row;
+      if (page_runs) {
+        const int64_t page = ld_page[0], slot = pos0 & slot_mask;
+        const T* kp = k_head + page * p.k_stride_page + slot * p.k_stride_tok;
+        const T* vp = v_head + page * p.v_stride_page + slot * p.v_stride_tok;
 #pragma unroll
-      for (int i = 0; i < S::load_iters; ++i) {
-        const int tok = ld_tok + i * S::token_step;
-        const int pos = ld_kv0 + ld_blk * BT + tok;
-        const int64_t page = ld_page[i], slot = pos & ((1 << p.page_shift) - 1);
-        const T* kp = p.k_cache + page * p.k_stride_page + slot * p.k_stride_tok + kv_head * p.k_stride_head + ld_vec * 8;
-        const T* vp = p.v_cache + page * p.v_stride_page + slot * p.v_stride_tok + kv_head * p.v_stride_head + ld_vec * 8;
-        const int dst = ld_dst[((i * S::token_step) >> 2) & 1] + i * S::token_step * D;
-        cp_async_16(ks + dst, kp, pos < ld_kv1, kv_policy);
-        cp_async_16(vs + dst, vp, pos < ld_kv1, kv_policy);
+        for (int i = 0; i < RUN; ++i) copy_token(ks, i, kp + i * p.k_stride_tok, vp + i * p.v_stride_tok, pos0 + i < ld_kv1);
+      } else {
+#pragma unroll
+        for (int i = 0; i < RUN; ++i) {
+          const int64_t page = ld_page[i], slot = (pos0 + i) & slot_mask;
+          copy_token(ks, i, k_head + page * p.k_stride_page + slot * p.k_stride_tok,
+                     v_head + page * p.v_stride_page + slot * p.v_stride_tok, pos0 + i < ld_kv1);
+        }
       }
       if (++ld_blk == ld_nblk) {
         ++ld_item;

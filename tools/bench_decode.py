@@ -272,32 +272,35 @@ def bench_flashinfer(ctx, x: Inputs, tc: bool) -> dict:
 
 
 def rt_config(name: str) -> dict:
-    """'MODE[+nopdl][+xN][+D<NAME>...]' -> BatchDecodeWrapper keyword arguments. '+xN' runs N
-    times the default grid (num_ctas); '+DX' compiles the kernels with -DX (experiments behind
-    a #ifdef, A/B in one run; kernels.py reads RTATTN_DEV_DEFINES)."""
+    """'MODE[+nopdl][+nomerge][+xN][+D<NAME>...]' -> BatchDecodeWrapper keyword arguments. '+xN'
+    runs N times the default grid (num_ctas); '+nomerge' never launches the merge kernel (wrong
+    output wherever KV is split: a timing probe of the decode kernel alone); '+DX' compiles the
+    kernels with -DX (experiments behind a #ifdef, A/B in one run; kernels.py reads
+    RTATTN_DEV_DEFINES)."""
     mode, *flags = name.split("+")
     defines = " ".join("-" + f for f in flags if f.startswith("D"))
     waves = [int(f[1:]) for f in flags if f[:1] == "x" and f[1:].isdigit()]
-    unknown = {f for f in flags if not f.startswith("D") and not (f[:1] == "x" and f[1:].isdigit())} - {"nopdl"}
+    unknown = {f for f in flags if not f.startswith("D") and not (f[:1] == "x" and f[1:].isdigit())} - {"nopdl", "nomerge"}
     if unknown:
         raise ValueError(f"unknown rtattn config flags {sorted(unknown)} in {name!r}")
     if os.environ.get("RTATTN_DEV_DEFINES", "") != defines:
         from rtattn.kernels import decode_kernels
         os.environ["RTATTN_DEV_DEFINES"] = defines
         decode_kernels.cache_clear()
-    return dict(mode=mode, pdl="nopdl" not in flags, waves=waves[-1] if waves else 1)
+    return dict(mode=mode, pdl="nopdl" not in flags, waves=waves[-1] if waves else 1, merge="nomerge" not in flags)
 
 
 def make_rt_wrapper(row: Row, x: Inputs, config: str):
     from rtattn.wrapper import BatchDecodeWrapper
     kw = rt_config(config)
-    waves = kw.pop("waves")
+    waves, merge = kw.pop("waves"), kw.pop("merge")
     w = BatchDecodeWrapper(row.hq, row.hkv, HEAD_DIM, PAGE, max_batch=x.batch, max_pages=x.pages,
                            dtype="bfloat16", kv_layout="NHD", **kw)
-    if waves == 1:
-        return w
-    return BatchDecodeWrapper(row.hq, row.hkv, HEAD_DIM, PAGE, max_batch=x.batch, max_pages=x.pages,
-                              dtype="bfloat16", kv_layout="NHD", num_ctas=waves * w.num_ctas, **kw)
+    if waves != 1:
+        w = BatchDecodeWrapper(row.hq, row.hkv, HEAD_DIM, PAGE, max_batch=x.batch, max_pages=x.pages,
+                               dtype="bfloat16", kv_layout="NHD", num_ctas=waves * w.num_ctas, **kw)
+    w._may_split = w._may_split and merge   # probe only: see rt_config
+    return w
 
 
 def bench_rtattn(ctx, x: Inputs, config: str = "auto") -> dict:
