@@ -13,7 +13,9 @@ __device__ __forceinline__ void merge_persistent(const P& p) {
   using T = typename P::DType;
   constexpr int D = P::head_dim;
   constexpr int SLICES = D / 32;  // a job is (merge row, head, 32 columns): one per lane
-  constexpr int KU = 16;  // partials whose loads are in flight together (8 measured the same)
+  // Partials whose loads are in flight together: one round trip for fan-ins up to 32 (a single
+  // long request split over every CTA of its head: 16 took 3 dependent rounds at 1x32K, 2 now).
+  constexpr int KU = 32;
   // The plan is a host-to-device copy's output (complete before the previous kernel ran): its
   // fields are read before wait_for_previous_grid(); the partials only after it.
   allow_next_grid();  // a dependent kernel waits for this grid's completion anyway: launch it now
