@@ -35,10 +35,11 @@ def params_struct(spec: AttentionSpec) -> CStruct:
         Member("v_stride_head", i64),
         Member("o", f"{t}*"), Member("o_stride_tok", i64), Member("o_stride_head", i64),
         Member("lse", "float*"), Member("partial_o", "float*"), Member("partial_lse", "float*"),
+        Member("merge_counters", "int*"),
         Member("plan", "PlanPtrs", _plan_struct()),
         Member("num_qo_heads", "int"), Member("group_size", "int"),
         Member("merge_row_capacity", "int"), Member("page_shift", "int"),
-        Member("sm_scale", "float"), Member("sm_scale_log2", "float"),
+        Member("sm_scale", "float"), Member("sm_scale_log2", "float"), Member("fused_merge", "int"),
         Member("extra", "ExtraParams", extra),
     ]
     return CStruct("Params", tuple(members))

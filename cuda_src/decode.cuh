@@ -15,6 +15,7 @@
 // read one block ahead, so issuing a block never waits on an L2 round trip.
 #pragma once
 #include "ptx.cuh"
+#include "state_fold.cuh"
 
 namespace rtattn {
 
@@ -58,6 +59,53 @@ struct DecodeShape {
 
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
+
+// Merges the rows of split tile `entry0` (entries entry0 .. + q_tokens - 1) for query heads
+// [head0, head0 + heads): four columns per (row, head, column group) unit; when units are fewer
+// than threads, S consecutive lanes share a unit, each folding every S-th partial (StateFold, as
+// the merge kernel), then fold each other's states in a butterfly. Writes O (and LSE).
+template <class Variant, class P>
+__device__ __forceinline__ void merge_tile(const P& p, Variant& var, int entry0, int q_tokens, int head0, int heads,
+                                           int tid) {
+  using T = typename P::DType;
+  constexpr int D = P::head_dim, C4 = D / 4, KU = 16;
+  const int H = p.num_qo_heads, units = q_tokens * heads * C4;
+  int S = 1;
+  while (S < 8 && 2 * S * units <= int(blockDim.x)) S *= 2;
+  for (int i0 = 0; i0 < units * S; i0 += blockDim.x) {  // uniform trip count: every lane shuffles
+    const int i = i0 + tid, part = i % S;
+    const bool active = i < units * S;
+    const int u = active ? i / S : 0;
+    const int c = u % C4 * 4, head = head0 + u / C4 % heads, e = entry0 + u / C4 / heads;
+    const int first = p.plan.merge_indptr[e], n = active ? p.plan.merge_indptr[e + 1] - first : 0;
+    const int start = p.plan.merge_partial_start[e], step = p.plan.merge_partial_stride[e];
+    StateFold<Variant::use_softmax, 4> fold;
+    for (int k0 = part; k0 < n; k0 += KU * S) {
+      float l[KU], v[KU][4];
+#pragma unroll
+      for (int k = 0; k < KU; ++k) {
+        const bool ok = k0 + k * S < n;
+        const int64_t prow = ok ? int64_t(start + (k0 + k * S) * step) * H + head : 0;
+        const float4 o4 = ok ? __ldcg(reinterpret_cast<const float4*>(p.partial_o + prow * D + c))
+                             : make_float4(0.f, 0.f, 0.f, 0.f);
+        l[k] = ok ? __ldcg(p.partial_lse + prow) : -INFINITY;
+        v[k][0] = o4.x, v[k][1] = o4.y, v[k][2] = o4.z, v[k][3] = o4.w;
+      }
+      fold.round(l, v);
+    }
+    for (int mask = 1; mask < S; mask *= 2) fold.fold_lanes(mask);
+    if (!active || part != 0) continue;
+    const int q_row = p.plan.merge_qo_row[e];
+    T* op = p.o + int64_t(q_row) * p.o_stride_tok + int64_t(head) * p.o_stride_head + c;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      float x = fold.out(j);
+      if constexpr (Variant::has_output_transform) x = var.OutputTransform(p, x, head, c + j);
+      op[j] = from_float<T>(x);
+    }
+    if (p.lse != nullptr && c == 0) p.lse[int64_t(q_row) * H + head] = fold.lse();
+  }
+}
 
 template <class Variant, class P, int M_TILES, int NUM_WARPS, int STAGES>
 __device__ __forceinline__ void decode_persistent(const P& p, char* smem) {
@@ -185,6 +233,9 @@ __device__ __forceinline__ void decode_persistent(const P& p, char* smem) {
     const int kv_begin = p.plan.item_kv_start[item];
     const int kv_end = p.plan.item_kv_end[item];
     const int partial_row = p.plan.item_partial[item];
+    const int merge_entry = p.plan.item_merge[item];  // the tile's first merge entry (split items)
+    const int merge_fan_in = p.fused_merge && merge_entry >= 0
+                                 ? p.plan.merge_indptr[merge_entry + 1] - p.plan.merge_indptr[merge_entry] : 0;
     // Per-request values; loads the variant does not use are dead code and vanish.
     const int qo_len = p.plan.req_qo_len[b];
     const int kv_len = p.plan.req_kv_len[b];
@@ -449,6 +500,29 @@ __device__ __forceinline__ void decode_persistent(const P& p, char* smem) {
         }
       }
       __syncthreads();  // the combine area is refilled by the loader (or the next tile's combine)
+    }
+
+    // ---- Fused merge: the CTA that writes a split tile's last partial (for this KV head) merges
+    // the tile's rows. Release: every thread fences its partial stores before one atomic counts
+    // the arrival; acquire: the last arriver fences, then reads the partials through L2 (this
+    // SM's L1 may hold lines of an earlier kernel's partials). It resets the counter: all the
+    // tile's arrivals are in, so the workspace is ready for the next kernel.
+    if (merge_fan_in > 0) {
+      __threadfence();
+      __syncthreads();
+      volatile int* is_last = reinterpret_cast<volatile int*>(q_smem);  // q is reloaded next item
+      if (tid == 0) {
+        int* counter = p.merge_counters + int64_t(merge_entry) * p.num_qo_heads + kv_head;
+        const bool last = atomicAdd(counter, 1) == merge_fan_in - 1;
+        if (last) *counter = 0;
+        *is_last = last;
+      }
+      __syncthreads();
+      if (*is_last) {
+        __threadfence();
+        merge_tile(p, var, merge_entry, q_tokens, first_qo_head, heads, tid);
+      }
+      __syncthreads();  // is_last is read before the next item's q overwrites it
     }
   }
   cp_async_wait<0>();  // only empty groups remain: the stream ended with the last item

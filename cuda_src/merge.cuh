@@ -1,10 +1,12 @@
 // Split-KV merge kernel, launched right after the decode kernel (PDL lets it start while the
-// decode kernel drains). One warp per (merge row, query head, 32 columns), a column per lane,
-// so rows with few partials still occupy many warps; the partials are folded in the plan's
-// fixed order with an online rescale, KU at a time so their loads are in flight together. The
-// grid is fixed (a persistent loop over jobs), so it is captured once and replayed for any plan.
+// decode kernel drains) when the wrapper does not fuse the merge into the decode kernel. One
+// warp per (merge row, query head, 32 columns), a column per lane, so rows with few partials
+// still occupy many warps; the partials are folded in the plan's fixed order (StateFold), KU at
+// a time so their loads are in flight together. The grid is fixed (a persistent loop over
+// jobs), so it is captured once and replayed for any plan.
 #pragma once
 #include "ptx.cuh"
+#include "state_fold.cuh"
 
 namespace rtattn {
 
@@ -34,39 +36,22 @@ __device__ __forceinline__ void merge_persistent(const P& p) {
     if (r >= num_rows) break;
     wait_for_previous_grid();  // returns at once after the first time
     const int n = last - first;
-    float m = -INFINITY, w_sum = 0.f, acc = 0.f;
+    StateFold<Variant::use_softmax, 1> fold;
     for (int k0 = 0; k0 < n; k0 += KU) {
-      float l[KU], v[KU];
+      float l[KU], v[KU][1];
 #pragma unroll
       for (int kk = 0; kk < KU; ++kk) {
         const bool ok = k0 + kk < n;
         const int64_t prow = ok ? int64_t(start + (k0 + kk) * step) * H + head : 0;
         l[kk] = ok ? p.partial_lse[prow] : -INFINITY;
-        v[kk] = ok ? p.partial_o[prow * D + d] : 0.f;
+        v[kk][0] = ok ? p.partial_o[prow * D + d] : 0.f;
       }
-      // Fold the round into the running state: round max, then independent weights, then sums
-      // in a fixed order (short dependency chains; the same plan gives the same bits).
-      float m_new = m;
-#pragma unroll
-      for (int kk = 0; kk < KU; ++kk) m_new = fmaxf(m_new, l[kk]);
-      const float base = m_new == -INFINITY ? 0.f : m_new;
-      const float scale = __expf(m - base);
-      float w_round = 0.f, o_round = 0.f;
-#pragma unroll
-      for (int kk = 0; kk < KU; ++kk) {
-        const float w = __expf(l[kk] - base);  // 0 for the padding entries (l = -inf)
-        w_round += w;
-        o_round += Variant::use_softmax ? w * v[kk] : v[kk];
-      }
-      w_sum = w_sum * scale + w_round;
-      acc = Variant::use_softmax ? acc * scale + o_round : acc + o_round;
-      m = m_new;
+      fold.round(l, v);
     }
-    float x = acc * ((Variant::use_softmax && w_sum > 0.f) ? 1.f / w_sum : 1.f);
+    float x = fold.out(0);
     if constexpr (Variant::has_output_transform) x = var.OutputTransform(p, x, head, d);
     p.o[int64_t(q_row) * p.o_stride_tok + int64_t(head) * p.o_stride_head + d] = from_float<T>(x);
-    if (p.lse != nullptr && d == 0)
-      p.lse[int64_t(q_row) * H + head] = w_sum > 0.f ? (m == -INFINITY ? 0.f : m) + __logf(w_sum) : -INFINITY;
+    if (p.lse != nullptr && d == 0) p.lse[int64_t(q_row) * H + head] = fold.lse();
   }
 }
 

@@ -19,7 +19,7 @@ from rtattn.codegen.spec import BUILTINS, AttentionSpec, default_stages
 from rtattn.kernels import decode_kernels
 from rtattn.plan import devices as plan_devices
 from rtattn.plan.inspector import Planner, PlanInfo
-from rtattn.runtime import DeviceBuffer, Event, PinnedBuffer, as_stream, current_device, memcpy_htod_async
+from rtattn.runtime import DeviceBuffer, Event, PinnedBuffer, as_stream, current_device, memcpy_htod_async, memset_d32
 from rtattn.tensors import cuda_tensor, expect_inner_contiguous, expect_shape, expect_vector_aligned, same_device
 
 KV_LAYOUTS = ("NHD", "HND")
@@ -43,7 +43,7 @@ class BatchDecodeWrapper:
                  max_batch: int, max_pages: int, max_qo_tokens: int | None = None,
                  variant="plain", dtype: str = "bfloat16", kv_layout: str = "NHD",
                  mode: str = "auto", chunk_tokens: int = 2048, pdl: bool = True, num_ctas: int | None = None,
-                 device=None, workspace=None):
+                 fused_merge: bool = False, device=None, workspace=None):
         if page_size < 1 or page_size & (page_size - 1):
             raise ValueError(f"page_size={page_size}: the decode kernel needs a power of two")
         if kv_layout not in KV_LAYOUTS:
@@ -59,6 +59,11 @@ class BatchDecodeWrapper:
             raise ValueError(f"head group {self.group} exceeds the kernel's {self.spec.rows} rows")
         self.kernels = decode_kernels(self.spec, self.device.ordinal)
         self.pdl = pdl
+        # Split KV rows are merged by a second kernel after the whole grid (default), or by the
+        # decode kernel's CTA that writes a tile's last partial (arrival counters in the
+        # workspace): faster for a few very long rows, slower for heavy-tailed small batches
+        # (docs/perf-log.md v4).
+        self.fused_merge = bool(fused_merge)
         if num_ctas is not None and (not isinstance(num_ctas, int) or num_ctas < 1):
             raise ValueError(f"num_ctas must be a positive int (CTAs per KV head), got {num_ctas!r}")
         # Default: one resident wave. More oversubscribes the GPU (the hardware then hands queues
@@ -79,6 +84,8 @@ class BatchDecodeWrapper:
         self._slot = 0
         self.pinned = self._pinned[0]   # the buffer holding the latest plan
         self.workspace = self._workspace(workspace)
+        self._counters = self.workspace_ptr + self.layout.merge_counters_offset(num_qo_heads, head_dim)
+        memset_d32(self._counters, 0, self.layout.merge_counters_bytes(num_qo_heads) // 4)
         self._fixed = self._fixed_params()
         self._may_split = self.planner.bounds.max_merge_rows > 0   # naive plans never need the merge kernel
         self.info: PlanInfo | None = None
@@ -215,6 +222,7 @@ class BatchDecodeWrapper:
         return dict(
             partial_o=ws + self.layout.partial_o_offset(),
             partial_lse=ws + self.layout.partial_lse_offset(self.num_qo_heads, self.head_dim),
+            merge_counters=self._counters, fused_merge=int(self.fused_merge),
             plan={name: ws + off for name, off in self.layout.offsets.items()},
             num_qo_heads=self.num_qo_heads, group_size=self.group,
             merge_row_capacity=max(1, self.layout.bounds.max_merge_rows),
@@ -243,7 +251,7 @@ class DecodeLaunch:
     def __call__(self, stream=None) -> None:
         w = self.wrapper
         w.kernels.launch(self.params, w.num_ctas, w.num_kv_heads, stream or self.stream,
-                         merge=w._may_split, pdl=w.pdl)
+                         merge=w._may_split and not w.fused_merge, pdl=w.pdl)
 
 
 def _host(a) -> np.ndarray:

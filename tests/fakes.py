@@ -34,6 +34,7 @@ class FakeKernels:
     def launch(self, params, num_ctas, grid_y, stream=None, merge=True, pdl=True):
         self.launches.append(params)
         self.grids.append((num_ctas, grid_y))
+        self.merges = getattr(self, "merges", []) + [merge]
 
 
 class FakeBuffer:
@@ -61,4 +62,5 @@ def install(monkeypatch, kernels, *, device=None, buffer=FakeBuffer, memcpy=lamb
     monkeypatch.setattr(W, "Event", lambda timing=False: SimpleNamespace(record=lambda s=None: None,
                                                                           synchronize=lambda: None))
     monkeypatch.setattr(W, "memcpy_htod_async", memcpy)
+    monkeypatch.setattr(W, "memset_d32", lambda ptr, value, count: None)
     return dev

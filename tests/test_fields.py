@@ -17,7 +17,7 @@ def test_field_order_is_the_contract():
     assert F.FIELD_NAMES == (
         "req_qo_start", "req_qo_len", "req_kv_page_start", "req_kv_len", "kv_indices",
         "work_indptr", "item_request", "item_qo_start", "item_qo_len", "item_kv_start",
-        "item_kv_end", "item_partial", "item_kv_page_start", "merge_indptr", "merge_qo_row",
+        "item_kv_end", "item_partial", "item_merge", "item_kv_page_start", "merge_indptr", "merge_qo_row",
         "merge_partial_start", "merge_partial_stride", "plan_info")
     assert all(f.dtype == np.int32 for f in F.PLAN_FIELDS)
 

@@ -157,3 +157,17 @@ def test_num_ctas_override_sets_the_grid_and_the_plan(fake_gpu):
     for bad in (0, -1, 2.5):
         with pytest.raises(ValueError, match="num_ctas"):
             _wrapper(num_ctas=bad)
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_fused_merge_packs_counters_and_skips_the_merge_kernel(fake_gpu, fused):
+    w = _wrapper(fused_merge=fused, max_pages=600)
+    w.plan(*paged_kv([3000, 20, 5000], 16, shuffle_seed=1))
+    assert w.info.num_merge_rows > 0
+    w.run(cuda((3, 32, 128)), cuda((700, 16, 8, 128), ptr=1 << 32), cuda((700, 16, 8, 128), ptr=1 << 33),
+          out=cuda((3, 32, 128), ptr=1 << 34))
+    k = fake_gpu.kernels[-1]
+    st = k.rendered.params.ctypes_type().from_buffer_copy(k.launches[-1])
+    assert st.fused_merge == int(fused) and k.merges[-1] == (not fused)
+    assert st.merge_counters == w.workspace_ptr + w.layout.merge_counters_offset(32, 128)
+    assert w.planner.workspace_bytes() >= w.layout.merge_counters_offset(32, 128) + 4 * 32

@@ -272,22 +272,24 @@ def bench_flashinfer(ctx, x: Inputs, tc: bool) -> dict:
 
 
 def rt_config(name: str) -> dict:
-    """'MODE[+nopdl][+nomerge][+xN][+D<NAME>...]' -> BatchDecodeWrapper keyword arguments. '+xN'
+    """'MODE[+nopdl][+fused][+nomerge][+xN][+D<NAME>...]' -> BatchDecodeWrapper keyword
+    arguments. '+fused' merges split rows inside the decode kernel (fused_merge=True); '+xN'
     runs N times the default grid (num_ctas); '+nomerge' never launches the merge kernel (wrong
-    output wherever KV is split: a timing probe of the decode kernel alone); '+DX' compiles the
+    output wherever KV is split: a timing probe); '+DX' compiles the
     kernels with -DX (experiments behind a #ifdef, A/B in one run; kernels.py reads
     RTATTN_DEV_DEFINES)."""
     mode, *flags = name.split("+")
     defines = " ".join("-" + f for f in flags if f.startswith("D"))
     waves = [int(f[1:]) for f in flags if f[:1] == "x" and f[1:].isdigit()]
-    unknown = {f for f in flags if not f.startswith("D") and not (f[:1] == "x" and f[1:].isdigit())} - {"nopdl", "nomerge"}
+    unknown = {f for f in flags if not f.startswith("D") and not (f[:1] == "x" and f[1:].isdigit())} - {"nopdl", "nomerge", "fused"}
     if unknown:
         raise ValueError(f"unknown rtattn config flags {sorted(unknown)} in {name!r}")
     if os.environ.get("RTATTN_DEV_DEFINES", "") != defines:
         from rtattn.kernels import decode_kernels
         os.environ["RTATTN_DEV_DEFINES"] = defines
         decode_kernels.cache_clear()
-    return dict(mode=mode, pdl="nopdl" not in flags, waves=waves[-1] if waves else 1, merge="nomerge" not in flags)
+    return dict(mode=mode, pdl="nopdl" not in flags, waves=waves[-1] if waves else 1, merge="nomerge" not in flags,
+                fused_merge="fused" in flags)
 
 
 def make_rt_wrapper(row: Row, x: Inputs, config: str):

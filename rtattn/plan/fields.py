@@ -186,6 +186,9 @@ PLAN_FIELDS: tuple[PlanField, ...] = (
        "one past the last KV token of the chunk (== start only for empty KV)"),
     _f("item_partial", lambda b: b.max_items, "max_items",
        "-1: writethrough final O/LSE; else first partial row p (rows p..p+qo_len-1)"),
+    _f("item_merge", lambda b: b.max_items, "max_items",
+       "-1: writethrough; else the first merge entry of the item's tile (its rows' entries are "
+       "consecutive): the kernel's CTA that writes the tile's last partial merges them"),
     _f("item_kv_page_start", lambda b: b.max_items, "max_items",
        "req_kv_page_start of the item's request (the KV loader reads no request field)"),
     _f("merge_indptr", lambda b: b.max_merge_rows + 1, "max_merge_rows + 1",
@@ -211,7 +214,9 @@ class PlanLayout:
     """Byte layout of the plan (and of the device workspace) for fixed bounds.
 
     Workspace = [plan region | partial_o f32[max_partial_rows, H_qo, D] |
-    partial_lse f32[max_partial_rows, H_qo]], each part 256-byte aligned.  The
+    partial_lse f32[max_partial_rows, H_qo] | merge_counters i32[max_merge_rows, H_qo]],
+    each part 256-byte aligned. The counters (arrivals per split tile's first merge entry
+    and KV head) are zero between kernels: zeroed once, reset by the CTA that merges.  The
     host pinned buffer holds only the plan region; one H2D copy of `plan_bytes`
     moves it to the workspace base.
     """
@@ -251,12 +256,12 @@ class PlanLayout:
             o = self.offsets[f.name]
             n = self.capacity[f.name]
             out[f.name] = raw[o:o + n * f.dtype.itemsize].view(f.dtype)
-        # The six item_* arrays have one capacity, so they sit at equal strides:
+        # The seven item_* arrays have one capacity, so they sit at equal strides:
         # a 2-D view lets the planner write all of them with one assignment.
         first = self.offsets["item_request"]
         stride = self.offsets["item_qo_start"] - first
         names = ("item_request", "item_qo_start", "item_qo_len", "item_kv_start",
-                 "item_kv_end", "item_partial")
+                 "item_kv_end", "item_partial", "item_merge")
         assert all(self.offsets[k] == first + i * stride for i, k in enumerate(names))
         out["_items"] = np.lib.stride_tricks.as_strided(
             out["item_request"], shape=(len(names), self.capacity["item_request"]),
@@ -279,9 +284,15 @@ class PlanLayout:
         n = self.bounds.max_partial_rows * num_qo_heads * head_dim * 4
         return align_up(self.partial_o_offset() + n)
 
-    def workspace_bytes(self, num_qo_heads: int, head_dim: int) -> int:
+    def merge_counters_offset(self, num_qo_heads: int, head_dim: int) -> int:
         n = self.bounds.max_partial_rows * num_qo_heads * 4
         return align_up(self.partial_lse_offset(num_qo_heads, head_dim) + n)
+
+    def merge_counters_bytes(self, num_qo_heads: int) -> int:
+        return max(self.bounds.max_merge_rows, 1) * num_qo_heads * 4
+
+    def workspace_bytes(self, num_qo_heads: int, head_dim: int) -> int:
+        return align_up(self.merge_counters_offset(num_qo_heads, head_dim) + self.merge_counters_bytes(num_qo_heads))
 
     def table(self) -> list[tuple[str, str, int, int, str]]:
         """(name, dtype, capacity, offset, formula) per field, declaration order."""

@@ -246,11 +246,11 @@ class Planner:
             maxc = int(_MAX(nchunk))
         if mode == "contiguous" and T > 0:
             return self._contiguous(decode, t_req, t_qs, t_qlen, t_kv)
-        # Items: rows request, qo_start, qo_len, kv_start, kv_end, partial.
+        # Items: rows request, qo_start, qo_len, kv_start, kv_end, partial, merge.
         if maxc == 1:
             n = T
-            it = np.empty((6, n), dtype=np.int32)
-            it[0], it[1], it[2], it[3], it[4], it[5] = t_req, t_qs, t_qlen, 0, t_kv, -1
+            it = np.empty((7, n), dtype=np.int32)
+            it[0], it[1], it[2], it[3], it[4], it[5:] = t_req, t_qs, t_qlen, 0, t_kv, -1
             i_tile = i_chunk = None
         else:
             ends = _ACC(nchunk, dtype=np.int64)
@@ -259,7 +259,7 @@ class Planner:
                 raise ValueError(f"plan needs {n} work items, exceeding max_items="
                                  f"{self.bounds.max_items} (mode={mode})")
             i_tile, i_chunk = _repeat_index(nchunk, self._ar, ends)
-            it = np.empty((6, n), dtype=np.int32)
+            it = np.empty((7, n), dtype=np.int32)
             if decode:   # t_req is the identity, every tile has one row
                 it[0] = i_tile
                 it[1] = qo_indptr[i_tile]
@@ -358,8 +358,8 @@ class Planner:
         nchunk = np.bincount(i_tile, minlength=T)
         first = _ACC(nchunk) - nchunk
         i_chunk = self._ar[:n] - first[i_tile]
-        it = np.empty((6, n), dtype=np.int32)
-        it[0], it[1], it[2], it[3], it[4], it[5] = t_req[i_tile], t_qs[i_tile], t_qlen[i_tile], cut, kv_end, -1
+        it = np.empty((7, n), dtype=np.int32)
+        it[0], it[1], it[2], it[3], it[4], it[5:] = t_req[i_tile], t_qs[i_tile], t_qlen[i_tile], cut, kv_end, -1
         cost = (kv_end - cut) * COST_BETA + fixed[i_tile]
         res = dict(n=n, L=int(w), loads=np.bincount(cta, weights=cost, minlength=C).astype(np.int64),
                    counts=np.bincount(cta, minlength=C), items=it, final=self._ar[:n],
@@ -371,7 +371,8 @@ class Planner:
     def _partials(self, res, it, nchunk, t_qlen, t_qs, i_tile, i_chunk, decode):
         """Partial rows: split tile t owns rows pbase[t] .. + n_t * qo_t, chunk j
         writes pbase[t] + j * qo_t + r for its row r.  Merge entry (t, r) lists
-        those n_t rows in chunk (= ascending KV) order."""
+        those n_t rows in chunk (= ascending KV) order; a split tile's entries are
+        consecutive from its item_merge."""
         split = nchunk >= 2
         rows_t = nchunk * split if decode else nchunk * t_qlen * split
         pend = _ACC(rows_t)
@@ -392,6 +393,7 @@ class Planner:
             cnt = nchunk[st]
             m_row = t_qs[st]
             m_start, m_stride = pbase[st], np.ones(M, dtype=np.int64)
+            t_entry = self._ar[:M]
         else:
             qst = t_qlen[st]
             M = int(_ADD(qst, dtype=np.int64))
@@ -401,6 +403,10 @@ class Planner:
             cnt = nchunk[e_tile]
             m_row = t_qs[e_tile] + e_r
             m_start, m_stride = pbase[e_tile] + e_r, t_qlen[e_tile]
+            t_entry = _ACC(qst) - qst
+        entry = np.full(split.shape[0], -1, dtype=np.int64)
+        entry[st] = t_entry
+        it[6] = entry[i_tile]
         m_indptr = np.zeros(M + 1, dtype=np.int64)
         _ACC(cnt, out=m_indptr[1:])
         res.update(m_indptr=m_indptr, m_row=m_row, m_start=m_start, m_stride=m_stride,

@@ -111,6 +111,19 @@ def verify_plan(views: dict, qo_len, kv_len, *, tile_q: int, page_size: int,
     same = owner[1:] == owner[:-1]
     if (kv_of[mp][1:][same] <= kv_of[mp][:-1][same]).any():
         _fail("a merge entry is not in ascending KV order")
+    # item_merge: -1 for writethrough; else entries e0 .. e0 + rows - 1 are the item's rows,
+    # and each lists the item's partial row for it.
+    im = views["item_merge"][:n].astype(np.int64)
+    if ((im >= 0) != pr).any():
+        _fail("item_merge set for a writethrough item or missing for a split one")
+    if pr.any():
+        e = (im[pr][:, None] + np.arange(tile_q)[None]).ravel()[valid]
+        if ((e < 0) | (e >= M)).any() or (mrow[e] != g_row).any():
+            _fail("item_merge entries are not the item's rows")
+        pos_of = np.empty(P, np.int64)
+        pos_of[mp] = np.arange(P)
+        if (owner[pos_of[prow]] != e).any():
+            _fail("an item's merge entry does not list the item's partial row")
     wt = part < 0
     wt_rows = (qs[wt][:, None] + np.arange(tile_q)[None]).ravel()[
         (np.arange(tile_q)[None] < ql[wt][:, None]).ravel()]

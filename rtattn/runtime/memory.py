@@ -34,6 +34,13 @@ def memcpy_dtod_async(dst_ptr: int, src_ptr: int, nbytes: int, stream=None) -> N
           "cuMemcpyDtoDAsync")
 
 
+def memset_d32(dst_ptr: int, value: int, count: int) -> None:
+    """Fill `count` 32-bit words at a device address, complete when this returns."""
+    if count:
+        check(cu.cuMemsetD32(dst_ptr, int(value) & 0xFFFFFFFF, count), "cuMemsetD32")
+        check(cu.cuCtxSynchronize(), "cuCtxSynchronize")
+
+
 def _host_array(a) -> np.ndarray:
     a = np.asarray(a)
     if not a.flags.c_contiguous:
