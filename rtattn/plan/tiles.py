@@ -17,13 +17,14 @@ from .devices import Device, get_device
 
 # Per-kernel resource model, keyed by head_dim bucket (<=64, <=128, 256).
 # smem = (stages * tile_kv * 2 (K and V) + q_rows) * head_dim * dtype_bytes + extra_smem.
-# Decode: cuda_src/decode.cuh (unpadded, swizzled rows; registers from cuobjdump for d128 and
-# d256, m_tiles 1); 3 stages, 2 where 3 do not fit (d256 on A100), as codegen.default_stages.
+# Decode: cuda_src/decode.cuh (unpadded, swizzled rows; each stage has 512 bytes of slack for
+# the warps' float32 combine: extra_smem = 3 x 512; registers from cuobjdump, m_tiles 1);
+# 3 stages, 2 where 3 do not fit (d256 on A100), as codegen.default_stages.
 KERNEL_RESOURCES = {
     "decode": {
-        64: dict(threads=128, regs=144, stages=3, tile_kv=64, extra_smem=0),
-        128: dict(threads=128, regs=218, stages=3, tile_kv=64, extra_smem=0),
-        256: dict(threads=128, regs=252, stages=3, tile_kv=64, extra_smem=0),
+        64: dict(threads=128, regs=164, stages=3, tile_kv=64, extra_smem=1536),
+        128: dict(threads=128, regs=232, stages=3, tile_kv=64, extra_smem=1536),
+        256: dict(threads=128, regs=255, stages=3, tile_kv=64, extra_smem=1536),
     },
     "prefill": {
         64: dict(threads=128, regs=168, stages=2, tile_kv=None, extra_smem=1024),
