@@ -298,27 +298,21 @@ class Planner:
             counts = np.bincount(cta, minlength=C)
             if loads is None:
                 loads = np.bincount(cta, weights=cs, minlength=C).astype(np.int64)
-        res = dict(n=n, L=int(L), loads=loads, counts=counts, items=it, final=final,
-                   merge_rows=0, partial_rows=0, split_tiles=0)
-        if maxc > 1:
-            self._partials(res, it, nchunk, t_qlen, t_qs, i_tile, i_chunk, decode)
-        bb = self.bounds
-        if res["merge_rows"] > bb.max_merge_rows:
-            raise ValueError(f"plan needs {res['merge_rows']} merge rows, exceeding "
-                             f"max_merge_rows={bb.max_merge_rows}")
-        if res["partial_rows"] > bb.max_partial_rows:
-            raise ValueError(f"plan needs {res['partial_rows']} partial rows, exceeding "
-                             f"max_partial_rows={bb.max_partial_rows}")
         if mode == "auto" and n > C:
             # LPT over Algorithm 1's chunks leaves one CTA a chunk above the mean when chunks
             # barely outnumber CTAs (n <= C: one chunk <= L per CTA, nothing to gain). Past
             # AUTO_IMBALANCE the contiguous partition (every CTA within a page of the mean, more
             # split rows) was faster on the H200 (docs/perf-log.md): take it if it is lighter.
-            top = int(_MAX(res["loads"]))
-            if top * C > AUTO_IMBALANCE * int(_ADD(res["loads"])):
+            # Decided on the loads alone, before this plan's partial rows are laid out.
+            top = int(_MAX(loads))
+            if top * C > AUTO_IMBALANCE * int(_ADD(loads)):
                 con = self._contiguous(decode, t_req, t_qs, t_qlen, t_kv)
                 if int(_MAX(con["loads"])) < top:
                     return con
+        res = dict(n=n, L=int(L), loads=loads, counts=counts, items=it, final=final,
+                   merge_rows=0, partial_rows=0, split_tiles=0)
+        if maxc > 1:
+            self._partials(res, it, nchunk, t_qlen, t_qs, i_tile, i_chunk, decode)
         return res
 
     def _contiguous(self, decode, t_req, t_qs, t_qlen, t_kv) -> dict:
