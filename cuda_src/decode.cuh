@@ -217,6 +217,42 @@ __device__ __forceinline__ void decode_persistent(const P& p, char* smem) {
     cp_async_commit();
   };
 
+  // ---- The compute side reads its item fields, and the item's query rows, one item ahead too
+  // (where the registers allow: d128 with one row tile; elsewhere it spilled or cost d64 its
+  // third CTA per SM): both are in flight while the previous item computes, so an item starts
+  // without a round trip.
+#ifdef RTATTN_DEV_NO_PREFETCH  // A/B probe (RTATTN_DEV_DEFINES)
+  constexpr bool kPrefetch = false;
+#else
+  constexpr bool kPrefetch = D == 128 && M_TILES == 1;
+#endif
+  struct ItemFields { int b, q_row0, q_tokens, kv_begin, kv_end, partial_row, merge_entry; };
+  auto read_item = [&](int it) {
+    return ItemFields{p.plan.item_request[it], p.plan.item_qo_start[it], p.plan.item_qo_len[it],
+                      p.plan.item_kv_start[it], p.plan.item_kv_end[it], p.plan.item_partial[it],
+                      p.plan.item_merge[it]};
+  };
+  // Query rows (token t, head j) -> row t*heads + j. Each thread loads 8-wide column chunks at d
+  // and d + D/2 (the pair a RoPE-style QueryTransform rotates together) as 16-byte vectors.
+  constexpr int QV = D / 16;  // chunks per half row
+  constexpr int Q_ITERS = (S::rows * QV + S::threads - 1) / S::threads;
+  uint4 q_lo[Q_ITERS], q_hi[Q_ITERS];
+  auto load_q = [&](const ItemFields& x) {
+#pragma unroll
+    for (int k = 0; k < Q_ITERS; ++k) {
+      const int i = tid + k * S::threads, r = i / QV, c = (i % QV) * 8;
+      q_lo[k] = q_hi[k] = make_uint4(0u, 0u, 0u, 0u);
+      if (i < S::rows * QV && r < x.q_tokens * heads) {
+        const T* qp = p.q + int64_t(x.q_row0 + r / heads) * p.q_stride_tok +
+                      int64_t(first_qo_head + r % heads) * p.q_stride_head + c;
+        q_lo[k] = *reinterpret_cast<const uint4*>(qp);
+        q_hi[k] = *reinterpret_cast<const uint4*>(qp + D / 2);
+      }
+    }
+  };
+
+  ItemFields next_item{};
+  if (kPrefetch && item_begin < item_end) next_item = read_item(item_begin);
   peek_item(ld_item);
   enter_item();
   fetch_pages();
@@ -224,16 +260,16 @@ __device__ __forceinline__ void decode_persistent(const P& p, char* smem) {
   allow_next_grid();  // a dependent kernel waits for this grid's completion anyway: launch it now
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) issue_block(s);
+  if (kPrefetch && item_begin < item_end) load_q(next_item);
   int blocks_done = 0;  // compute position in the stream: stage blocks_done % STAGES is next
 
   for (int item = item_begin; item < item_end; ++item) {
-    const int b = p.plan.item_request[item];
-    const int q_row0 = p.plan.item_qo_start[item];
-    const int q_tokens = p.plan.item_qo_len[item];
-    const int kv_begin = p.plan.item_kv_start[item];
-    const int kv_end = p.plan.item_kv_end[item];
-    const int partial_row = p.plan.item_partial[item];
-    const int merge_entry = p.plan.item_merge[item];  // the tile's first merge entry (split items)
+    const ItemFields cur = kPrefetch ? next_item : read_item(item);
+    if (kPrefetch && item + 1 < item_end) next_item = read_item(item + 1);
+    if (!kPrefetch) load_q(cur);
+    const int b = cur.b, q_row0 = cur.q_row0, q_tokens = cur.q_tokens;
+    const int kv_begin = cur.kv_begin, kv_end = cur.kv_end, partial_row = cur.partial_row;
+    const int merge_entry = cur.merge_entry;  // the tile's first merge entry (split items)
     const int merge_fan_in = p.fused_merge && merge_entry >= 0
                                  ? p.plan.merge_indptr[merge_entry + 1] - p.plan.merge_indptr[merge_entry] : 0;
     // Per-request values; loads the variant does not use are dead code and vanish.
@@ -246,23 +282,7 @@ __device__ __forceinline__ void decode_persistent(const P& p, char* smem) {
     Variant var;
     var.init(p, b, qo_len, kv_len);
 
-    // ---- Query rows (token t, head j) -> row t*heads + j, as T. Each thread handles 8-wide
-    // column chunks at d and d + D/2 (the pair a RoPE-style QueryTransform rotates together);
-    // all of its 16-byte loads are issued before any is used: one round trip per item.
-    constexpr int QV = D / 16;  // chunks per half row
-    constexpr int Q_ITERS = (S::rows * QV + S::threads - 1) / S::threads;
-    uint4 q_lo[Q_ITERS], q_hi[Q_ITERS];
-#pragma unroll
-    for (int k = 0; k < Q_ITERS; ++k) {
-      const int i = tid + k * S::threads, r = i / QV, c = (i % QV) * 8;
-      q_lo[k] = q_hi[k] = make_uint4(0u, 0u, 0u, 0u);
-      if (i < S::rows * QV && r < rows_valid) {
-        const T* qp = p.q + int64_t(q_row0 + r / heads) * p.q_stride_tok +
-                      int64_t(first_qo_head + r % heads) * p.q_stride_head + c;
-        q_lo[k] = *reinterpret_cast<const uint4*>(qp);
-        q_hi[k] = *reinterpret_cast<const uint4*>(qp + D / 2);
-      }
-    }
+    // ---- Query rows (loaded one item ahead) -> the q tile, through the QueryTransform hook.
 #pragma unroll
     for (int k = 0; k < Q_ITERS; ++k) {
       const int i = tid + k * S::threads, r = i / QV, c = (i % QV) * 8;
@@ -431,6 +451,7 @@ __device__ __forceinline__ void decode_persistent(const P& p, char* smem) {
         }
       }
     }
+    if (kPrefetch && item + 1 < item_end) load_q(next_item);  // in flight over the combine
     __syncthreads();  // every warp is done with the last block's stage
 
     // ---- Combine the warps, one 16-row tile at a time, in the stage of the last block computed:
