@@ -221,11 +221,7 @@ __device__ __forceinline__ void decode_persistent(const P& p, char* smem) {
   // (where the registers allow: d128 with one row tile; elsewhere it spilled or cost d64 its
   // third CTA per SM): both are in flight while the previous item computes, so an item starts
   // without a round trip.
-#ifdef RTATTN_DEV_NO_PREFETCH  // A/B probe (RTATTN_DEV_DEFINES)
-  constexpr bool kPrefetch = false;
-#else
   constexpr bool kPrefetch = D == 128 && M_TILES == 1;
-#endif
   struct ItemFields { int b, q_row0, q_tokens, kv_begin, kv_end, partial_row, merge_entry; };
   auto read_item = [&](int it) {
     return ItemFields{p.plan.item_request[it], p.plan.item_qo_start[it], p.plan.item_qo_len[it],

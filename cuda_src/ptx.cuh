@@ -14,14 +14,11 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
 
 // The KV cache is read once per step: its copies carry an L2 evict-first policy so they do not
 // push out what is reused (the plan, q, partials, the next kernel's inputs). Measured on the
-// H200: 0-2% faster on 13 of 14 benchmark rows (docs/perf-log.md).
+// H200: 0-2% faster on 13 of 14 benchmark rows than no hint; evict-normal was 6-16% slower
+// (docs/perf-log.md v3, v4).
 __device__ __forceinline__ uint64_t evict_first_policy() {
   uint64_t policy;
-#ifdef RTATTN_KV_EVICT_NORMAL  // dev A/B (RTATTN_DEV_DEFINES)
-  asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;\n" : "=l"(policy));
-#else
   asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
-#endif
   return policy;
 }
 // Copies 16 bytes under an L2 cache policy; when `valid` is false nothing is read and the
