@@ -23,7 +23,7 @@ from .devices import Device, get_device
 KERNEL_RESOURCES = {
     "decode": {
         64: dict(threads=128, regs=164, stages=3, tile_kv=64, extra_smem=1536),
-        128: dict(threads=128, regs=232, stages=3, tile_kv=64, extra_smem=1536),
+        128: dict(threads=128, regs=244, stages=3, tile_kv=64, extra_smem=1536),
         256: dict(threads=128, regs=255, stages=3, tile_kv=64, extra_smem=1536),
     },
     "prefill": {
