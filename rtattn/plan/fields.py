@@ -256,12 +256,12 @@ class PlanLayout:
             o = self.offsets[f.name]
             n = self.capacity[f.name]
             out[f.name] = raw[o:o + n * f.dtype.itemsize].view(f.dtype)
-        # The seven item_* arrays have one capacity, so they sit at equal strides:
+        # The eight item_* arrays have one capacity, so they sit at equal strides:
         # a 2-D view lets the planner write all of them with one assignment.
         first = self.offsets["item_request"]
         stride = self.offsets["item_qo_start"] - first
         names = ("item_request", "item_qo_start", "item_qo_len", "item_kv_start",
-                 "item_kv_end", "item_partial", "item_merge")
+                 "item_kv_end", "item_partial", "item_merge", "item_kv_page_start")
         assert all(self.offsets[k] == first + i * stride for i, k in enumerate(names))
         out["_items"] = np.lib.stride_tricks.as_strided(
             out["item_request"], shape=(len(names), self.capacity["item_request"]),

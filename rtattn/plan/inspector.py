@@ -29,6 +29,7 @@ horizon (positions beyond are masked for every row of the tile).
 from __future__ import annotations
 
 import heapq
+import struct
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -74,9 +75,13 @@ def item_cost(qo_len, kv_len):
     return COST_ALPHA * qo_len + COST_BETA * kv_len + COST_GAMMA
 
 
-_MAX = np.maximum.reduce
 _ADD = np.add.reduce
 _ACC = np.add.accumulate
+
+
+def _top(a: np.ndarray) -> int:
+    """Largest entry (argmax: ~4x cheaper than a ufunc reduction on small arrays)."""
+    return a.item(a.argmax())
 
 
 def _repeat_index(counts: np.ndarray, ar: np.ndarray, ends: np.ndarray | None = None):
@@ -85,16 +90,16 @@ def _repeat_index(counts: np.ndarray, ar: np.ndarray, ends: np.ndarray | None = 
     the inclusive cumsum of counts if the caller has it."""
     if ends is None:
         ends = _ACC(counts, dtype=np.int64)
-    n = int(ends[-1]) if ends.shape[0] else 0
-    owner = np.repeat(ar[:counts.shape[0]], counts)
+    n = ends.item(-1) if ends.shape[0] else 0
+    owner = ar[:counts.shape[0]].repeat(counts)   # the method: np.repeat adds ~0.7 us of dispatch
     pos = ar[:n] - (ends - counts)[owner]
     return owner, pos
 
 
-def lpt_assign(cost_sorted: np.ndarray, num_ctas: int, ar: np.ndarray):
+def lpt_assign(cost_sorted: np.ndarray, num_ctas: int, ar: np.ndarray) -> np.ndarray:
     """Longest-processing-time assignment of costs sorted descending (int64).
-    Least-loaded CTA first, ties by CTA id.  Returns (cta of each item, load of
-    each CTA).
+    Least-loaded CTA first, ties by CTA id.  Returns the CTA of each item
+    (int64); a CTA's load is the sum of its items' costs.
 
     Key = (load << shift) | cta as one Python int, so heapq compares plain ints
     and the loop body is two C calls.  The first num_ctas items land on CTAs
@@ -103,23 +108,19 @@ def lpt_assign(cost_sorted: np.ndarray, num_ctas: int, ar: np.ndarray):
     m = min(n, num_ctas)
     shift = num_ctas.bit_length()
     mask = (1 << shift) - 1
-    heap = ((cost_sorted[:m] << shift) | ar[:m]).tolist()
+    keys = cost_sorted << shift
+    heap = (keys[:m] | ar[:m]).tolist()
     heapq.heapify(heap)
     tops = []
     push = heapq.heapreplace
     append = tops.append
-    for c in (cost_sorted[m:] << shift).tolist():
+    for c in keys[m:].tolist():
         top = heap[0]
         push(heap, top + c)
-        append(top)
-    cta = np.empty(n, dtype=np.int64)
-    cta[:m] = ar[:m]
+        append(top & mask)
+    cta = ar[:n].copy()
     cta[m:] = tops
-    cta[m:] &= mask
-    fin = np.array(heap, dtype=np.int64)
-    loads = np.zeros(num_ctas, dtype=np.int64)
-    loads[fin & mask] = fin >> shift
-    return cta, loads
+    return cta
 
 
 class Planner:
@@ -168,6 +169,7 @@ class Planner:
         self._ar = np.arange(max(b.max_items, b.max_partial_rows, b.max_tiles, b.max_batch,
                                  b.max_merge_rows) + 1, dtype=np.int64)
         self._vcache = {}   # id(out buffer) -> (buffer, views): callers reuse a few pinned buffers
+        self._tq = self.tile.tile_q
 
     # convenience ---------------------------------------------------------------
     @property
@@ -195,31 +197,33 @@ class Planner:
         if out is None:
             buf = self.layout.allocate()
             views = self.layout.views(buf)
-        elif id(out) in self._vcache and self._vcache[id(out)][0] is out:
-            buf, views = out, self._vcache[id(out)][1]   # a (pinned) buffer seen before
         else:
-            buf, views = out, self.layout.views(out)
-            if len(self._vcache) >= 4:
-                self._vcache.clear()
-            self._vcache[id(out)] = (out, views)
+            hit = self._vcache.get(id(out))
+            if hit is not None and hit[0] is out:
+                buf, views = hit   # a (pinned) buffer seen before
+            else:
+                buf, views = out, self.layout.views(out)
+                if len(self._vcache) >= 4:
+                    self._vcache.clear()
+                self._vcache[id(out)] = (out, views)
         self._write(views, batch, items)
         return PlanInfo(items["n"], items["merge_rows"], items["partial_rows"], batch.batch,
-                        int(batch.qo_indptr[-1]), self.num_ctas, self.tile_q, self.page_size,
+                        batch.qo_indptr.item(-1), self.num_ctas, self._tq, self.page_size,
                         items["L"], items["split_tiles"], items["loads"],
                         buf if isinstance(buf, np.ndarray) else np.frombuffer(buf, np.uint8),
                         views)
 
     def _schedule(self, bt: Batch) -> dict:
         """Tiles -> chunks -> items, LPT assignment, partial rows, merge map.
-        Plain numpy on small arrays: every call here is ~0.5-1.5 us, so the code
-        keeps the call count low (ufunc methods directly, one 2-D item array,
-        fast paths for pure decode and for unsplit plans)."""
-        tq, C, mode, B = self.tile_q, self.num_ctas, self.mode, bt.batch
+        Plain numpy on small arrays: every call here is ~0.3-1 us, so the code
+        keeps the call count low (one 2-D item array, fast paths for pure decode
+        and for unsplit plans) and prefers the cheap forms: array methods
+        (.repeat, .argsort, .take) over their np.* wrappers, argmax over max."""
+        tq, C, mode, B = self._tq, self.num_ctas, self.mode, bt.batch
         qo_len, kv_len, qo_indptr = bt.qo_len, bt.kv_len, bt.qo_indptr
-        decode = int(qo_indptr[-1]) == B and (B == 0 or bt.qo_max == 1)
-        if decode:   # every request is one 1-token tile
+        decode = qo_indptr.item(-1) == B and (B == 0 or bt.qo_max == 1)
+        if decode:   # every request is one 1-token tile (so qo_indptr is 0, 1, ..., B)
             t_req = self._ar[:B]
-            t_off = None
             t_qlen = qo_len
             t_qs = qo_indptr[:B]
             t_kv = kv_len
@@ -239,30 +243,32 @@ class Planner:
             if mode == "batch-invariant":
                 L = self.bounds.chunk_tokens
             else:
-                L = max(-(-int(_ADD(t_kv, dtype=np.int64)) // C), self.min_chunk)
+                kv_total = int(_ADD(t_kv, dtype=np.int64))
+                L = max(-(-kv_total // C), self.min_chunk)
                 L = -(-L // self.page_size) * self.page_size
             nchunk = np.floor_divide(t_kv + (L - 1), L)
-            np.maximum(nchunk, 1, out=nchunk)
-            maxc = int(_MAX(nchunk))
+            if nchunk[nchunk.argmin()] < 1:   # empty KV: still one (empty) chunk
+                np.maximum(nchunk, 1, out=nchunk)
+            maxc = nchunk.item(nchunk.argmax())
         if mode == "contiguous" and T > 0:
             return self._contiguous(decode, t_req, t_qs, t_qlen, t_kv)
-        # Items: rows request, qo_start, qo_len, kv_start, kv_end, partial, merge.
+        # Items: rows request, qo_start, qo_len, kv_start, kv_end, partial, merge, and
+        # kv_page_start (filled by _write).
         if maxc == 1:
             n = T
-            it = np.empty((7, n), dtype=np.int32)
-            it[0], it[1], it[2], it[3], it[4], it[5:] = t_req, t_qs, t_qlen, 0, t_kv, -1
+            it = np.empty((8, n), dtype=np.int32)
+            it[0], it[1], it[2], it[3], it[4], it[5:7] = t_req, t_qs, t_qlen, 0, t_kv, -1
             i_tile = i_chunk = None
         else:
             ends = _ACC(nchunk, dtype=np.int64)
-            n = int(ends[-1])
+            n = ends.item(-1)
             if n > self.bounds.max_items:
                 raise ValueError(f"plan needs {n} work items, exceeding max_items="
                                  f"{self.bounds.max_items} (mode={mode})")
             i_tile, i_chunk = _repeat_index(nchunk, self._ar, ends)
-            it = np.empty((7, n), dtype=np.int32)
-            if decode:   # t_req is the identity, every tile has one row
-                it[0] = i_tile
-                it[1] = qo_indptr[i_tile]
+            it = np.empty((8, n), dtype=np.int32)
+            if decode:   # request == query row == tile, one row each
+                it[0:2] = i_tile
                 it[2] = 1
             else:
                 it[0] = t_req[i_tile]
@@ -279,7 +285,7 @@ class Planner:
         if mode == "naive":
             order, cs = None, cost
         else:
-            order = np.argsort(-cost, kind="stable")
+            order = (-cost).argsort(kind="stable")
             cs = cost[order]
         if n <= C:   # one item per CTA at most: queue order is the sorted order
             final = self._ar[:n] if order is None else order
@@ -288,27 +294,40 @@ class Planner:
             loads = np.zeros(C, dtype=np.int64)
             loads[:n] = cs
         else:
-            if mode == "naive" or cs[0] == cs[n - 1]:   # round robin (== LPT if all equal)
-                cta = self._ar[:n] % C
-                loads = None
-            else:
-                cta, loads = lpt_assign(cs, C, self._ar)
-            q = np.argsort(cta, kind="stable")     # queue order: (cta, assignment order)
-            final = q if order is None else order[q]
-            counts = np.bincount(cta, minlength=C)
-            if loads is None:
-                loads = np.bincount(cta, weights=cs, minlength=C).astype(np.int64)
-        if mode == "auto" and n > C:
             # LPT over Algorithm 1's chunks leaves one CTA a chunk above the mean when chunks
             # barely outnumber CTAs (n <= C: one chunk <= L per CTA, nothing to gain). Past
-            # AUTO_IMBALANCE the contiguous partition (every CTA within a page of the mean, more
-            # split rows) was faster on the H200 (docs/perf-log.md): take it if it is lighter.
-            # Decided on the loads alone, before this plan's partial rows are laid out.
-            top = int(_MAX(loads))
-            if top * C > AUTO_IMBALANCE * int(_ADD(loads)):
-                con = self._contiguous(decode, t_req, t_qs, t_qlen, t_kv)
-                if int(_MAX(con["loads"])) < top:
-                    return con
+            # AUTO_IMBALANCE the contiguous partition (every CTA within a page of the mean,
+            # more split rows) was faster on the H200 (docs/perf-log.md): mode "auto" takes
+            # it if it is lighter. Decided on the loads alone, before this plan's queues and
+            # partial rows are laid out.
+            con = None
+            if mode == "auto":
+                # the loads sum to every KV token once plus each item's fixed cost
+                total = (kv_total + (COST_ALPHA + COST_GAMMA) * n) if decode else int(_ADD(cost))
+                # LPT's heaviest CTA carries at least the largest item, the mean, and the
+                # C-th and (C+1)-th largest items together (item C joins a CTA holding only
+                # one item of cost cs[C-1]). When that bound already decides, skip LPT.
+                bound = max(cs.item(0), cs.item(C - 1) + cs.item(C), -(-total // C))
+                if bound * C > AUTO_IMBALANCE * total:
+                    con = self._contiguous(decode, t_req, t_qs, t_qlen, t_kv)
+                    if _top(con["loads"]) < bound:
+                        return con
+            if mode == "naive" or cs[0] == cs[n - 1]:   # round robin (== LPT if all equal)
+                cta = self._ar[:n] % C
+            else:
+                cta = lpt_assign(cs, C, self._ar)
+            # float64 sums of int costs: exact (< 2**53)
+            loads = np.bincount(cta, weights=cs, minlength=C).astype(np.int64)
+            if mode == "auto":
+                top = _top(loads)
+                if top * C > AUTO_IMBALANCE * total:
+                    if con is None:
+                        con = self._contiguous(decode, t_req, t_qs, t_qlen, t_kv)
+                    if _top(con["loads"]) < top:
+                        return con
+            q = cta.argsort(kind="stable")     # queue order: (cta, assignment order)
+            final = q if order is None else order[q]
+            counts = np.bincount(cta, minlength=C)
         res = dict(n=n, L=int(L), loads=loads, counts=counts, items=it, final=final,
                    merge_rows=0, partial_rows=0, split_tiles=0)
         if maxc > 1:
@@ -323,42 +342,63 @@ class Planner:
         which at ~1 chunk per CTA doubles the slowest CTA. Cuts never exceed C - 1, so the
         balanced bounds hold: items <= T + C - 1, split tiles <= C - 1."""
         C, ps, T = self.num_ctas, self.page_size, t_req.shape[0]
-        fixed = COST_ALPHA * t_qlen.astype(np.int64) + COST_GAMMA
-        length = fixed + COST_BETA * t_kv
+        if decode:   # one query row per tile: the same fixed cost everywhere
+            fixed = COST_ALPHA + COST_GAMMA
+            length = t_kv.astype(np.int64)   # (COST_BETA = 1)
+            length += fixed
+        else:
+            fixed = COST_ALPHA * t_qlen.astype(np.int64) + COST_GAMMA
+            length = fixed + COST_BETA * t_kv
         ends = _ACC(length)
-        total = int(ends[-1])
+        total = ends.item(-1)
         w = max(-(-total // C), self.min_chunk * COST_BETA)
-        start = ends - length
-        c0 = np.minimum(start // w, C - 1)
-        c1 = np.minimum((ends - 1) // w, C - 1)
-        i_tile, k = _repeat_index(c1 - c0 + 1, self._ar)
-        kv_i = t_kv[i_tile]
+        # C * w >= total > ends - 1 >= start: every CTA index below is already < C.
+        c0 = (ends - length) // w
+        pieces = -(ends // -w) - c0     # c1 - c0 + 1, c1 = (ends - 1) // w: ceil(ends / w) - c0
+        pend = _ACC(pieces)
+        i_tile, k = _repeat_index(pieces, self._ar, pend)
         cta = c0[i_tile] + k
-        cut = cta * w - start[i_tile] - fixed[i_tile]   # cost -> token offset
+        # Cost offset -> token offset (COST_BETA = 1) of CTA cta's slice in the tile. The
+        # first piece (k = 0: c0 * w <= start) lands before the tile's KV, at <= -fixed, so
+        # clipping at 0 starts it at token 0; later pieces start at cta * w <= ends - 1,
+        # i.e. below the tile's kv: no clipping at kv is needed.
+        cut = cta * w - (ends - t_kv)[i_tile]
         np.maximum(cut, 0, out=cut)
-        np.minimum(cut, kv_i, out=cut)
-        cut -= cut % ps
-        cut[k == 0] = 0
-        kv_end = np.empty_like(cut)        # the next piece's cut, or the tile's end for its last
-        kv_end[:-1] = cut[1:]
-        last = k[1:] == 0
-        kv_end[:-1][last] = kv_i[:-1][last]
-        kv_end[-1] = kv_i[-1]
-        keep = (kv_end > cut) | ((k == 0) & (kv_i == 0))   # empty KV: one item
-        i_tile, cut, kv_end, cta = i_tile[keep], cut[keep], kv_end[keep], cta[keep]
-        n = i_tile.shape[0]
+        if ps > 1:   # round down to a page boundary
+            if ps & (ps - 1):
+                cut -= cut % ps
+            else:        # a power of two, and cut >= 0: a mask does it
+                cut &= -ps
+        # kv_end[i] = nxt[i + 1]: the next piece's cut, or the tile's kv for its last piece
+        nxt = np.empty(cut.shape[0] + 1, dtype=np.int64)
+        nxt[1:-1] = cut[1:]
+        nxt[pend] = t_kv
+        kv_end = nxt[1:]
+        keep = kv_end > cut
+        if t_kv[t_kv.argmin()] == 0:       # empty KV: its first piece is its one item
+            keep[(pend - pieces)[t_kv == 0]] = True
+        if keep[keep.argmin()]:            # no empty piece to drop (the usual case)
+            n, nchunk, i_chunk = i_tile.shape[0], pieces, k
+        else:
+            i_tile, cut, kv_end, cta = i_tile[keep], cut[keep], kv_end[keep], cta[keep]
+            n = i_tile.shape[0]
+            nchunk = np.bincount(i_tile, minlength=T)
+            i_chunk = self._ar[:n] - (_ACC(nchunk) - nchunk)[i_tile]
         if n > self.bounds.max_items:
             raise ValueError(f"plan needs {n} work items, exceeding max_items={self.bounds.max_items}")
-        nchunk = np.bincount(i_tile, minlength=T)
-        first = _ACC(nchunk) - nchunk
-        i_chunk = self._ar[:n] - first[i_tile]
-        it = np.empty((7, n), dtype=np.int32)
-        it[0], it[1], it[2], it[3], it[4], it[5:] = t_req[i_tile], t_qs[i_tile], t_qlen[i_tile], cut, kv_end, -1
-        cost = (kv_end - cut) * COST_BETA + fixed[i_tile]
+        it = np.empty((8, n), dtype=np.int32)
+        if decode:
+            it[0:2] = i_tile
+            it[2] = 1
+        else:
+            it[0], it[1], it[2] = t_req[i_tile], t_qs[i_tile], t_qlen[i_tile]
+        it[3], it[4], it[5:7] = cut, kv_end, -1
+        cost = kv_end - cut   # (COST_BETA = 1, as in the cuts)
+        cost += fixed if decode else fixed[i_tile]
         res = dict(n=n, L=int(w), loads=np.bincount(cta, weights=cost, minlength=C).astype(np.int64),
-                   counts=np.bincount(cta, minlength=C), items=it, final=self._ar[:n],
+                   counts=np.bincount(cta, minlength=C), items=it, final=None,
                    merge_rows=0, partial_rows=0, split_tiles=0)
-        if int(_MAX(nchunk)) > 1:
+        if nchunk.item(nchunk.argmax()) > 1:
             self._partials(res, it, nchunk, t_qlen, t_qs, i_tile, i_chunk, decode)
         return res
 
@@ -368,43 +408,62 @@ class Planner:
         those n_t rows in chunk (= ascending KV) order; a split tile's entries are
         consecutive from its item_merge."""
         split = nchunk >= 2
-        rows_t = nchunk * split if decode else nchunk * t_qlen * split
+        st = split.nonzero()[0]
+        T = split.shape[0]
+        if decode:
+            # One row per tile: the merge entries are the split tiles (query row = tile),
+            # and tile t's partial rows are its chunks, so pbase = merge_indptr[:-1].
+            M = st.shape[0]
+            cnt = nchunk[st]
+            m_indptr = np.zeros(M + 1, dtype=np.int64)
+            _ACC(cnt, out=m_indptr[1:])
+            P = m_indptr.item(M)
+            self._check_partial(P)
+            self._check_merge(M)
+            # rows: pbase, merge entry of each tile; -1 for unsplit tiles: their only
+            # item has chunk 0, so the item's partial index comes out as -1 (writethrough).
+            tile_pm = np.empty((2, T), dtype=np.int64)
+            tile_pm.fill(-1)
+            pbase, entry = tile_pm   # 1-D rows: their fancy assignments are ~3x cheaper
+            pbase[st] = m_indptr[:M]
+            entry[st] = self._ar[:M]
+            pm = tile_pm.take(i_tile, axis=1)
+            pm[0] += i_chunk
+            it[5:7] = pm
+            res.update(m_indptr=m_indptr, m_row=st, m_start=m_indptr[:M], m_stride=1,
+                       merge_rows=M, partial_rows=P, split_tiles=M)
+            return
+        rows_t = nchunk * t_qlen * split
         pend = _ACC(rows_t)
-        P = int(pend[-1])
-        if P > self.bounds.max_partial_rows:
-            raise ValueError(f"plan needs {P} partial rows, exceeding "
-                             f"max_partial_rows={self.bounds.max_partial_rows}")
+        P = pend.item(-1)
+        self._check_partial(P)
         # pbase = -1 for unsplit tiles: their only item has chunk 0, so the item's
         # partial index comes out as -1 (writethrough) with no extra select.
         pbase = np.where(split, pend - rows_t, -1)
         part = pbase[i_tile]
-        part += i_chunk if decode else i_chunk * it[2]
+        part += i_chunk * it[2]
         it[5] = part
-        st = split.nonzero()[0]
-        if decode:   # one row per tile: entries are the split tiles, partials 0..P-1
-            M = st.shape[0]
-            self._check_merge(M)
-            cnt = nchunk[st]
-            m_row = t_qs[st]
-            m_start, m_stride = pbase[st], np.ones(M, dtype=np.int64)
-            t_entry = self._ar[:M]
-        else:
-            qst = t_qlen[st]
-            M = int(_ADD(qst, dtype=np.int64))
-            self._check_merge(M)
-            e_tile_i, e_r = _repeat_index(qst, self._ar)
-            e_tile = st[e_tile_i]
-            cnt = nchunk[e_tile]
-            m_row = t_qs[e_tile] + e_r
-            m_start, m_stride = pbase[e_tile] + e_r, t_qlen[e_tile]
-            t_entry = _ACC(qst) - qst
-        entry = np.full(split.shape[0], -1, dtype=np.int64)
-        entry[st] = t_entry
+        qst = t_qlen[st]
+        M = int(_ADD(qst, dtype=np.int64))
+        self._check_merge(M)
+        e_tile_i, e_r = _repeat_index(qst, self._ar)
+        e_tile = st[e_tile_i]
+        cnt = nchunk[e_tile]
+        m_row = t_qs[e_tile] + e_r
+        m_start, m_stride = pbase[e_tile] + e_r, t_qlen[e_tile]
+        entry = np.empty(T, dtype=np.int64)
+        entry.fill(-1)
+        entry[st] = _ACC(qst) - qst
         it[6] = entry[i_tile]
         m_indptr = np.zeros(M + 1, dtype=np.int64)
         _ACC(cnt, out=m_indptr[1:])
         res.update(m_indptr=m_indptr, m_row=m_row, m_start=m_start, m_stride=m_stride,
                    merge_rows=M, partial_rows=P, split_tiles=int(st.shape[0]))
+
+    def _check_partial(self, P):
+        if P > self.bounds.max_partial_rows:
+            raise ValueError(f"plan needs {P} partial rows, exceeding "
+                             f"max_partial_rows={self.bounds.max_partial_rows}")
 
     def _check_merge(self, M):
         if M > self.bounds.max_merge_rows:
@@ -417,13 +476,14 @@ class Planner:
         v["req_qo_len"][:B] = batch.qo_len
         v["req_kv_page_start"][:B] = batch.kv_indptr[:B]
         v["req_kv_len"][:B] = batch.kv_len
-        nnz = int(batch.kv_indptr[-1])
+        nnz = batch.kv_indptr.item(-1)
         v["kv_indices"][:nnz] = batch.kv_indices[:nnz]
         wi = v["work_indptr"]
         wi[0] = 0
-        _ACC(it["counts"], out=wi[1:C + 1])
-        v["_items"][:, :n] = it["items"][:, it["final"]]
-        np.take(batch.kv_indptr, v["item_request"][:n], out=v["item_kv_page_start"][:n])
+        wi[1:C + 1] = _ACC(it["counts"])   # (an int64 accumulate cast on the fly into wi is slower)
+        items, final = it["items"], it["final"]
+        items[7] = batch.kv_indptr.take(items[0])   # item_kv_page_start (take: int32 indices)
+        v["_items"][:, :n] = items if final is None else items.take(final, axis=1)
         m = it["merge_rows"]
         v["merge_indptr"][0] = 0
         if m:
@@ -431,5 +491,6 @@ class Planner:
             v["merge_qo_row"][:m] = it["m_row"]
             v["merge_partial_start"][:m] = it["m_start"]
             v["merge_partial_stride"][:m] = it["m_stride"]
-        v["plan_info"][:] = (n, m, it["partial_rows"], B, self.tile_q,
-                             self.page_size, C, int(batch.qo_indptr[-1]))
+        # the 8-int header in one call (a tuple assignment converts through numpy, ~2x slower)
+        struct.pack_into("=8i", v["plan_info"], 0, n, m, it["partial_rows"], B, self._tq,
+                         self.page_size, C, batch.qo_indptr.item(-1))
