@@ -19,14 +19,15 @@ def fake_device(name="fake H200"):
 
 
 class FakeKernels:
-    """Records each launch's argument struct (`launches`) and grid (`grids`)."""
+    """Records each launch's argument struct (`launches`), grid (`grids`) and whether the merge
+    kernel follows (`merges`)."""
 
     def __init__(self, spec):
         self.rendered = render(spec)
         self.ctas_per_sm = 2
         self.decode = SimpleNamespace(handle=0xD0)
         self.functions = (self.decode,)
-        self.launches, self.grids = [], []
+        self.launches, self.grids, self.merges = [], [], []
 
     def num_ctas(self, num_kv_heads):
         return max(1, 132 * 2 // num_kv_heads)
@@ -34,7 +35,7 @@ class FakeKernels:
     def launch(self, params, num_ctas, grid_y, stream=None, merge=True, pdl=True):
         self.launches.append(params)
         self.grids.append((num_ctas, grid_y))
-        self.merges = getattr(self, "merges", []) + [merge]
+        self.merges.append(merge)
 
 
 class FakeBuffer:
