@@ -9,8 +9,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field, replace
 
+from rtattn.plan.layout import HEAD_DIMS
+
 DTYPES = {"bfloat16": "__nv_bfloat16", "float16": "__half"}
-HEAD_DIMS = (64, 128, 256)
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 

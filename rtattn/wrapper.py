@@ -19,6 +19,7 @@ from rtattn.codegen.spec import BUILTINS, AttentionSpec, default_stages
 from rtattn.kernels import decode_kernels
 from rtattn.plan import devices as plan_devices
 from rtattn.plan.inspector import Planner, PlanInfo
+from rtattn.plan.layout import check_config, check_int
 from rtattn.runtime import DeviceBuffer, Event, PinnedBuffer, as_stream, current_device, memcpy_htod_async, memset_d32
 from rtattn.tensors import cuda_tensor, expect_inner_contiguous, expect_shape, expect_vector_aligned, same_device
 
@@ -43,13 +44,15 @@ class BatchDecodeWrapper:
                  max_batch: int, max_pages: int, max_qo_tokens: int | None = None,
                  variant="plain", dtype: str = "bfloat16", kv_layout: str = "NHD",
                  mode: str = "auto", chunk_tokens: int = 2048, pdl: bool = True, num_ctas: int | None = None,
-                 fused_merge: bool = False, device=None, workspace=None):
-        if page_size < 1 or page_size & (page_size - 1):
-            raise ValueError(f"page_size={page_size}: the decode kernel needs a power of two")
+                 fused_merge: bool = False, device=None, workspace=None,
+                 num_pages_pool: int | None = None):
+        """`num_pages_pool`: pages in the KV cache pool, if known up front; plan() refuses page
+        ids >= it. Without it, the pool is the smallest cache prepare()/run() has been given."""
+        check_config(num_qo_heads, num_kv_heads, head_dim, page_size, num_ctas=num_ctas)
+        if num_pages_pool is not None:
+            check_int("num_pages_pool", num_pages_pool)
         if kv_layout not in KV_LAYOUTS:
             raise ValueError(f"kv_layout must be one of {KV_LAYOUTS}, got {kv_layout!r}")
-        if num_qo_heads % num_kv_heads:
-            raise ValueError(f"num_qo_heads={num_qo_heads} is not a multiple of num_kv_heads={num_kv_heads}")
         self.device = current_device(device)
         self.num_qo_heads, self.num_kv_heads, self.head_dim = num_qo_heads, num_kv_heads, head_dim
         self.group = num_qo_heads // num_kv_heads
@@ -64,15 +67,15 @@ class BatchDecodeWrapper:
         # workspace): faster for a few very long rows, slower for heavy-tailed small batches
         # (docs/perf-log.md v4).
         self.fused_merge = bool(fused_merge)
-        if num_ctas is not None and (not isinstance(num_ctas, int) or num_ctas < 1):
-            raise ValueError(f"num_ctas must be a positive int (CTAs per KV head), got {num_ctas!r}")
         # Default: one resident wave. More oversubscribes the GPU (the hardware then hands queues
         # to whichever SM frees first); fewer leaves SMs to other streams.
-        self.num_ctas = num_ctas or self.kernels.num_ctas(num_kv_heads)
+        self.num_ctas = int(num_ctas) if num_ctas is not None else self.kernels.num_ctas(num_kv_heads)
         self.planner = Planner(max_batch, max_qo_tokens or max_batch, max_pages, num_qo_heads, num_kv_heads,
                                head_dim, page_size, device=plan_devices.from_props(self.device.props),
                                mode=mode, num_ctas=self.num_ctas, max_rows=self.spec.rows,
-                               chunk_tokens=chunk_tokens, causal="causal" in self.spec.variant)
+                               chunk_tokens=chunk_tokens, causal="causal" in self.spec.variant,
+                               num_pages_pool=num_pages_pool)
+        self._pool_given = num_pages_pool is not None   # else learnt from the caches (_bind_pool)
         self.layout = self.planner.layout
         # Two pinned plan buffers, used in turn: plan() for step N+1 fills one while step N's
         # copy (queued behind step N-1's kernels) may still be pending from the other, so the
@@ -89,7 +92,7 @@ class BatchDecodeWrapper:
         self._fixed = self._fixed_params()
         self._may_split = self.planner.bounds.max_merge_rows > 0   # naive plans never need the merge kernel
         self.info: PlanInfo | None = None
-        self._max_page = -1
+        self._nnz = 0   # pages the latest plan reads (kv_indptr[-1])
 
     def _workspace(self, workspace):
         need = self.planner.workspace_bytes()
@@ -111,7 +114,9 @@ class BatchDecodeWrapper:
     def plan(self, kv_indptr, kv_indices, kv_last_page_len, qo_indptr=None, stream=None) -> PlanInfo:
         """Plan one step from host arrays (numpy or host DLPack tensors). Decode by default:
         one query token per request unless `qo_indptr` says otherwise. The plan's copy is
-        queued on `stream`: run() on the same stream (or order the two streams yourself)."""
+        queued on `stream`: run() on the same stream (or order the two streams yourself).
+        Page ids must lie in the KV pool (`num_pages_pool`): launches and graphs prepared
+        earlier replay this plan, so it is refused before anything is written or copied."""
         kv_indptr, kv_indices, kv_last_page_len = (_host(a) for a in (kv_indptr, kv_indices, kv_last_page_len))
         if qo_indptr is None:
             qo_indptr = np.arange(len(kv_indptr), dtype=np.int32)
@@ -125,8 +130,7 @@ class BatchDecodeWrapper:
         self._copied[slot].record(stream)
         self._in_flight[slot] = True
         self._slot, self.pinned = slot ^ 1, buf
-        nnz = int(kv_indptr[-1])
-        self._max_page = int(np.max(kv_indices[:nnz])) if nnz else -1
+        self._nnz = int(kv_indptr[-1])
         self.info = info
         return info
 
@@ -192,9 +196,23 @@ class BatchDecodeWrapper:
             expect_shape(name, t, (None,) + per_page)
             expect_inner_contiguous(name, t)
             expect_vector_aligned(name, t)
-            if t.shape[0] <= self._max_page:
-                raise ValueError(f"{name} holds {t.shape[0]} pages but the plan reads page {self._max_page}")
+            self._check_pool(name, t.shape[0])
+        self.planner.num_pages_pool = min(k.shape[0], v.shape[0], self.planner.num_pages_pool or k.shape[0])
         return k, v
+
+    def _check_pool(self, name: str, pages: int) -> None:
+        """A cache of `pages` pages bounds the pool plan() accepts from now on (every launch
+        prepared on it replays later plans); refuse it if the current plan already reads past."""
+        pool = self.planner.num_pages_pool
+        if pool is not None and pages >= pool:
+            return
+        if self._pool_given:
+            raise ValueError(f"{name} holds {pages} pages, fewer than num_pages_pool={pool} "
+                             f"the wrapper was built with")
+        ids = self.info.views["kv_indices"][:self._nnz]
+        top = int(ids.max()) if self._nnz else -1
+        if pages <= top:
+            raise ValueError(f"{name} holds {pages} pages but the plan reads page {top}")
 
     def _extra(self, params: dict, stream) -> dict:
         """Variant parameters: scalars as numbers, tensor parameters as CUDA DLPack tensors."""

@@ -18,7 +18,7 @@ def test_valid_batch_lengths():
     assert b.batch == 2
     assert b.qo_len.tolist() == [1, 2]
     assert b.kv_len.tolist() == [16 + 3, 16]
-    assert b.kv_len.dtype == np.int32
+    assert b.kv_len.dtype == np.int64   # int64 lengths: no wrap-around before the bounds checks
 
 
 def test_python_lists_and_int64_accepted():

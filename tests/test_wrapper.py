@@ -154,8 +154,8 @@ def test_num_ctas_override_sets_the_grid_and_the_plan(fake_gpu):
     q, k, v = cuda((3, 32, 128)), cuda((40, 16, 8, 128), ptr=1 << 32), cuda((40, 16, 8, 128), ptr=1 << 33)
     w.run(q, k, v, out=cuda((3, 32, 128), ptr=1 << 34))
     assert fake_gpu.kernels[-1].grids[-1] == (5, 8)
-    for bad in (0, -1, 2.5):
-        with pytest.raises(ValueError, match="num_ctas"):
+    for bad in (0, -1, 2.5, True):
+        with pytest.raises((ValueError, TypeError), match="num_ctas"):
             _wrapper(num_ctas=bad)
 
 

@@ -36,7 +36,7 @@ import numpy as np
 
 from . import fields as F
 from .devices import get_device
-from .layout import Batch, check_heads, indptr_from_lengths, validate_batch
+from .layout import Batch, check_config, check_int, indptr_from_lengths, validate_batch
 from .tiles import TileConfig, num_ctas_for, select_tile
 
 COST_ALPHA = 4
@@ -137,7 +137,13 @@ class Planner:
                  max_rows: int | None = None, max_qo_len: int | None = None,
                  num_ctas: int | None = None, chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
                  min_chunk_tokens: int = MIN_CHUNK_TOKENS, num_pages_pool: int | None = None):
-        self.group = check_heads(num_qo_heads, num_kv_heads)
+        self.group = check_config(num_qo_heads, num_kv_heads, head_dim, page_size, num_ctas=num_ctas)
+        for name, v in (("max_batch", max_batch), ("max_qo_tokens", max_qo_tokens),
+                        ("max_pages", max_pages), ("chunk_tokens", chunk_tokens)):
+            check_int(name, v)
+        for name, v in (("max_qo_len", max_qo_len), ("num_pages_pool", num_pages_pool)):
+            if v is not None:
+                check_int(name, v)
         self.num_qo_heads, self.num_kv_heads, self.head_dim = num_qo_heads, num_kv_heads, head_dim
         self.device = get_device(device)
         self.page_size = int(page_size)
@@ -149,7 +155,7 @@ class Planner:
         if self.tile.tile_q * self.group > self.tile.max_rows:
             raise ValueError(f"tile_q={self.tile.tile_q} x g={self.group} rows exceed "
                              f"max_rows={self.tile.max_rows}")
-        self.num_ctas = int(num_ctas) if num_ctas else num_ctas_for(self.device, self.tile,
+        self.num_ctas = int(num_ctas) if num_ctas is not None else num_ctas_for(self.device, self.tile,
                                                                    num_kv_heads)
         if mode == "batch-invariant":
             ct = -(-int(chunk_tokens) // self.page_size) * self.page_size

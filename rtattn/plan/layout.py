@@ -11,7 +11,11 @@ and its LSE -inf, and it is still written.  Dense / ragged KV is page_size 1
 with identity indices (`dense_kv`).
 
 Every refusal names the array and the index (or the bound), so bad input never
-reaches a kernel as a device fault or silent zeros.
+reaches a kernel as a device fault or silent zeros.  This module is the one
+validation path: the Planner, the wrappers and the CLI all call it, for the
+batch arrays (`validate_batch`, every step) and for the configuration
+(`check_config`, once).  Lengths and bounds are computed in int64, so no
+difference or product can wrap around before it is checked.
 """
 from __future__ import annotations
 
@@ -21,6 +25,7 @@ import numpy as np
 
 _I32_MAX = np.iinfo(np.int32).max
 _I32 = np.dtype(np.int32)
+HEAD_DIMS = (64, 128, 256)   # what the kernels are built for (codegen.spec and the planner read it)
 # Extremes are taken as x[x.argmin()] / x[x.argmax()]: on the small arrays of a decode
 # step that is ~4x less overhead than a ufunc reduction or ndarray.min() (plan() is on
 # the per-step host critical path).
@@ -34,8 +39,8 @@ class Batch(NamedTuple):
     kv_indptr: np.ndarray
     kv_indices: np.ndarray
     kv_last_page_len: np.ndarray
-    qo_len: np.ndarray   # int32[batch]
-    kv_len: np.ndarray   # int32[batch] tokens
+    qo_len: np.ndarray   # int64[batch]
+    kv_len: np.ndarray   # int64[batch] tokens (each < 2**31: the kernels' positions are int32)
     page_size: int
     qo_max: int = 0      # longest query
 
@@ -87,7 +92,8 @@ def _check_indptr(name: str, indptr: np.ndarray, length: int | None = None):
         raise ValueError(f"{name} has {indptr.shape[0]} entries, expected {length}")
     if indptr[0] != 0:
         raise ValueError(f"{name}[0] = {indptr[0]}, must be 0")
-    d = indptr[1:] - indptr[:-1]
+    # int64: an int32 difference wraps ([0, 2**31-1, -2**31+1] would look monotone)
+    d = np.subtract(indptr[1:], indptr[:-1], dtype=np.int64)
     dmin = d.item(d.argmin()) if d.shape[0] else 0
     if dmin < 0:
         i = _first(d < 0)
@@ -96,8 +102,39 @@ def _check_indptr(name: str, indptr: np.ndarray, length: int | None = None):
     return d, dmin
 
 
+def check_int(name: str, value, low: int = 1) -> int:
+    """`value` as a Python int >= low; TypeError for non-integers (bools and floats too)."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    if value < low:
+        raise ValueError(f"{name} must be >= {low}, got {value}")
+    return int(value)
+
+
+def check_page_size(page_size) -> int:
+    page_size = check_int("page_size", page_size)
+    if page_size & (page_size - 1):
+        raise ValueError(f"page_size={page_size}: the kernels need a power of two (1, 2, 4, ..., 16, ...)")
+    return page_size
+
+
+def check_config(num_qo_heads, num_kv_heads, head_dim, page_size, *, num_ctas=None) -> int:
+    """Validate a planner/wrapper configuration once, at construction; return g = H_qo / H_kv.
+    num_ctas None means "the default grid"; 0 is refused, never read as the default."""
+    g = check_heads(num_qo_heads, num_kv_heads)
+    head_dim = check_int("head_dim", head_dim)
+    if head_dim not in HEAD_DIMS:
+        raise ValueError(f"head_dim={head_dim} is not supported; the kernels take {HEAD_DIMS}")
+    check_page_size(page_size)
+    if num_ctas is not None:
+        check_int("num_ctas", num_ctas)
+    return g
+
+
 def check_heads(num_qo_heads: int, num_kv_heads: int) -> int:
     """Return the group size g = H_qo / H_kv, refusing counts that don't divide."""
+    check_int("num_qo_heads", num_qo_heads, 0)
+    check_int("num_kv_heads", num_kv_heads, 0)
     if num_qo_heads < 1 or num_kv_heads < 1:
         raise ValueError(f"head counts must be positive, got num_qo_heads={num_qo_heads}, "
                          f"num_kv_heads={num_kv_heads}")
@@ -118,8 +155,8 @@ def validate_batch(qo_indptr, kv_indptr, kv_indices, kv_last_page_len, page_size
     sees KV positions <= kv_len - qo_len + i, which would be negative).
     The max_* bounds, when given, are checked and named in the error.
     """
-    if page_size < 1:
-        raise ValueError(f"page_size must be >= 1, got {page_size}")
+    if page_size < 1 or page_size & (page_size - 1):
+        check_page_size(page_size)   # raises, naming the rule
     qo_indptr = _int32("qo_indptr", qo_indptr)
     kv_indptr = _int32("kv_indptr", kv_indptr)
     kv_indices = _int32("kv_indices", kv_indices)
@@ -133,6 +170,9 @@ def validate_batch(qo_indptr, kv_indptr, kv_indices, kv_last_page_len, page_size
     if max_batch is not None and batch > max_batch:
         raise ValueError(f"batch {batch} exceeds max_batch={max_batch}")
     nnz = kv_indptr.item(-1)
+    if nnz * page_size > _I32_MAX:   # Python ints: no overflow; bounds every request's KV
+        raise ValueError(f"kv_indptr[{batch}] = {nnz} pages x page_size {page_size} = "
+                         f"{nnz * page_size} KV tokens do not fit int32")
     if kv_indices.shape[0] < nnz:
         raise ValueError(f"kv_indices has {kv_indices.shape[0]} entries, kv_indptr[{batch}] "
                          f"= {nnz} needs at least that many")

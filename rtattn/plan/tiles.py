@@ -91,6 +91,8 @@ def select_tile(device, num_qo_heads: int, num_kv_heads: int, head_dim: int,
         raise ValueError(f"num_qo_heads={num_qo_heads} is not a multiple of "
                          f"num_kv_heads={num_kv_heads}")
     g = num_qo_heads // num_kv_heads
+    if kernel not in KERNEL_RESOURCES:
+        raise ValueError(f"kernel must be one of {sorted(KERNEL_RESOURCES)}, got {kernel!r}")
     res = KERNEL_RESOURCES[kernel][_bucket(head_dim)]
     if kernel == "decode":
         if max_rows is None:
