@@ -102,7 +102,7 @@ def fakes(monkeypatch):
 
     made = []
     monkeypatch.setattr(G, "capture", capture)
-    return SimpleNamespace(captured=captured, made=made)
+    return SimpleNamespace(captured=captured, made=made, monkeypatch=monkeypatch)
 
 
 def _wrapper(fakes, variant="plain"):
@@ -140,6 +140,25 @@ def test_same_pointers_replay_one_graph_across_replans(fakes):
     assert g.stats == dict(captures=1, instantiations=1, updates=0, param_updates=0, reinstantiations=0,
                            replays=4)
     assert len(fakes.captured) == 1 and len(fakes.captured[0]) == 1  # one launch() call captured
+
+
+def test_a_captured_step_graph_never_replays_an_out_of_pool_plan(fakes):
+    """The graph replays whatever plan is in the workspace: a replan reading past the caches it
+    was captured on (40 pages) must be refused by plan(), before its copy is queued."""
+    from rtattn.graphs.step_graph import StepGraph
+    copies = []
+    fakes_mod.install(fakes.monkeypatch, FakeKernels, memcpy=lambda *a, **k: copies.append(a))
+    w = _wrapper(fakes)
+    kvp, idx, last = paged_kv([100, 20, 300], 16, shuffle_seed=3)
+    w.plan(kvp, idx, last)
+    layers = [_layer(i, 3) for i in range(2)]
+    sg = StepGraph([w.prepare(t["q"], t["k"], t["v"], out=t["o"], stream=0x5000) for t in layers], 0x5000)
+    sg.replay()
+    bad = idx.copy()
+    bad[-1] = 40
+    with pytest.raises(ValueError, match=r"kv_indices\[27\] = 40 is outside the page pool \[0, 40\)"):
+        w.plan(kvp, bad, last)
+    assert len(copies) == 1   # only the first plan's copy was ever queued
 
 
 def test_new_pointers_update_the_exec_in_place_with_node_params(fakes):

@@ -226,6 +226,20 @@ def test_num_ctas_and_tile_from_device():
     assert Planner(4, 4, 4, 32, 1, 128, 16, max_qo_len=1).num_ctas >= 1
 
 
+@pytest.mark.parametrize("kw, match", [
+    (dict(head_dim=100), "head_dim=100 is not supported"), (dict(head_dim=0), "head_dim"),
+    (dict(page_size=3), "power of two"), (dict(kernel="bogus"), "kernel must be one of"),
+    (dict(num_ctas=0), "num_ctas must be >= 1"), (dict(max_batch=0), "max_batch"),
+    (dict(mode="fastest"), "mode must be one of"), (dict(max_pages=1.5), "max_pages must be an int"),
+])
+def test_planner_refuses_bad_configuration(kw, match):
+    args = dict(max_batch=8, max_qo_tokens=64, max_pages=4096, num_qo_heads=32, num_kv_heads=8,
+                head_dim=128, page_size=16)
+    args.update(kw)
+    with pytest.raises((ValueError, TypeError), match=match):
+        Planner(**args)
+
+
 def test_plan_info_header():
     p = Planner(8, 64, 4096, 32, 8, 128, 16)
     info = p.plan_lengths([3, 1, 7], [900, 20, 3000])

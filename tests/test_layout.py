@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from rtattn.plan.layout import (check_heads, dense_kv, indptr_from_lengths, paged_kv,
+from rtattn.plan.layout import (check_config, check_heads, dense_kv, indptr_from_lengths, paged_kv,
                                 validate_batch)
 
 
@@ -122,3 +122,45 @@ def test_builders():
     assert indptr_from_lengths([2, 0, 3]).tolist() == [0, 2, 2, 5]
     b = validate_batch(indptr_from_lengths([1, 1, 1]), ip, idx, last, 16)
     assert b.kv_len.tolist() == [17, 16, 1]
+
+
+def test_indptr_differences_are_int64():
+    """[0, 2**31-1, -2**31+1, 0] looks monotone when subtracted in int32 (the differences wrap)."""
+    kvp = np.array([0, 2**31 - 1, -2**31 + 1, 0], np.int32)
+    with pytest.raises(ValueError, match=r"kv_indptr is not monotone: kv_indptr\[2\]"):
+        validate_batch(np.arange(4, dtype=np.int32), kvp, np.zeros(0, np.int32), np.ones(3, np.int32), 16)
+    with pytest.raises(ValueError, match=r"qo_indptr is not monotone"):
+        validate_batch(np.array([0, 2**31 - 1, -2**31 + 1], np.int32), np.zeros(3, np.int32),
+                       np.zeros(0, np.int32), np.ones(2, np.int32), 16)
+
+
+def test_kv_tokens_must_fit_int32():
+    kvp = np.array([0, 2**27], np.int32)           # 2**27 pages x 16 = 2**31 tokens
+    idx = np.zeros(2**27, np.int32)
+    with pytest.raises(ValueError, match=r"KV tokens do not fit int32"):
+        validate_batch(np.array([0, 1], np.int32), kvp, idx, np.array([16], np.int32), 16)
+
+
+@pytest.mark.parametrize("args, kw, err, match", [
+    ((32, 8, 128, 16), {}, None, None),
+    ((32, 8, 0, 16), {}, ValueError, "head_dim must be >= 1, got 0"),
+    ((32, 8, 100, 16), {}, ValueError, r"head_dim=100 is not supported; the kernels take \(64, 128, 256\)"),
+    ((32, 8, 128.0, 16), {}, TypeError, "head_dim must be an int"),
+    ((32, 8, 128, 3), {}, ValueError, "page_size=3: the kernels need a power of two"),
+    ((32, 8, 128, 0), {}, ValueError, "page_size must be >= 1"),
+    ((32, 8, 128, 16), dict(num_ctas=0), ValueError, "num_ctas must be >= 1, got 0"),
+    ((32, 8, 128, 16), dict(num_ctas=True), TypeError, "num_ctas must be an int"),
+    ((32, 0, 128, 16), {}, ValueError, "head counts must be positive"),
+    (("32", 8, 128, 16), {}, TypeError, "num_qo_heads must be an int"),
+])
+def test_check_config(args, kw, err, match):
+    if err is None:
+        assert check_config(*args, **kw) == 4
+        return
+    with pytest.raises(err, match=match):
+        check_config(*args, **kw)
+
+
+def test_validate_batch_refuses_a_non_power_of_two_page():
+    with pytest.raises(ValueError, match="power of two"):
+        validate_batch(*_ok(), 12)

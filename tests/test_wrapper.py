@@ -171,3 +171,67 @@ def test_fused_merge_packs_counters_and_skips_the_merge_kernel(fake_gpu, fused):
     assert st.fused_merge == int(fused) and k.merges[-1] == (not fused)
     assert st.merge_counters == w.workspace_ptr + w.layout.merge_counters_offset(32, 128)
     assert w.planner.workspace_bytes() >= w.layout.merge_counters_offset(32, 128) + 4 * 32
+
+
+def _tensors(pages, n=3):
+    return (cuda((n, 32, 128)), cuda((pages, 16, 8, 128), ptr=1 << 32), cuda((pages, 16, 8, 128), ptr=1 << 33),
+            cuda((n, 32, 128), ptr=1 << 34))
+
+
+def test_replay_after_an_out_of_pool_replan_is_impossible(fake_gpu):
+    """A launch prepared on 40-page caches keeps replaying whatever plan is in the workspace, so
+    plan() must refuse page 40 before it writes the pinned buffer or queues the copy."""
+    w = _wrapper()
+    kvp, idx, last = paged_kv([100, 20, 300], 16, shuffle_seed=1)   # pages 0..27
+    w.plan(kvp, idx, last)
+    q, k, v, o = _tensors(40)
+    launch = w.prepare(q, k, v, out=o)
+    assert w.planner.num_pages_pool == 40
+    idx_bad = idx.copy()
+    idx_bad[5] = 40
+    pinned = [b.array.copy() for b in w._pinned]
+    copies, info = len(fake_gpu.copies), w.info
+    with pytest.raises(ValueError, match=r"kv_indices\[5\] = 40 is outside the page pool \[0, 40\)"):
+        w.plan(kvp, idx_bad, last)
+    assert len(fake_gpu.copies) == copies and w.info is info          # nothing queued
+    assert all((b.array == p).all() for b, p in zip(w._pinned, pinned))  # nothing written
+    launch()                                                           # still the valid plan
+    idx_ok = idx.copy()
+    idx_ok[5] = 39
+    w.plan(kvp, idx_ok, last)                                          # in the pool: fine
+    assert len(fake_gpu.copies) == copies + 1
+
+
+def test_the_pool_is_the_smallest_cache_and_can_be_given(fake_gpu):
+    w = _wrapper()
+    kvp, idx, last = paged_kv([100, 20, 300], 16)   # pages 0..27
+    w.plan(kvp, idx, last)
+    w.prepare(*_tensors(40)[:3], out=_tensors(40)[3])
+    w.prepare(*_tensors(30)[:3], out=_tensors(30)[3])   # a smaller cache shrinks the pool
+    w.prepare(*_tensors(64)[:3], out=_tensors(64)[3])   # a larger one does not grow it
+    assert w.planner.num_pages_pool == 30
+    with pytest.raises(ValueError, match=r"holds 20 pages but the plan reads page 27"):
+        w.prepare(*_tensors(20)[:3], out=_tensors(20)[3])
+    with pytest.raises(ValueError, match="page pool"):
+        w.plan(*paged_kv([16 * 31], 16))
+    g = _wrapper(num_pages_pool=50)
+    with pytest.raises(ValueError, match=r"kv_indices\[0\] = 50 is outside the page pool \[0, 50\)"):
+        g.plan(np.array([0, 1], np.int32), np.array([50], np.int32), np.array([3], np.int32))
+    g.plan(kvp, idx, last)
+    with pytest.raises(ValueError, match="fewer than num_pages_pool=50"):
+        g.prepare(*_tensors(40)[:3], out=_tensors(40)[3])
+    for bad in (0, 2.0):
+        with pytest.raises((ValueError, TypeError), match="num_pages_pool"):
+            _wrapper(num_pages_pool=bad)
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(head_dim=0), "head_dim"), (dict(head_dim=100), "head_dim=100 is not supported"),
+    (dict(page_size=3), "power of two"), (dict(page_size=0), "page_size"),
+    (dict(num_ctas=0), "num_ctas must be >= 1"), (dict(num_kv_heads=0), "num_kv_heads"),
+])
+def test_bad_configuration_is_refused_with_its_name(fake_gpu, kw, match):
+    args = dict(num_qo_heads=32, num_kv_heads=8, head_dim=128, page_size=16, max_batch=4, max_pages=8)
+    args.update(kw)
+    with pytest.raises((ValueError, TypeError), match=match):
+        W.BatchDecodeWrapper(**args)
