@@ -118,13 +118,11 @@ class BatchDecodeWrapper:
         Page ids must lie in the KV pool (`num_pages_pool`): launches and graphs prepared
         earlier replay this plan, so it is refused before anything is written or copied."""
         kv_indptr, kv_indices, kv_last_page_len = (_host(a) for a in (kv_indptr, kv_indices, kv_last_page_len))
-        if qo_indptr is None:
-            qo_indptr = np.arange(len(kv_indptr), dtype=np.int32)
         slot = self._slot
         if self._in_flight[slot]:  # this buffer's copy (two plans ago) may not have run yet
             self._copied[slot].synchronize()
         buf = self._pinned[slot]
-        info = self.planner.plan(_host(qo_indptr), kv_indptr, kv_indices, kv_last_page_len,
+        info = self.planner.plan(None if qo_indptr is None else _host(qo_indptr), kv_indptr, kv_indices, kv_last_page_len,
                                  out=self._pinned_arrays[slot])
         memcpy_htod_async(self.workspace_ptr, buf.ptr, self.layout.plan_bytes, stream)
         self._copied[slot].record(stream)

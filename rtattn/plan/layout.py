@@ -150,6 +150,7 @@ def validate_batch(qo_indptr, kv_indptr, kv_indices, kv_last_page_len, page_size
                    max_pages: int | None = None, max_qo_len: int | None = None) -> Batch:
     """Validate a batch; return int32 arrays and per-request lengths.
 
+    `qo_indptr` None: decode, one query token per request.
     `num_pages` is the pool size (page ids must be < it; None: only >= 0).
     `causal` refuses requests whose query is longer than their KV (query token i
     sees KV positions <= kv_len - qo_len + i, which would be negative).
@@ -157,8 +158,10 @@ def validate_batch(qo_indptr, kv_indptr, kv_indices, kv_last_page_len, page_size
     """
     if page_size < 1 or page_size & (page_size - 1):
         check_page_size(page_size)   # raises, naming the rule
-    qo_indptr = _int32("qo_indptr", qo_indptr)
     kv_indptr = _int32("kv_indptr", kv_indptr)
+    if qo_indptr is None:   # decode: one query token per request
+        qo_indptr = np.arange(kv_indptr.shape[0], dtype=np.int32)
+    qo_indptr = _int32("qo_indptr", qo_indptr)
     kv_indices = _int32("kv_indices", kv_indices)
     last = _int32("kv_last_page_len", kv_last_page_len)
 
