@@ -125,7 +125,7 @@ BUILTINS = {
 def default_stages(head_dim: int, arch: str) -> int:
     """KV pipeline depth: 3 stages, except head_dim 256 before Hopper (A100's 163 KiB of shared
     memory per block holds only 2)."""
-    return 2 if head_dim > 128 and int(arch[3:5]) < 90 else 3
+    return 2 if head_dim > 128 and int(re.match(r"sm_(\d+)", arch).group(1)) < 90 else 3
 
 
 def shipped_specs(arch: str = "sm_90") -> list[AttentionSpec]:

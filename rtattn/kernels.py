@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 
 from cuda.bindings import driver as cu
 
@@ -26,10 +27,23 @@ from rtattn.runtime import Device, Module, as_stream, check, compile_to_cubin, p
 
 COMPILE_OPTIONS = ("-lineinfo", "--extra-device-vectorization")
 MERGE_CTAS_PER_SM = 2
+MIN_SM = 80   # cp.async, ldmatrix and bf16 mma.sync: Ampere or newer
+
+
+def check_arch(arch) -> str:
+    """A real architecture the kernels can be built for, else one clear ValueError (NVRTC's own
+    answer to sm_75 is hundreds of lines)."""
+    m = re.fullmatch(r"sm_(\d{2,3})[af]?", arch) if isinstance(arch, str) else None
+    if not m:
+        raise ValueError(f"arch {arch!r}: expected a real GPU architecture such as sm_80, sm_90, sm_90a")
+    if int(m.group(1)) < MIN_SM:
+        raise ValueError(f"arch {arch}: the kernels need sm_{MIN_SM} or newer")
+    return arch
 
 
 def compile_spec(spec: AttentionSpec, arch: str, quiet: bool | None = None) -> tuple[Rendered, bytes]:
     """Render and compile to CUBIN (through the on-disk cache); needs no GPU."""
+    check_arch(arch)
     rendered = render(spec)
     dev = tuple(os.environ.get("RTATTN_DEV_DEFINES", "").split())  # -D flags for A/B experiments
     cubin = compile_to_cubin(rendered.source, name=spec.uri, arch=arch, options=COMPILE_OPTIONS + dev, quiet=quiet)

@@ -296,12 +296,6 @@ def test_cli_lengths_files(tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["kv_total"] == 20010
 
 
-def test_cli_bad_dist():
-    from rtattn.cli.inspect import main
-    with pytest.raises(SystemExit, match="kv-dist"):
-        main(["--kv-dist", "poisson:3"])
-
-
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(workloads(), st.integers(0, 2**31 - 1))
 def test_reused_dirty_buffer_gives_the_same_plan_prefix(w, seed):

@@ -1,20 +1,32 @@
 """rtattn-compile: build every kernel instance the package ships into the CUBIN cache.
 
 Works without a GPU (NVRTC compiles to CUBIN for a named arch), so caches can be warmed ahead
-of time, e.g. in a container build: `rtattn-compile --arch sm_90`.
+of time, e.g. in a container build: `rtattn-compile --arch sm_90`. Bad arguments: one line on
+stderr, exit status 2 (rtattn.cli).
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 
+from rtattn.cli import CliError, Parser, run
+
 
 def _compile_one(args):
+    """(instance, seconds, None) or (instance, seconds, one-line NVRTC failure)."""
+    from rtattn.runtime import CompileError
     kind, key, arch = args
     t = time.perf_counter()
+    try:
+        _compile(kind, key, arch)
+    except CompileError as e:   # returned, not raised: it does not pickle across processes
+        return key, time.perf_counter() - t, f"NVRTC failed for {e.name} ({e.arch}); source saved to {e.source_path}"
+    return key, time.perf_counter() - t, None
+
+
+def _compile(kind, key, arch):
     if kind == "decode":
         from rtattn.codegen.spec import shipped_specs
         from rtattn.kernels import compile_spec
@@ -24,45 +36,60 @@ def _compile_one(args):
         from rtattn import merge
         from rtattn.runtime import compile_to_cubin
         compile_to_cubin(merge.source(), name="merge_states", arch=arch, quiet=True)
-    return key, time.perf_counter() - t
 
 
 def _default_arch() -> str:
     from rtattn.runtime import Device, has_device
     if not has_device():
-        raise SystemExit("rtattn-compile: no CUDA device here; name the target with --arch (e.g. sm_90)")
+        raise CliError("no CUDA device here; name the target with --arch (e.g. sm_90)")
     return Device(0).arch
 
 
-def main(argv=None) -> int:
+def _main(argv) -> int:
     from rich.console import Console
     from rich.table import Table
 
     from rtattn.codegen.spec import shipped_specs
     from rtattn.runtime import cache_dir
 
-    ap = argparse.ArgumentParser(prog="rtattn-compile", description=__doc__.splitlines()[0])
-    ap.add_argument("--arch", help="target, e.g. sm_80, sm_90 (default: the local GPU)")
+    ap = Parser(prog="rtattn-compile", description=__doc__.splitlines()[0])
+    ap.add_argument("--arch", help="target, e.g. sm_80, sm_90 (default: the local GPU's)")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="parallel NVRTC processes")
     ap.add_argument("--filter", default="", help="only instances whose name contains this text")
     args = ap.parse_args(argv)
-    arch = args.arch or _default_arch()
+    if args.jobs < 1:
+        raise CliError(f"--jobs must be >= 1, got {args.jobs}")
+    from rtattn.kernels import check_arch
+    arch = check_arch(args.arch or _default_arch())
     jobs = [("decode", s.uri, arch) for s in shipped_specs(arch) if args.filter in s.uri]
     if args.filter in "merge_states":
         jobs.append(("merge_states", "merge_states", arch))
+    if not jobs:
+        raise CliError(f"--filter {args.filter!r} matches no kernel instance (names look like "
+                       f"{shipped_specs(arch)[0].uri} or merge_states)")
     console = Console(stderr=False)
     t0 = time.perf_counter()
-    with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+    workers = min(args.jobs, len(jobs))
+    with ProcessPoolExecutor(max_workers=workers) as pool:
         results = list(pool.map(_compile_one, jobs))
+    failed = [err for _, _, err in results if err]
+    if failed:   # not a usage error: exit 1, one line per failed instance (logs are saved)
+        for err in failed:
+            print(f"rtattn-compile: {err}", file=sys.stderr)
+        return 1
     total = time.perf_counter() - t0
     table = Table(title=f"rtattn-compile {arch} -> {cache_dir()}")
     table.add_column("instance")
     table.add_column("seconds", justify="right")
-    for key, sec in results:
+    for key, sec, _ in results:
         table.add_row(key, f"{sec:.2f}")
     console.print(table)
-    console.print(f"{len(results)} instances for {arch} in {total:.1f} s wall ({args.jobs} processes)")
+    console.print(f"{len(results)} instances for {arch} in {total:.1f} s wall ({workers} processes)")
     return 0
+
+
+def main(argv=None) -> int:
+    return run("rtattn-compile", _main, argv)
 
 
 if __name__ == "__main__":

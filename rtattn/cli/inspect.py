@@ -1,20 +1,21 @@
 """rtattn-inspect: show the plan the inspector makes for a workload.
 
-    rtattn-inspect                       # embedded serving workload (64 decode reqs)
+    rtattn-inspect                       # embedded synthetic workload (64 decode reqs)
     rtattn-inspect --batch 32 --kv-dist uniform:4096:16384 --heads 32/8
     rtattn-inspect --lengths lens.npz --mode batch-invariant --json
 
 Host only: an H200 plan can be made on a laptop (--device names a description).
+Bad arguments or inputs: one line on stderr, exit status 2 (rtattn.cli).
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
 
 import numpy as np
 
+from rtattn.cli import CliError, Parser, run
 from rtattn.plan.fields import MODES
 
 # The embedded workload: a serving-shaped decode step (heavy-tailed contexts).
@@ -29,52 +30,74 @@ def parse_dist(spec: str, batch: int, rng: np.random.Generator) -> np.ndarray:
     try:
         args = [int(x) for x in rest.split(":")] if rest else []
     except ValueError:
-        raise SystemExit(f"--kv-dist {spec!r}: arguments must be integers") from None
+        raise CliError(f"--kv-dist {spec!r}: arguments must be integers") from None
+    if any(x < 0 for x in args):
+        raise CliError(f"--kv-dist {spec!r}: lengths must be >= 0")
     if kind == "const" and len(args) == 1:
         return np.full(batch, args[0], dtype=np.int64)
     if kind == "uniform" and len(args) == 2 and args[0] <= args[1]:
         return rng.integers(args[0], args[1] + 1, batch)
-    if kind == "zipf" and len(args) == 1:
+    if kind == "zipf" and len(args) == 1 and args[0] >= 1:
         x = rng.pareto(1.5, batch) + 1.0          # mean 3, infinite variance
         return np.clip(np.rint(x * args[0] / 3.0), 1, MAX_KV).astype(np.int64)
-    raise SystemExit(f"--kv-dist {spec!r}: expected const:N, uniform:A:B or zipf:MEAN")
+    raise CliError(f"--kv-dist {spec!r}: expected const:N, uniform:A:B (A <= B) or zipf:MEAN (MEAN >= 1)")
+
+
+def _lengths(where: str, values) -> np.ndarray:
+    """A 1-D list of non-negative integers (floats are refused, not truncated)."""
+    arr = np.asarray(values)
+    if arr.ndim != 1 or arr.size == 0:
+        raise CliError(f"{where}: expected a non-empty list of lengths")
+    if arr.dtype.kind not in "iu":
+        raise CliError(f"{where}: lengths must be integers, got {arr.dtype} values such as {arr[0]!r}")
+    if arr.min() < 0:
+        raise CliError(f"{where}[{int(np.argmin(arr))}] = {arr.min()}: lengths must be >= 0")
+    return arr.astype(np.int64)
 
 
 def load_lengths(path: str):
     """JSON list of KV lengths (or {"kv_lens": [...], "qo_lens": [...]}), or NPZ
     with kv_lens and optional qo_lens."""
-    if path.endswith(".npz"):
-        with np.load(path) as z:
-            if "kv_lens" not in z:
-                raise SystemExit(f"{path}: NPZ needs an array 'kv_lens'")
-            kv = np.asarray(z["kv_lens"], np.int64)
-            qo = np.asarray(z["qo_lens"], np.int64) if "qo_lens" in z else None
-    else:
-        with open(path) as f:
-            d = json.load(f)
-        if isinstance(d, dict):
-            kv = np.asarray(d["kv_lens"], np.int64)
-            qo = np.asarray(d["qo_lens"], np.int64) if "qo_lens" in d else None
+    try:
+        if path.endswith(".npz"):
+            with np.load(path) as z:
+                d = {k: z[k] for k in z.files}
         else:
-            kv, qo = np.asarray(d, np.int64), None
+            with open(path) as f:
+                d = json.load(f)
+    except (OSError, ValueError, EOFError) as e:   # missing file, bad JSON / NPZ
+        raise CliError(f"--lengths {path}: cannot read it ({type(e).__name__}: {e})") from None
+    except Exception as e:   # noqa: BLE001  (zipfile errors and the like: still one line)
+        raise CliError(f"--lengths {path}: not a JSON list or NPZ ({type(e).__name__}: {e})") from None
+    if not isinstance(d, dict):
+        return _lengths(f"{path}", d), None
+    if "kv_lens" not in d:
+        raise CliError(f"--lengths {path}: needs 'kv_lens' (and optionally 'qo_lens'), has {sorted(d)}")
+    kv = _lengths(f"{path}: kv_lens", d["kv_lens"])
+    qo = _lengths(f"{path}: qo_lens", d["qo_lens"]) if "qo_lens" in d else None
     if qo is not None and qo.shape != kv.shape:
-        raise SystemExit(f"{path}: qo_lens has {qo.shape[0]} entries, kv_lens {kv.shape[0]}")
+        raise CliError(f"{path}: qo_lens has {qo.shape[0]} entries, kv_lens {kv.shape[0]}")
     return kv, qo
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> Parser:
     d = DEFAULT
-    ap = argparse.ArgumentParser(prog="rtattn-inspect", description=__doc__.splitlines()[0])
-    ap.add_argument("--batch", type=int, default=d["batch"])
+    ap = Parser(prog="rtattn-inspect", description=(
+        "Show the plan the inspector makes for one step of a workload (host only, no GPU). "
+        "Without --lengths the workload is SYNTHETIC: --batch requests with KV lengths drawn "
+        "from --kv-dist (default: 64 decode requests, heavy-tailed zipf lengths, mean ~1024)."))
+    ap.add_argument("--batch", type=int, default=d["batch"], help="requests (synthetic workload)")
     ap.add_argument("--kv-dist", default=d["kv_dist"],
-                    help="const:N | uniform:A:B | zipf:MEAN (default %(default)s)")
+                    help="KV lengths (synthetic workload): const:N | uniform:A:B | zipf:MEAN")
     ap.add_argument("--qo-len", type=int, default=d["qo_len"], help="query tokens per request")
-    ap.add_argument("--heads", default=d["heads"], help="H_qo/H_kv (default %(default)s)")
-    ap.add_argument("--head-dim", type=int, default=d["head_dim"])
-    ap.add_argument("--page-size", type=int, default=d["page_size"])
-    ap.add_argument("--device", default=d["device"], choices=["h200", "h100", "a100"])
-    ap.add_argument("--lengths", help="JSON list / NPZ (kv_lens, qo_lens) of lengths")
-    ap.add_argument("--mode", default=d["mode"], choices=list(MODES))
+    ap.add_argument("--heads", default=d["heads"], help="H_qo/H_kv")
+    ap.add_argument("--head-dim", type=int, default=d["head_dim"], help="64, 128 or 256")
+    ap.add_argument("--page-size", type=int, default=d["page_size"], help="a power of two")
+    ap.add_argument("--device", default=d["device"], choices=["h200", "h100", "a100"],
+                    help="device description to plan for")
+    ap.add_argument("--lengths", help="real workload instead: JSON list of KV lengths, or JSON/NPZ "
+                    "with kv_lens and optional qo_lens")
+    ap.add_argument("--mode", default=d["mode"], choices=list(MODES), help="planner mode")
     ap.add_argument("--chunk-tokens", type=int, default=2048, help="batch-invariant chunk")
     ap.add_argument("--causal", action="store_true", help="clip tiles to the causal horizon")
     ap.add_argument("--kernel", default=None, choices=["decode", "prefill"],
@@ -87,34 +110,36 @@ def build_parser() -> argparse.ArgumentParser:
 
 def analyze(a) -> dict:
     from rtattn.plan.inspector import Planner
-    from rtattn.plan.layout import indptr_from_lengths, paged_kv
+    from rtattn.plan.layout import check_heads, indptr_from_lengths, paged_kv
     from rtattn.plan.verify import verify_plan
 
     rng = np.random.default_rng(a.seed)
+    if a.qo_len < 1:
+        raise CliError(f"--qo-len must be >= 1, got {a.qo_len}")
     if a.lengths:
         kv, qo = load_lengths(a.lengths)
         qo = qo if qo is not None else np.full(kv.shape[0], a.qo_len, np.int64)
+        workload = f"from {a.lengths}"
     else:
         if a.batch < 1:
-            raise SystemExit("--batch must be >= 1")
+            raise CliError(f"--batch must be >= 1, got {a.batch}")
         kv = parse_dist(a.kv_dist, a.batch, rng)
         qo = np.full(a.batch, a.qo_len, np.int64)
+        workload = f"synthetic: {a.batch} requests, KV {a.kv_dist}, seed {a.seed}"
     if a.causal:
         kv = np.maximum(kv, qo)
     try:
         hq, hk = (int(x) for x in a.heads.split("/"))
     except ValueError:
-        raise SystemExit(f"--heads {a.heads!r}: expected H_qo/H_kv, e.g. 32/8") from None
-    if hk < 1 or hq % hk:
-        raise SystemExit(f"--heads {a.heads}: H_qo must be a multiple of H_kv")
-    g = hq // hk
+        raise CliError(f"--heads {a.heads!r}: expected H_qo/H_kv, e.g. 32/8") from None
+    g = check_heads(hq, hk)
     kernel = a.kernel or ("decode" if int(qo.max()) * g <= 16 or g > 16 else "prefill")
     kvp, idx, last = paged_kv(kv, a.page_size, shuffle_seed=a.seed)
     qi = indptr_from_lengths(qo)
-    common = dict(max_batch=len(kv), max_qo_tokens=int(qo.sum()), max_pages=max(1, int(kvp[-1])),
+    common = dict(max_batch=len(kv), max_qo_tokens=max(1, int(qo.sum())), max_pages=max(1, int(kvp[-1])),
                   num_qo_heads=hq, num_kv_heads=hk, head_dim=a.head_dim,
                   page_size=a.page_size, device=a.device, causal=a.causal, kernel=kernel,
-                  max_qo_len=int(qo.max()))
+                  max_qo_len=max(1, int(qo.max())))
     p = Planner(mode=a.mode, chunk_tokens=a.chunk_tokens, **common)
     args = (qi, kvp, idx, last)
     buf = p.layout.allocate()
@@ -128,7 +153,8 @@ def analyze(a) -> dict:
     naive = Planner(mode="naive", **common).plan(*args)
     loads = info.cta_loads
     return dict(
-        mode=a.mode, device=a.device, kernel=kernel, batch=int(len(kv)),
+        mode=a.mode, mode_used=info.mode, workload=workload, device=a.device, kernel=kernel,
+        batch=int(len(kv)),
         heads=[hq, hk], group=g, head_dim=a.head_dim, page_size=a.page_size,
         kv_total=int(kv.sum()), kv_max=int(kv.max()), qo_total=int(qo.sum()),
         num_ctas=p.num_ctas, grid=[p.num_ctas, hk],
@@ -163,7 +189,11 @@ def render(r: dict) -> None:
 
     con = Console()
     t = r["tile"]
-    con.rule(f"[bold]rtattn plan[/] · {r['mode']} · {r['device']} · {r['kernel']} kernel")
+    mode = r["mode"] if r["mode"] == r["mode_used"] else f"{r['mode']} → {r['mode_used']}"
+    con.rule(f"[bold]rtattn plan[/] · {mode} · {r['device']} · {r['kernel']} kernel")
+    con.print(f"workload {r['workload']}")
+    if r["mode"] == "auto":
+        con.print(f"mode auto chose {r['mode_used']}")
     con.print(f"batch {r['batch']}  query tokens {r['qo_total']}  KV tokens {r['kv_total']} "
               f"(max {r['kv_max']})  heads {r['heads'][0]}/{r['heads'][1]} (g={r['group']})  "
               f"D={r['head_dim']}  page {r['page_size']}")
@@ -186,7 +216,10 @@ def render(r: dict) -> None:
     nl = np.asarray(r["naive_cta_loads"], dtype=np.float64)
     per = max(1, -(-len(loads) // 48))
     top = max(loads.max(), nl.max(), 1.0)
-    width = 40
+    label_w = len(f"{len(loads) - 1}-{len(loads) - 1}") if per > 1 else len(str(len(loads) - 1))
+    load_w = len(str(int(max(loads.max(), 0))))
+    # two bar columns share what the CTA and load columns and the padding (1 per side) leave
+    width = max(4, min(40, (con.width - max(3, label_w) - max(4, load_w) - 8) // 2))
     bars = Table(title="per-CTA load (cost units: 1 = one KV token)", box=None,
                  padding=(0, 1), title_justify="left")
     bars.add_column("CTA", justify="right")
@@ -207,18 +240,18 @@ def render(r: dict) -> None:
     con.print(ft)
 
 
-def main(argv=None) -> int:
+def _main(argv) -> int:
     a = build_parser().parse_args(argv)
-    try:
-        r = analyze(a)
-    except ValueError as e:
-        print(f"rtattn-inspect: {e}", file=sys.stderr)
-        return 2
+    r = analyze(a)
     if a.json:
         print(json.dumps(r))
     else:
         render(r)
     return 0
+
+
+def main(argv=None) -> int:
+    return run("rtattn-inspect", _main, argv)
 
 
 if __name__ == "__main__":

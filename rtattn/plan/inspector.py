@@ -65,6 +65,7 @@ class PlanInfo:
     cta_loads: np.ndarray      # int64[num_ctas], summed item cost per CTA
     buffer: np.ndarray
     views: dict = field(repr=False)
+    mode: str = ""             # the mode that made it (what "auto" chose)
 
     @property
     def max_load(self) -> int:
@@ -217,7 +218,7 @@ class Planner:
                         batch.qo_indptr.item(-1), self.num_ctas, self._tq, self.page_size,
                         items["L"], items["split_tiles"], items["loads"],
                         buf if isinstance(buf, np.ndarray) else np.frombuffer(buf, np.uint8),
-                        views)
+                        views, items["mode"])
 
     def _schedule(self, bt: Batch) -> dict:
         """Tiles -> chunks -> items, LPT assignment, partial rows, merge map.
@@ -335,7 +336,8 @@ class Planner:
             final = q if order is None else order[q]
             counts = np.bincount(cta, minlength=C)
         res = dict(n=n, L=int(L), loads=loads, counts=counts, items=it, final=final,
-                   merge_rows=0, partial_rows=0, split_tiles=0)
+                   merge_rows=0, partial_rows=0, split_tiles=0,
+                   mode="balanced" if mode == "auto" else mode)
         if maxc > 1:
             self._partials(res, it, nchunk, t_qlen, t_qs, i_tile, i_chunk, decode)
         return res
@@ -403,7 +405,7 @@ class Planner:
         cost += fixed if decode else fixed[i_tile]
         res = dict(n=n, L=int(w), loads=np.bincount(cta, weights=cost, minlength=C).astype(np.int64),
                    counts=np.bincount(cta, minlength=C), items=it, final=None,
-                   merge_rows=0, partial_rows=0, split_tiles=0)
+                   merge_rows=0, partial_rows=0, split_tiles=0, mode="contiguous")
         if nchunk.item(nchunk.argmax()) > 1:
             self._partials(res, it, nchunk, t_qlen, t_qs, i_tile, i_chunk, decode)
         return res
