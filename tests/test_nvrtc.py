@@ -145,6 +145,22 @@ def test_corrupt_entry_is_rebuilt(isolated_cache, damage):
     assert cache_stats()["disk_hits"] == 1  # the rebuilt entry is valid
 
 
+@pytest.mark.parametrize("meta", [{}, {"log": ""}, {"lowered": {}, "log": ""}, {"lowered": {"k": 1}, "log": ""},
+                                  [], {"lowered": {"k": "k"}}])
+def test_entry_with_a_valid_checksum_but_incomplete_metadata_is_rebuilt(isolated_cache, meta):
+    """e.g. written by another rtattn version: a miss and a rebuild, never a KeyError."""
+    from rtattn.runtime import cubin_cache
+    good = compile_to_cubin(SIMPLE_SRC % 4, name="k", arch="sm_90", name_expressions=("k",), quiet=True)
+    (entry,) = _entries(isolated_cache)
+    cubin_cache.store(entry.stem, bytes(good), meta)   # well-formed, checksummed, incomplete
+    clear_memo()
+    cache_stats(reset=True)
+    again = compile_to_cubin(SIMPLE_SRC % 4, name="k", arch="sm_90", name_expressions=("k",), quiet=True)
+    assert again == good and again.lowered == good.lowered
+    s = cache_stats()
+    assert s["corrupt"] == 1 and s["compiles"] == 1
+
+
 def _compile_in_child(cache_dir, seed):
     os.environ["RTATTN_CACHE_DIR"] = cache_dir
     from rtattn.runtime import cache_stats, compile_to_cubin

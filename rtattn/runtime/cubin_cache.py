@@ -72,8 +72,18 @@ def _entry(key: str) -> Path:
     return cache_dir() / "cubin" / f"{key}.bin"
 
 
-def load(key: str):
-    """(cubin, meta) from disk, or None on a miss. A corrupt entry is removed."""
+def _complete(meta, names) -> bool:
+    """What compile_to_cubin reads: {"lowered": {name: symbol} for every name, "log": str}. An
+    entry written by another version (valid checksum, other metadata) is a miss, not a KeyError."""
+    if not isinstance(meta, dict) or not isinstance(meta.get("log"), str):
+        return False
+    lowered = meta.get("lowered")
+    return isinstance(lowered, dict) and all(isinstance(lowered.get(n), str) for n in names)
+
+
+def load(key: str, names=()):
+    """(cubin, meta) from disk, or None on a miss. A corrupt entry, or one whose metadata lacks
+    the log or the lowered symbol of any of `names`, is removed (and so rebuilt)."""
     path = _entry(key)
     try:
         blob = path.read_bytes()
@@ -86,6 +96,8 @@ def load(key: str):
         (meta_len,) = struct.unpack_from("<I", blob, 40)
         meta = json.loads(blob[44:44 + meta_len])
         cubin = blob[44 + meta_len:]
+        if not cubin or not _complete(meta, names):
+            raise ValueError("incomplete entry")
     except Exception:
         bump("corrupt")
         bump("misses")

@@ -216,7 +216,7 @@ def compile_to_cubin(source: str, *, name: str, arch: str | None = None, options
     user_options = tuple(options)
     key = _cache_key(source, user_options, arch, name_expressions, include_dirs) if use_cache else ""
     if use_cache:
-        hit = cubin_cache.memo_get(key) or cubin_cache.load(key)
+        hit = cubin_cache.memo_get(key) or cubin_cache.load(key, name_expressions)
         if hit is not None:
             cubin, meta = hit
             cubin_cache.memo_put(key, cubin, meta)
