@@ -11,21 +11,33 @@ import pytest
 _ROOT = Path(__file__).resolve().parent.parent
 
 
+def _installed_rtattn() -> Path | None:
+    """rtattn/__init__.py of a non-editable install outside this checkout (an editable install
+    lists no such file; the checkout's own egg-info points into the checkout)."""
+    from importlib import metadata
+    for dist in metadata.distributions(name="rtattn"):
+        for f in dist.files or ():
+            if str(f).replace("\\", "/") == "rtattn/__init__.py":
+                path = Path(f.locate()).resolve()
+                if path.is_file() and path != _ROOT / "rtattn" / "__init__.py":
+                    return path
+    return None
+
+
 def _prefer_installed_rtattn() -> None:
-    # `python -m pytest` puts the repo root first on sys.path. Its rtattn/ lacks
-    # the package-dir-mapped subpackages (rtattn.codegen, rtattn.cuda_src, ...)
-    # unless installed editable; then use the installed package instead.
-    try:
-        import rtattn.cuda_src  # noqa: F401
+    # `python -m pytest` puts the repo root first on sys.path, so `import rtattn` would find the
+    # checkout's rtattn/ (which works: rtattn/__init__.py maps codegen/, graphs/, cuda_src/ in).
+    # CI installs rtattn non-editable to test the packaging: then test the installed package.
+    installed = _installed_rtattn()
+    if installed is None:
         return
-    except ModuleNotFoundError:
-        pass
     sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _ROOT]
-    # Child interpreters (`python -c ...` in tests) would hit the same trap.
+    # Child interpreters (`python -c ...` in tests) would import the checkout too.
     os.environ["PYTHONSAFEPATH"] = "1"
     for name in [m for m in sys.modules if m == "rtattn" or m.startswith("rtattn.")]:
         del sys.modules[name]
-    import rtattn.cuda_src  # noqa: F401  (fails loudly if rtattn is not installed)
+    import rtattn  # noqa: F401
+    assert Path(rtattn.__file__).resolve() == installed, rtattn.__file__
 
 
 _prefer_installed_rtattn()
