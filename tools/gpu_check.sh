@@ -1,16 +1,26 @@
 #!/usr/bin/env bash
 # One call on a GPU machine (offline; cuda-bindings, numpy, jinja2, rich,
 # pytest, and optionally torch/cupy preinstalled):
-#   bash tools/gpu_check.sh [extra command ...]
+#   bash tools/gpu_check.sh [--no-sanitize | --sanitize-only] [extra command ...]
 # installs rtattn in place, runs the GPU tier, runs the extra command (e.g. a
-# benchmark), and prints a per-file pass/fail table LAST. Exit status: nonzero
-# if the GPU tier or the extra command failed.
+# benchmark), runs compute-sanitizer's memcheck, racecheck, initcheck and
+# synccheck over the smoke set (tools/smoke_decode.py --quick; ~2-3 min in all),
+# and prints a per-file pass/fail table and the sanitizer error counts LAST.
+# --no-sanitize skips the sanitizers; --sanitize-only runs only them.
+# Exit status: nonzero if the GPU tier, the extra command or a sanitizer failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INDEX=1
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 PY=${PYTHON:-python}
+SANITIZE=yes
+case "${1:-}" in
+    --no-sanitize) SANITIZE=no; shift ;;
+    --sanitize-only) SANITIZE=only; shift ;;
+esac
+SAN_TOOLS="memcheck racecheck initcheck synccheck"
+SAN_TIMEOUT=${SAN_TIMEOUT:-120}   # seconds per sanitizer pass (a timeout shows as exit 124)
 
 echo "== nvidia-smi"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 || true
@@ -22,9 +32,12 @@ if ! "$PY" -m pip install -q --no-deps --no-build-isolation -e . > "$OUT/pip.log
     exit 2
 fi
 
-echo "== pytest -m gpu"
-"$PY" -m pytest -m gpu -q -rA -p no:cacheprovider --junitxml="$OUT/junit.xml" 2>&1 | tee "$OUT/pytest.log"
-rc_tests=${PIPESTATUS[0]}
+rc_tests=0
+if [ "$SANITIZE" != only ]; then
+    echo "== pytest -m gpu"
+    "$PY" -m pytest -m gpu -q -rA -p no:cacheprovider --junitxml="$OUT/junit.xml" 2>&1 | tee "$OUT/pytest.log"
+    rc_tests=${PIPESTATUS[0]}
+fi
 
 rc_extra=0
 if [ "$#" -gt 0 ]; then
@@ -33,15 +46,48 @@ if [ "$#" -gt 0 ]; then
     rc_extra=${PIPESTATUS[0]}
 fi
 
-echo "== summary (GPU tier, per test file)"
-"$PY" - "$OUT/junit.xml" "$rc_tests" "$rc_extra" "$*" <<'PY'
+# compute-sanitizer over the smoke set: one line per tool in $OUT/sanitizer.tsv
+# (tool, exit status, errors from its "ERROR SUMMARY" line or "none" if it printed none).
+: > "$OUT/sanitizer.tsv"
+if [ "$SANITIZE" = no ]; then
+    echo "== compute-sanitizer: skipped (--no-sanitize)"
+elif ! command -v compute-sanitizer > /dev/null; then
+    echo "== compute-sanitizer: not on PATH, sanitizer passes skipped"
+    echo "skipped: compute-sanitizer not on PATH" > "$OUT/sanitizer.tsv"
+else
+    echo "== compute-sanitizer ($(compute-sanitizer --version 2>&1 | grep -o 'Version [^ ]*' | head -1))"
+    SAN_FLAGS=(--print-limit 20)
+    # Host API errors (e.g. cuGetProcAddress probing for entry points the driver lacks) are
+    # not kernel findings and bury them: report device-side errors only, where supported.
+    if compute-sanitizer --help 2>&1 | grep -q -- --report-api-errors; then
+        SAN_FLAGS+=(--report-api-errors no)
+    fi
+    SMOKE=("$PY" tools/smoke_decode.py --quick)
+    # compile the kernels once outside the sanitizer (NVRTC under it is slow, and cached after)
+    timeout "$SAN_TIMEOUT" "${SMOKE[@]}" > "$OUT/sanitize-warmup.log" 2>&1 \
+        || echo "(smoke warm-up exit $?: see $OUT/sanitize-warmup.log)"
+    for tool in $SAN_TOOLS; do
+        log="$OUT/sanitize-$tool.log"
+        t0=$SECONDS
+        timeout "$SAN_TIMEOUT" compute-sanitizer --tool "$tool" "${SAN_FLAGS[@]}" "${SMOKE[@]}" > "$log" 2>&1
+        rc=$?
+        errors=$(grep -o 'ERROR SUMMARY: [0-9]*' "$log" | tail -1 | grep -o '[0-9]*$')
+        printf '%s\t%s\t%s\t%s\n' "$tool" "$rc" "${errors:-none}" "$((SECONDS - t0))" >> "$OUT/sanitizer.tsv"
+        echo "$tool: exit $rc, errors ${errors:-none (no summary line)}, $((SECONDS - t0)) s  ($log)"
+        grep -m 5 -E '^========= (Invalid|Error|Race|Uninitialized|Barrier|Warning)' "$log" || true
+    done
+fi
+
+echo "== summary (GPU tier per test file, then the sanitizers)"
+"$PY" - "$OUT/junit.xml" "$rc_tests" "$rc_extra" "$*" "$OUT/sanitizer.tsv" "$SANITIZE" <<'PY'
 import sys, xml.etree.ElementTree as ET
 from collections import defaultdict
 path, rc_tests, rc_extra, extra = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+san_path, sanitize = sys.argv[5], sys.argv[6]
 rows = defaultdict(lambda: [0, 0, 0])
 failed = []
 try:
-    cases = ET.parse(path).getroot().iter("testcase")
+    cases = [] if sanitize == "only" else ET.parse(path).getroot().iter("testcase")
 except (OSError, ET.ParseError) as e:
     cases = []
     print(f"(no junit xml: {e})")
@@ -61,16 +107,38 @@ for t in failed[:40]:  # failures first, the table last
     print(f"FAILED {t}")
 if len(failed) > 40:
     print(f"... and {len(failed) - 40} more failures (see $OUT/pytest.log)")
-w = max([len(f) for f in rows] + [10])
-print(f"{'file':<{w}}  passed  failed  skipped")
+w = max([len(f) for f in rows] + [21])
+if sanitize != "only":
+    print(f"{'file':<{w}}  passed  failed  skipped")
 tot = [0, 0, 0]
 for f in sorted(rows):
     p, fl, s = rows[f]
     tot = [a + b for a, b in zip(tot, rows[f])]
     print(f"{f:<{w}}  {p:6d}  {fl:6d}  {s:7d}{'  <-- FAIL' if fl else ''}")
-print(f"{'TOTAL':<{w}}  {tot[0]:6d}  {tot[1]:6d}  {tot[2]:7d}")
-print(f"GPU tier: {'PASS' if rc_tests == 0 else f'FAIL (pytest exit {rc_tests})'}")
+if sanitize != "only":
+    print(f"{'TOTAL':<{w}}  {tot[0]:6d}  {tot[1]:6d}  {tot[2]:7d}")
+san_ok = True
+try:
+    san = [line.rstrip("\n").split("\t") for line in open(san_path) if line.strip()]
+except OSError:
+    san = []
+if sanitize == "no":
+    print("sanitizers: skipped (--no-sanitize)")
+elif san and len(san[0]) == 1:
+    print(f"sanitizers: {san[0][0]}")
+else:
+    print(f"{'sanitizer (smoke set)':<{w}}  errors  exit  seconds")
+    for tool, rc, errors, sec in san:
+        bad = errors != "0" or rc != "0"
+        san_ok &= not bad
+        print(f"{tool:<{w}}  {errors:>6}  {rc:>4}  {sec:>7}{'  <-- FAIL' if bad else ''}")
+    print(f"sanitizers: {'PASS (0 errors in every tool)' if san and san_ok else 'FAIL'}")
+    san_ok = san_ok and bool(san)
+if sanitize != "only":
+    print(f"GPU tier: {'PASS' if rc_tests == 0 else f'FAIL (pytest exit {rc_tests})'}")
 if extra:
     print(f"extra command: {'PASS' if rc_extra == 0 else f'FAIL (exit {rc_extra})'}: {extra}")
+sys.exit(0 if san_ok else 3)
 PY
-[ "$rc_tests" -eq 0 ] && [ "$rc_extra" -eq 0 ]
+rc_san=$?
+[ "$rc_tests" -eq 0 ] && [ "$rc_extra" -eq 0 ] && [ "$rc_san" -eq 0 ]
