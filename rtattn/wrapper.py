@@ -70,7 +70,7 @@ class BatchDecodeWrapper:
         # Default: one resident wave. More oversubscribes the GPU (the hardware then hands queues
         # to whichever SM frees first); fewer leaves SMs to other streams.
         self.num_ctas = int(num_ctas) if num_ctas is not None else self.kernels.num_ctas(num_kv_heads)
-        self.planner = Planner(max_batch, max_qo_tokens or max_batch, max_pages, num_qo_heads, num_kv_heads,
+        self.planner = Planner(max_batch, max_batch if max_qo_tokens is None else max_qo_tokens, max_pages, num_qo_heads, num_kv_heads,
                                head_dim, page_size, device=plan_devices.from_props(self.device.props),
                                mode=mode, num_ctas=self.num_ctas, max_rows=self.spec.rows,
                                chunk_tokens=chunk_tokens, causal="causal" in self.spec.variant,
