@@ -229,6 +229,7 @@ def test_the_pool_is_the_smallest_cache_and_can_be_given(fake_gpu):
     (dict(head_dim=0), "head_dim"), (dict(head_dim=100), "head_dim=100 is not supported"),
     (dict(page_size=3), "power of two"), (dict(page_size=0), "page_size"),
     (dict(num_ctas=0), "num_ctas must be >= 1"), (dict(num_kv_heads=0), "num_kv_heads"),
+    (dict(max_qo_tokens=0), "max_qo_tokens must be >= 1"),
 ])
 def test_bad_configuration_is_refused_with_its_name(fake_gpu, kw, match):
     args = dict(num_qo_heads=32, num_kv_heads=8, head_dim=128, page_size=16, max_batch=4, max_pages=8)
