@@ -110,7 +110,7 @@ def build_parser() -> Parser:
 
 def analyze(a) -> dict:
     from rtattn.plan.inspector import Planner
-    from rtattn.plan.layout import check_heads, indptr_from_lengths, paged_kv
+    from rtattn.plan.layout import check_config, indptr_from_lengths, paged_kv
     from rtattn.plan.verify import verify_plan
 
     rng = np.random.default_rng(a.seed)
@@ -132,7 +132,7 @@ def analyze(a) -> dict:
         hq, hk = (int(x) for x in a.heads.split("/"))
     except ValueError:
         raise CliError(f"--heads {a.heads!r}: expected H_qo/H_kv, e.g. 32/8") from None
-    g = check_heads(hq, hk)
+    g = check_config(hq, hk, a.head_dim, a.page_size)   # before paged_kv divides by the page size
     kernel = a.kernel or ("decode" if int(qo.max()) * g <= 16 or g > 16 else "prefill")
     kvp, idx, last = paged_kv(kv, a.page_size, shuffle_seed=a.seed)
     qi = indptr_from_lengths(qo)
