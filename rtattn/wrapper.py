@@ -70,12 +70,12 @@ class BatchDecodeWrapper:
         # Default: one resident wave. More oversubscribes the GPU (the hardware then hands queues
         # to whichever SM frees first); fewer leaves SMs to other streams.
         self.num_ctas = int(num_ctas) if num_ctas is not None else self.kernels.num_ctas(num_kv_heads)
-        self.planner = Planner(max_batch, max_batch if max_qo_tokens is None else max_qo_tokens, max_pages, num_qo_heads, num_kv_heads,
-                               head_dim, page_size, device=plan_devices.from_props(self.device.props),
-                               mode=mode, num_ctas=self.num_ctas, max_rows=self.spec.rows,
-                               chunk_tokens=chunk_tokens, causal="causal" in self.spec.variant,
-                               num_pages_pool=num_pages_pool)
-        self._pool_given = num_pages_pool is not None   # else learnt from the caches (_bind_pool)
+        max_qo_tokens = max_batch if max_qo_tokens is None else max_qo_tokens
+        self.planner = Planner(max_batch, max_qo_tokens, max_pages, num_qo_heads, num_kv_heads, head_dim, page_size,
+                               device=plan_devices.from_props(self.device.props), mode=mode,
+                               num_ctas=self.num_ctas, max_rows=self.spec.rows, chunk_tokens=chunk_tokens,
+                               causal="causal" in self.spec.variant, num_pages_pool=num_pages_pool)
+        self._pool_given = num_pages_pool is not None   # else learnt from the caches (_check_pool)
         self.layout = self.planner.layout
         # Two pinned plan buffers, used in turn: plan() for step N+1 fills one while step N's
         # copy (queued behind step N-1's kernels) may still be pending from the other, so the
@@ -122,8 +122,8 @@ class BatchDecodeWrapper:
         if self._in_flight[slot]:  # this buffer's copy (two plans ago) may not have run yet
             self._copied[slot].synchronize()
         buf = self._pinned[slot]
-        info = self.planner.plan(None if qo_indptr is None else _host(qo_indptr), kv_indptr, kv_indices, kv_last_page_len,
-                                 out=self._pinned_arrays[slot])
+        qo_indptr = None if qo_indptr is None else _host(qo_indptr)   # None: decode
+        info = self.planner.plan(qo_indptr, kv_indptr, kv_indices, kv_last_page_len, out=self._pinned_arrays[slot])
         memcpy_htod_async(self.workspace_ptr, buf.ptr, self.layout.plan_bytes, stream)
         self._copied[slot].record(stream)
         self._in_flight[slot] = True
@@ -195,7 +195,8 @@ class BatchDecodeWrapper:
             expect_inner_contiguous(name, t)
             expect_vector_aligned(name, t)
             self._check_pool(name, t.shape[0])
-        self.planner.num_pages_pool = min(k.shape[0], v.shape[0], self.planner.num_pages_pool or k.shape[0])
+        pool = self.planner.num_pages_pool
+        self.planner.num_pages_pool = min(k.shape[0], v.shape[0], *(() if pool is None else (pool,)))
         return k, v
 
     def _check_pool(self, name: str, pages: int) -> None:
