@@ -42,6 +42,10 @@ class AttentionSpec:
     m_tiles: int = 1             # 16-row query tiles per CTA (rows = query tokens x fused heads)
     num_warps: int = 4
     stages: int = 3
+    # What the variant does, as data the planner and the wrapper read (never the name):
+    causal: bool = False         # query token i sees KV positions <= q_pos(i): plans clip each tile there
+    window: bool = False         # sliding window p.extra.window_left, given to plan(): plans read only it
+    sinks: bool = False          # a per-query-head logit p.extra.sinks[h] joins each row's softmax once
 
     def __post_init__(self):
         if not _IDENT.match(self.variant):
@@ -56,6 +60,9 @@ class AttentionSpec:
         names = [p.name for p in self.params]
         if len(set(names)) != len(names):
             raise ValueError(f"duplicate parameter names in {names}")
+        for flag, param in (("window", "window_left"), ("sinks", "sinks")):
+            if getattr(self, flag) and param not in names:
+                raise ValueError(f"{flag}=True needs the parameter {param!r} (the kernel reads p.extra.{param})")
 
     @property
     def rows(self) -> int:
@@ -75,8 +82,9 @@ def _b(x: bool) -> str:
     return "true" if x else "false"
 
 
-def standard(causal=False, window=False, soft_cap=False, alibi=False, **kw) -> AttentionSpec:
-    """Softmax attention with any mix of causal mask, sliding window, soft-cap and ALiBi."""
+def standard(causal=False, window=False, soft_cap=False, alibi=False, sinks=False, **kw) -> AttentionSpec:
+    """Softmax attention with any mix of causal mask, sliding window, soft-cap, ALiBi and
+    attention sinks (float32 [H_qo] logits, natural-log units like sm_scale * q.k)."""
     params = []
     if window:
         params.append(Param("window_left", "int"))
@@ -84,11 +92,13 @@ def standard(causal=False, window=False, soft_cap=False, alibi=False, **kw) -> A
         params.append(Param("soft_cap", "float"))
     if alibi:
         params.append(Param("alibi_slopes", "const float*"))
-    tags = [t for t, on in (("causal", causal), ("window", window), ("softcap", soft_cap), ("alibi", alibi)) if on]
+    if sinks:
+        params.append(Param("sinks", "const float*"))
+    flags = (("causal", causal), ("window", window), ("softcap", soft_cap), ("alibi", alibi), ("sinks", sinks))
     return AttentionSpec(
-        variant="_".join(tags) or "plain",
-        variant_type=f"rtattn::StandardAttention<{_b(causal)}, {_b(window)}, {_b(soft_cap)}, {_b(alibi)}>",
-        params=tuple(params), **kw)
+        variant="_".join(t for t, on in flags if on) or "plain",
+        variant_type=f"rtattn::StandardAttention<{', '.join(_b(on) for _, on in flags)}>",
+        params=tuple(params), causal=causal, window=window, sinks=sinks, **kw)
 
 
 def sigmoid(**kw) -> AttentionSpec:
@@ -97,7 +107,7 @@ def sigmoid(**kw) -> AttentionSpec:
 
 def rope(causal=False, **kw) -> AttentionSpec:
     return AttentionSpec("rope_causal" if causal else "rope", f"rtattn::RopeAttention<{_b(causal)}>",
-                         (Param("rope_theta", "float"), Param("rope_offset", "int")), **kw)
+                         (Param("rope_theta", "float"), Param("rope_offset", "int")), causal=causal, **kw)
 
 
 def custom_mask(**kw) -> AttentionSpec:
@@ -106,7 +116,9 @@ def custom_mask(**kw) -> AttentionSpec:
 
 
 def custom_variant(name: str, source: str, struct_name: str, params=(), **kw) -> AttentionSpec:
-    """A variant that is not built in: `source` defines `struct struct_name : rtattn::VariantBase`."""
+    """A variant that is not built in: `source` defines `struct struct_name : rtattn::VariantBase`.
+    Declare what its mask does (causal=True, window=True) so plans skip the KV it never sees;
+    sinks=True must match the struct's has_sink (checked at compile time)."""
     return AttentionSpec(name, struct_name, tuple(params), variant_source=source, **kw)
 
 
@@ -116,6 +128,8 @@ BUILTINS = {
     "sliding_window": lambda **kw: standard(window=True, **kw),
     "soft_cap": lambda **kw: standard(soft_cap=True, **kw),
     "alibi": lambda **kw: standard(alibi=True, **kw),
+    "sinks": lambda **kw: standard(sinks=True, **kw),
+    "sliding_window_sinks": lambda **kw: standard(window=True, sinks=True, **kw),
     "sigmoid": sigmoid,
     "rope": rope,
     "custom_mask": custom_mask,

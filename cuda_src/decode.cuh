@@ -95,6 +95,7 @@ __device__ __forceinline__ void merge_tile(const P& p, Variant& var, int entry0,
     }
     for (int mask = 1; mask < S; mask *= 2) fold.fold_lanes(mask);
     if (!active || part != 0) continue;
+    if constexpr (Variant::has_sink) fold.add_sink(var.SinkLogit(p, head));  // once per row: here
     const int q_row = p.plan.merge_qo_row[e];
     T* op = p.o + int64_t(q_row) * p.o_stride_tok + int64_t(head) * p.o_stride_head + c;
 #pragma unroll
@@ -491,15 +492,27 @@ __device__ __forceinline__ void decode_persistent(const P& p, char* smem) {
           o0 += f * src[d];
           o1 += f * src[d + 1];
         }
+        const int r = mi * 16 + r16;
+        const int t = r / heads, qo_head = first_qo_head + r % heads;
+        float top = base;
+        if constexpr (Variant::has_sink) {
+          if (partial_row < 0) {  // the row's final state: its sink joins once, here (split rows: the merge)
+            const float sink = var.SinkLogit(p, qo_head) * kLog2e;
+            top = fmaxf(l > 0.f ? base : -INFINITY, sink);
+            top = top == -INFINITY ? 0.f : top;
+            const float scale = l > 0.f ? fast_exp2(base - top) : 0.f;
+            l = l * scale + fast_exp2(sink - top);
+            o0 *= scale;
+            o1 *= scale;
+          }
+        }
         // Natural-log LSE of the total weight; softmax O is normalized, sigmoid O is a plain sum.
-        const float lse = l > 0.f ? (base + __log2f(l)) * kLn2 : -INFINITY;
+        const float lse = l > 0.f ? (top + __log2f(l)) * kLn2 : -INFINITY;
         if (Variant::use_softmax) {
           const float inv = l > 0.f ? 1.f / l : 0.f;
           o0 *= inv;
           o1 *= inv;
         }
-        const int r = mi * 16 + r16;
-        const int t = r / heads, qo_head = first_qo_head + r % heads;
         if (partial_row < 0) {
           if constexpr (Variant::has_output_transform) {
             o0 = var.OutputTransform(p, o0, qo_head, d);

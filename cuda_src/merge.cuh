@@ -48,6 +48,7 @@ __device__ __forceinline__ void merge_persistent(const P& p) {
       }
       fold.round(l, v);
     }
+    if constexpr (Variant::has_sink) fold.add_sink(var.SinkLogit(p, head));  // once per row: here
     float x = fold.out(0);
     if constexpr (Variant::has_output_transform) x = var.OutputTransform(p, x, head, d);
     p.o[int64_t(q_row) * p.o_stride_tok + int64_t(head) * p.o_stride_head + d] = from_float<T>(x);

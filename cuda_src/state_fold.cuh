@@ -45,6 +45,15 @@ struct StateFold {
     }
     m = m_new;
   }
+  // Folds in a state of log-weight `lse_sink` and no value: an attention sink (softmax only).
+  __device__ __forceinline__ void add_sink(float lse_sink) {
+    const float m_new = fmaxf(m, lse_sink), base = m_new == -INFINITY ? 0.f : m_new;
+    const float s = __expf(m - base);
+    w_sum = w_sum * s + __expf(lse_sink - base);
+#pragma unroll
+    for (int j = 0; j < W; ++j) acc[j] *= s;
+    m = m_new;
+  }
   // Softmax O is normalized by the total weight; sigmoid O is a plain sum.
   __device__ __forceinline__ float out(int j) const {
     return acc[j] * ((SOFTMAX && w_sum > 0.f) ? 1.f / w_sum : 1.f);

@@ -22,6 +22,9 @@ struct VariantBase {
   static constexpr bool has_logits_transform = false;
   static constexpr bool has_logits_mask = false;
   static constexpr bool has_output_transform = false;
+  // An attention sink: SinkLogit(p, qo_head) (natural-log units, like the logits) joins every
+  // row's softmax denominator with no value; folded once per row, where its state is final.
+  static constexpr bool has_sink = false;
 
   int batch_idx, qo_len, kv_len;
 
@@ -45,6 +48,8 @@ struct VariantBase {
   __device__ __forceinline__ bool LogitsMask(const P&, int, int, int, int) const { return true; }
   template <class P>
   __device__ __forceinline__ float OutputTransform(const P&, float o, int, int) const { return o; }
+  template <class P>
+  __device__ __forceinline__ float SinkLogit(const P&, int) const { return -INFINITY; }
 };
 
 }  // namespace rtattn

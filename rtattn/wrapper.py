@@ -8,6 +8,8 @@ captured into a CUDA graph once and replayed every step while the plan changes u
 
 LSE convention: natural logarithm (base e) of the sum of the attention weights' exponentials,
 log sum_j exp(s_j), with s_j the logits after sm_scale (and the variant's logits transform).
+With attention sinks the sink's exp(sinks[h]) is part of that sum (the softmax denominator):
+the LSE is that of the row's KV plus its sink.
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ import numpy as np
 from rtattn.codegen.spec import BUILTINS, AttentionSpec, default_stages
 from rtattn.kernels import decode_kernels
 from rtattn.plan import devices as plan_devices
-from rtattn.plan.inspector import Planner, PlanInfo
+from rtattn.plan.inspector import Planner, PlanInfo, check_window
 from rtattn.plan.layout import check_config, check_int
 from rtattn.runtime import DeviceBuffer, Event, PinnedBuffer, as_stream, current_device, memcpy_htod_async, memset_d32
 from rtattn.tensors import cuda_tensor, expect_inner_contiguous, expect_shape, expect_vector_aligned, same_device
@@ -74,7 +76,7 @@ class BatchDecodeWrapper:
         self.planner = Planner(max_batch, max_qo_tokens, max_pages, num_qo_heads, num_kv_heads, head_dim, page_size,
                                device=plan_devices.from_props(self.device.props), mode=mode,
                                num_ctas=self.num_ctas, max_rows=self.spec.rows, chunk_tokens=chunk_tokens,
-                               causal="causal" in self.spec.variant, num_pages_pool=num_pages_pool)
+                               causal=self.spec.causal, num_pages_pool=num_pages_pool)
         self._pool_given = num_pages_pool is not None   # else learnt from the caches (_check_pool)
         self.layout = self.planner.layout
         # Two pinned plan buffers, used in turn: plan() for step N+1 fills one while step N's
@@ -93,6 +95,7 @@ class BatchDecodeWrapper:
         self._may_split = self.planner.bounds.max_merge_rows > 0   # naive plans never need the merge kernel
         self.info: PlanInfo | None = None
         self._nnz = 0   # pages the latest plan reads (kv_indptr[-1])
+        self.window_left: int | None = None   # the planned window (sliding-window variants)
 
     def _workspace(self, workspace):
         need = self.planner.workspace_bytes()
@@ -111,25 +114,36 @@ class BatchDecodeWrapper:
         return self.workspace.ptr
 
     # ------------------------------------------------------------------ plan
-    def plan(self, kv_indptr, kv_indices, kv_last_page_len, qo_indptr=None, stream=None) -> PlanInfo:
+    def plan(self, kv_indptr, kv_indices, kv_last_page_len, qo_indptr=None, stream=None, *,
+             window_left: int | None = None) -> PlanInfo:
         """Plan one step from host arrays (numpy or host DLPack tensors). Decode by default:
         one query token per request unless `qo_indptr` says otherwise. The plan's copy is
         queued on `stream`: run() on the same stream (or order the two streams yourself).
         Page ids must lie in the KV pool (`num_pages_pool`): launches and graphs prepared
-        earlier replay this plan, so it is refused before anything is written or copied."""
+        earlier replay this plan, so it is refused before anything is written or copied.
+
+        Sliding-window variants need `window_left` here (the plan reads only the window;
+        run() takes it from the plan and refuses a params window that disagrees)."""
+        window_left = check_window(window_left)
+        if self.spec.window and window_left is None:
+            raise ValueError(f"window_left: variant {self.spec.variant!r} has a sliding window; pass "
+                             f"plan(..., window_left=N) so the plan reads only the window")
+        if window_left is not None and not self.spec.window:
+            raise ValueError(f"window_left={window_left}: variant {self.spec.variant!r} has no sliding window")
         kv_indptr, kv_indices, kv_last_page_len = (_host(a) for a in (kv_indptr, kv_indices, kv_last_page_len))
         slot = self._slot
         if self._in_flight[slot]:  # this buffer's copy (two plans ago) may not have run yet
             self._copied[slot].synchronize()
         buf = self._pinned[slot]
         qo_indptr = None if qo_indptr is None else _host(qo_indptr)   # None: decode
-        info = self.planner.plan(qo_indptr, kv_indptr, kv_indices, kv_last_page_len, out=self._pinned_arrays[slot])
+        info = self.planner.plan(qo_indptr, kv_indptr, kv_indices, kv_last_page_len, out=self._pinned_arrays[slot],
+                                 window_left=window_left)
         memcpy_htod_async(self.workspace_ptr, buf.ptr, self.layout.plan_bytes, stream)
         self._copied[slot].record(stream)
         self._in_flight[slot] = True
         self._slot, self.pinned = slot ^ 1, buf
         self._nnz = int(kv_indptr[-1])
-        self.info = info
+        self.info, self.window_left = info, window_left
         return info
 
     # ------------------------------------------------------------------ run
@@ -175,7 +189,7 @@ class BatchDecodeWrapper:
         scale = 1.0 / math.sqrt(D) if sm_scale is None else float(sm_scale)
         packed = self._pack(qv, kv, ov, lv, scale, self._extra(params or {}, stream))
         return DecodeLaunch(self, packed, stream, out, lse if lv is not None else None,
-                            keep=(qv, kv, ov, lv, params))
+                            keep=(qv, kv, ov, lv, params), window_left=self.window_left)
 
     def _caches(self, k_cache, v_cache, stream):
         D, Hk, ps = self.head_dim, self.num_kv_heads, self.page_size
@@ -214,7 +228,14 @@ class BatchDecodeWrapper:
             raise ValueError(f"{name} holds {pages} pages but the plan reads page {top}")
 
     def _extra(self, params: dict, stream) -> dict:
-        """Variant parameters: scalars as numbers, tensor parameters as CUDA DLPack tensors."""
+        """Variant parameters: scalars as numbers, tensor parameters as CUDA DLPack tensors.
+        The window comes from the plan (params may repeat it, not change it)."""
+        if self.spec.window:
+            given = params.get("window_left", self.window_left)
+            if isinstance(given, bool) or not isinstance(given, (int, np.integer)) or given != self.window_left:
+                raise ValueError(f"params['window_left']={given!r} disagrees with the planned "
+                                 f"window_left={self.window_left} (plan(..., window_left=N) sets it)")
+            params = {**params, "window_left": self.window_left}
         names = {p.name for p in self.spec.params}
         unknown = set(params) - names
         missing = names - set(params)
@@ -225,11 +246,19 @@ class BatchDecodeWrapper:
         for p in self.spec.params:
             v = params[p.name]
             if p.is_pointer:
-                t = cuda_tensor(f"params[{p.name!r}]", v, stream)
+                if p.name == "sinks" and self.spec.sinks:   # built-in sinks: float32 [H_qo]
+                    t = cuda_tensor("params['sinks']", v, stream, dtype="float32", ndim=1)
+                    expect_shape("params['sinks']", t, (self.num_qo_heads,))
+                    if t.strides != (1,):
+                        raise ValueError(f"params['sinks'] must be contiguous, got strides {t.strides}")
+                else:
+                    t = cuda_tensor(f"params[{p.name!r}]", v, stream)
                 keep.append(t)
                 values[p.name] = t.ptr
             else:
                 values[p.name] = float(v) if p.c_type == "float" else int(v)
+                if p.name == "soft_cap" and not 0 < values[p.name] < math.inf:
+                    raise ValueError(f"params['soft_cap']={v!r}: the cap must be a positive finite number")
         return values or {"unused_": 0}
 
     def _fixed_params(self) -> dict:
@@ -261,12 +290,16 @@ class BatchDecodeWrapper:
 class DecodeLaunch:
     """A fully validated launch: calling it enqueues the decode and merge kernels."""
 
-    def __init__(self, wrapper: BatchDecodeWrapper, params: bytes, stream, out, lse, keep):
+    def __init__(self, wrapper: BatchDecodeWrapper, params: bytes, stream, out, lse, keep, window_left=None):
         self.wrapper, self.params, self.stream = wrapper, params, stream
         self.out, self.lse, self._keep = out, lse, keep
+        self.window_left = window_left   # packed into params: a replan must keep it
 
     def __call__(self, stream=None) -> None:
         w = self.wrapper
+        if w.window_left != self.window_left:
+            raise ValueError(f"window_left: this launch was prepared for window {self.window_left}, the "
+                             f"current plan has {w.window_left}; prepare() again")
         w.kernels.launch(self.params, w.num_ctas, w.num_kv_heads, stream or self.stream,
                          merge=w._may_split and not w.fused_merge, pdl=w.pdl)
 

@@ -5,14 +5,15 @@ the merge map) -- not the original batch -- so it checks the plan the way the
 kernels will consume it: CTA c, item i: compute (O, LSE) of the item's rows over
 its KV range for every query head; writethrough items write the output, split
 items write partial rows; then every merge entry folds its partial rows left to
-right (ascending KV = the fixed order) with ⊕ and writes the query row.
+right (ascending KV = the fixed order) with ⊕ and writes the query row. Attention sinks join
+a row once, where its state is final: in a writethrough item or after its merge.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from . import fields as F
-from .reference import Variant, attend, gather_kv
+from .reference import Variant, attend, fold_sinks, gather_kv
 
 
 def merge_states(o_a, lse_a, o_b, lse_b):
@@ -74,6 +75,8 @@ def execute_plan(views: dict, q, k_cache, v_cache, var: Variant = Variant(),
                             kv_start=ks, var=var)
             p = int(views["item_partial"][i])
             if p < 0:
+                if var.sinks is not None:
+                    o, lse = fold_sinks(o, lse, var.sinks)
                 O[qs:qs + ql], LSE[qs:qs + ql] = o, lse
             else:
                 PO[p:p + ql], PL[p:p + ql] = o, lse
@@ -85,5 +88,8 @@ def execute_plan(views: dict, q, k_cache, v_cache, var: Variant = Variant(),
         o, lse = PO[ids[0]], PL[ids[0]]
         for p in ids[1:]:
             o, lse = merge(o, lse, PO[p], PL[p])
+        if var.sinks is not None:
+            o, lse = fold_sinks(o[None], lse[None], var.sinks)
+            o, lse = o[0], lse[0]
         O[int(mrow[r])], LSE[int(mrow[r])] = o, lse
     return O, LSE

@@ -22,9 +22,12 @@ Cost of an item (integer, so ties and loads are exact):
   heads, ~ a few KV rows' worth of traffic.  GAMMA = 64: fixed per-item cost
   (queue read, pipeline fill, and for split items the partial write + merge).
 
-Causal (planner built with causal=True): tile t of request b only needs KV
-[0, kv_b - qo_b + last_row_of_tile + 1); the tile's KV is clipped to that
-horizon (positions beyond are masked for every row of the tile).
+Visible KV: a tile's items cover only the KV its query rows can see.  Causal
+(planner built with causal=True): tile t of request b needs KV below
+kv_b - qo_b + last_row_of_tile + 1 (its last row's horizon).  Sliding window
+(plan(..., window_left=w)): nothing below q_pos(first row) - w, rounded down to
+a page boundary (kernels load whole pages; the kernel's mask drops the rest).
+Chunks are laid out from the tile's first visible token.
 """
 from __future__ import annotations
 
@@ -71,6 +74,13 @@ class PlanInfo:
     def max_load(self) -> int:
         return int(self.cta_loads.max()) if self.cta_loads.size else 0
 
+    @property
+    def planned_kv_tokens(self) -> int:
+        """KV tokens the plan reads, summed over its items (per KV head)."""
+        n = self.num_items
+        v = self.views
+        return int(np.subtract(v["item_kv_end"][:n], v["item_kv_start"][:n], dtype=np.int64).sum())
+
 
 def item_cost(qo_len, kv_len):
     return COST_ALPHA * qo_len + COST_BETA * kv_len + COST_GAMMA
@@ -95,6 +105,29 @@ def _repeat_index(counts: np.ndarray, ar: np.ndarray, ends: np.ndarray | None = 
     owner = ar[:counts.shape[0]].repeat(counts)   # the method: np.repeat adds ~0.7 us of dispatch
     pos = ar[:n] - (ends - counts)[owner]
     return owner, pos
+
+
+def check_window(window_left):
+    """None (no window) or a non-negative int, else ValueError naming window_left."""
+    if window_left is None:
+        return None
+    if isinstance(window_left, bool) or not isinstance(window_left, (int, np.integer)):
+        raise TypeError(f"window_left must be an int (KV tokens left of the query) or None, got {window_left!r}")
+    if window_left < 0:
+        raise ValueError(f"window_left={window_left} is negative; a window sees q_pos - window_left .. q_pos "
+                         f"(None: no window)")
+    return int(window_left)
+
+
+def _shift(res: dict, t_k0) -> dict:
+    """Items laid out on span lengths [0, len) -> absolute KV [t_k0 + ., t_k0 + .) of their tile."""
+    if t_k0 is not None:
+        it = res["items"]
+        i_tile = res.get("i_tile")
+        off = t_k0 if i_tile is None else t_k0[i_tile]
+        it[3] += off
+        it[4] += off
+    return res
 
 
 def lpt_assign(cost_sorted: np.ndarray, num_ctas: int, ar: np.ndarray) -> np.ndarray:
@@ -193,14 +226,18 @@ class Planner:
         return self.plan(indptr_from_lengths(qo_lens), kv_indptr, kv_indices, last, out=out)
 
     # the step ------------------------------------------------------------------
-    def plan(self, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, out=None) -> PlanInfo:
+    def plan(self, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, out=None,
+             window_left: int | None = None) -> PlanInfo:
+        """`window_left`: the sliding window (query at q_pos sees KV >= q_pos - window_left);
+        None: no window, every tile reads from KV 0."""
+        window_left = check_window(window_left)
         b = self.bounds
         batch = validate_batch(qo_indptr, kv_indptr, kv_indices, kv_last_page_len,
                                self.page_size, num_pages=self.num_pages_pool,
                                causal=self.causal, max_batch=b.max_batch,
                                max_qo_tokens=b.max_qo_tokens, max_pages=b.max_pages,
                                max_qo_len=b.max_qo_len)
-        items = self._schedule(batch)
+        items = self._schedule(batch, window_left)
         if out is None:
             buf = self.layout.allocate()
             views = self.layout.views(buf)
@@ -220,7 +257,7 @@ class Planner:
                         buf if isinstance(buf, np.ndarray) else np.frombuffer(buf, np.uint8),
                         views, items["mode"])
 
-    def _schedule(self, bt: Batch) -> dict:
+    def _schedule(self, bt: Batch, window_left: int | None = None) -> dict:
         """Tiles -> chunks -> items, LPT assignment, partial rows, merge map.
         Plain numpy on small arrays: every call here is ~0.3-1 us, so the code
         keeps the call count low (one 2-D item array, fast paths for pure decode
@@ -242,6 +279,15 @@ class Planner:
             t_kv = kv_len[t_req]
             if self.causal:   # clip to the horizon of the tile's last row
                 t_kv = t_kv - qo_len[t_req] + t_off + t_qlen
+        # Window: the tile's first row (query position q0) sees nothing below q0 - window_left.
+        # Tiles then span [t_k0, t_kv): chunks are laid out on the span's length and shifted.
+        t_k0 = None
+        if window_left is not None:
+            q0 = (kv_len - 1 if decode else kv_len[t_req] - qo_len[t_req] + t_off).astype(np.int64)
+            t_k0 = np.maximum(q0 - window_left, 0)
+            t_k0 -= t_k0 % self.page_size
+            t_k0 = np.minimum(t_k0, t_kv).astype(np.int32)   # (an empty tile stays empty)
+            t_kv = t_kv - t_k0
         T = t_req.shape[0]
         # Chunk bound L (tokens, page multiple) and chunks per tile.
         if mode == "naive" or T == 0:
@@ -258,7 +304,7 @@ class Planner:
                 np.maximum(nchunk, 1, out=nchunk)
             maxc = nchunk.item(nchunk.argmax())
         if mode == "contiguous" and T > 0:
-            return self._contiguous(decode, t_req, t_qs, t_qlen, t_kv)
+            return _shift(self._contiguous(decode, t_req, t_qs, t_qlen, t_kv), t_k0)
         # Items: rows request, qo_start, qo_len, kv_start, kv_end, partial, merge, and
         # kv_page_start (filled by _write).
         if maxc == 1:
@@ -318,7 +364,7 @@ class Planner:
                 if bound * C > AUTO_IMBALANCE * total:
                     con = self._contiguous(decode, t_req, t_qs, t_qlen, t_kv)
                     if _top(con["loads"]) < bound:
-                        return con
+                        return _shift(con, t_k0)
             if mode == "naive" or cs[0] == cs[n - 1]:   # round robin (== LPT if all equal)
                 cta = self._ar[:n] % C
             else:
@@ -331,7 +377,7 @@ class Planner:
                     if con is None:
                         con = self._contiguous(decode, t_req, t_qs, t_qlen, t_kv)
                     if _top(con["loads"]) < top:
-                        return con
+                        return _shift(con, t_k0)
             q = cta.argsort(kind="stable")     # queue order: (cta, assignment order)
             final = q if order is None else order[q]
             counts = np.bincount(cta, minlength=C)
@@ -340,7 +386,8 @@ class Planner:
                    mode="balanced" if mode == "auto" else mode)
         if maxc > 1:
             self._partials(res, it, nchunk, t_qlen, t_qs, i_tile, i_chunk, decode)
-        return res
+            res["i_tile"] = i_tile
+        return _shift(res, t_k0)
 
     def _contiguous(self, decode, t_req, t_qs, t_qlen, t_kv) -> dict:
         """Contiguous cost partition: lay the tiles end to end on one cost axis (each tile's
@@ -408,6 +455,7 @@ class Planner:
                    merge_rows=0, partial_rows=0, split_tiles=0, mode="contiguous")
         if nchunk.item(nchunk.argmax()) > 1:
             self._partials(res, it, nchunk, t_qlen, t_qs, i_tile, i_chunk, decode)
+        res["i_tile"] = i_tile
         return res
 
     def _partials(self, res, it, nchunk, t_qlen, t_qs, i_tile, i_chunk, decode):

@@ -11,6 +11,11 @@ Conventions (the kernels must match them):
   bits starting at byte mask_offsets[b].
 * softmax: LSE = log(sum_j exp(s_j)) in NATURAL log (base e), O = sum softmax * v.
   A row with no visible KV has O = 0 and LSE = -inf.
+* attention sinks (gpt-oss): a per-query-head logit sinks[h] (natural-log units, compared
+  with the scaled scores) joins each row's softmax denominator once, with no value:
+  O = sum_j exp(s_j) v_j / (sum_j exp(s_j) + exp(sinks[h])), LSE = log(sum_j exp(s_j) +
+  exp(sinks[h])) -- the state of the row's KV plus the sink. `attend` leaves it out (partial
+  states must not carry it); `fold_sinks` adds it to a row's final state.
 * sigmoid (FlashSigmoid): w_j = sigmoid(s_j + sigmoid_bias) (masked: 0),
   O = sum w_j v_j, no normalization.  Its "LSE" is log(sum_j w_j) (natural;
   -inf if nothing visible): partials then merge as plain sums of O, and the
@@ -45,6 +50,7 @@ class Variant:
     sm_scale: float | None = None    # None: 1/sqrt(head_dim)
     custom_mask: np.ndarray | None = None    # uint8 packed bits (little bit order)
     mask_offsets: np.ndarray | None = None   # byte offset of each request's bits
+    sinks: np.ndarray | None = None          # [H_qo] sink logits (natural log), None: no sinks
 
 
 def alibi_slopes(num_heads: int) -> np.ndarray:
@@ -150,6 +156,16 @@ def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, b: int, q_rows: np.nd
     return o, lse.T
 
 
+def fold_sinks(o: np.ndarray, lse: np.ndarray, sinks) -> tuple[np.ndarray, np.ndarray]:
+    """Final states (O [n, H, D], LSE [n, H]) with each head's sink joined: the sink is a state
+    of LSE sinks[h] and value 0, merged once."""
+    s = np.broadcast_to(np.asarray(sinks, np.float64)[None, :], lse.shape)
+    new = np.logaddexp(lse, s)
+    with np.errstate(invalid="ignore"):
+        keep = np.where(np.isfinite(new), np.exp(lse - new), 0.0)
+    return o * keep[..., None], new
+
+
 def reference_attention(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices,
                         kv_last_page_len, page_size: int, var: Variant = Variant(),
                         kv_layout: str = "NHD"):
@@ -168,5 +184,7 @@ def reference_attention(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices,
         v = gather_kv(v_cache, pages, page_size, 0, l_kv, kv_layout)
         o, lse = attend(q[qs:qs + l_q], k, v, b=b, q_rows=np.arange(l_q), l_q=l_q, l_kv=l_kv,
                         kv_start=0, var=var)
+        if var.sinks is not None:
+            o, lse = fold_sinks(o, lse, var.sinks)
         O[qs:qs + l_q], LSE[qs:qs + l_q] = o, lse
     return O, LSE

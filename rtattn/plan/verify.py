@@ -3,8 +3,9 @@
 `verify_plan` raises AssertionError with a reason unless:
 * CTA queues partition the items; every item fits tile_q and its request;
 * for every query row the items covering it have KV ranges that partition
-  [0, horizon) exactly once (horizon = the request's KV, or for causal plans
-  the tile's last-row horizon), chunk starts page aligned -- with the grid's
+  [start, horizon) exactly once (horizon = the request's KV, or for causal plans
+  the tile's last-row horizon; start = 0, or with a sliding window the tile's first
+  row's q_pos - window_left rounded down to a page), chunk starts page aligned -- with the grid's
   kv-head axis and head-group fusion this is "every (row, head, KV position)
   exactly once";
 * writethrough rows and merge rows partition the query rows;
@@ -24,7 +25,7 @@ def _fail(msg):
 
 
 def verify_plan(views: dict, qo_len, kv_len, *, tile_q: int, page_size: int,
-                causal: bool = False) -> dict:
+                causal: bool = False, window_left: int | None = None) -> dict:
     h = plan_header(views)
     qo_len = np.asarray(qo_len, np.int64)
     kv_len = np.asarray(kv_len, np.int64)
@@ -64,8 +65,12 @@ def verify_plan(views: dict, qo_len, kv_len, *, tile_q: int, page_size: int,
     first[1:] = s_qs[1:] != s_qs[:-1]
     lastm = np.ones(n, bool)
     lastm[:-1] = first[1:]
-    if (s_ks[first] != 0).any():
-        _fail("a tile's first chunk does not start at KV 0")
+    start = np.zeros(n, np.int64)
+    if window_left is not None:   # the tile's first row's window, down to a page boundary
+        q0 = kv_len[req] - qo_len[req] + (qs - qo_start[req])
+        start = np.minimum(np.maximum(q0 - window_left, 0) // page_size * page_size, hor)
+    if (s_ks[first] != start[o][first]).any():
+        _fail("a tile's first chunk does not start at its first visible KV page")
     if (s_ks[~first] != s_ke[np.flatnonzero(~first) - 1]).any():
         _fail("a tile's KV chunks have a gap or overlap")
     if (s_ke[lastm] != hor[o][lastm]).any():
