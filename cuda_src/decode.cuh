@@ -302,12 +302,18 @@ __device__ __forceinline__ void decode_persistent(const P& p, char* smem) {
       }
     }
     __syncthreads();
-    uint32_t qa[M_TILES][KT][4];
+    // One row tile keeps its q fragments in registers for the whole item; two read them from the
+    // q tile at every k-step (in registers, their 64 spilled the accumulators: 88 B of stack).
+    constexpr bool kQInRegs = M_TILES == 1;
+    uint32_t q_base[M_TILES];
+    uint32_t qa[M_TILES][KT][4];  // (unused, and gone, with two tiles)
 #pragma unroll
     for (int mi = 0; mi < M_TILES; ++mi) {
-      const uint32_t q0 = smem_addr(q_smem) + S::at(mi * 16 + (lane / 8 % 2) * 8 + lane % 8, lane / 16) * sizeof(T);
+      q_base[mi] = smem_addr(q_smem) + S::at(mi * 16 + (lane / 8 % 2) * 8 + lane % 8, lane / 16) * sizeof(T);
+      if constexpr (kQInRegs) {
 #pragma unroll
-      for (int kk = 0; kk < KT; ++kk) ldmatrix_x4(qa[mi][kk], S::kstep(q0, kk));
+        for (int kk = 0; kk < KT; ++kk) ldmatrix_x4(qa[mi][kk], S::kstep(q_base[mi], kk));
+      }
     }
 
     // Rows this thread holds in the accumulator layout: row = mi*16 + lane/4 + 8*half.
@@ -368,8 +374,11 @@ __device__ __forceinline__ void decode_persistent(const P& p, char* smem) {
         ldmatrix_x4(kb, S::kstep(smem_addr(ks) + k_lane, kk));
 #pragma unroll
         for (int mi = 0; mi < M_TILES; ++mi) {
-          MmaOp<T>::run(s[mi][0], qa[mi][kk], kb[0], kb[1]);
-          MmaOp<T>::run(s[mi][1], qa[mi][kk], kb[2], kb[3]);
+          uint32_t qf[4];
+          if constexpr (!kQInRegs) ldmatrix_x4(qf, S::kstep(q_base[mi], kk));
+          const uint32_t (&a)[4] = kQInRegs ? qa[mi][kk] : qf;
+          MmaOp<T>::run(s[mi][0], a, kb[0], kb[1]);
+          MmaOp<T>::run(s[mi][1], a, kb[2], kb[3]);
         }
       }
 

@@ -10,11 +10,12 @@ from rtattn.kernels import compile_spec
 from rtattn.plan import reference as ref
 
 BUILTIN_SPECS = [S.standard(), S.standard(causal=True), S.standard(window=True), S.standard(soft_cap=True),
-                 S.standard(alibi=True), S.sigmoid(), S.rope(), S.custom_mask()]
+                 S.standard(alibi=True), S.sigmoid(), S.rope(), S.custom_mask(), S.standard(sinks=True),
+                 S.standard(window=True, sinks=True, soft_cap=True)]
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-@pytest.mark.parametrize("spec", BUILTIN_SPECS[:4] + BUILTIN_SPECS[5:7], ids=lambda s: s.variant)
+@pytest.mark.parametrize("spec", BUILTIN_SPECS[:4] + BUILTIN_SPECS[5:7] + BUILTIN_SPECS[8:], ids=lambda s: s.variant)
 def test_builtin_variants_compile(spec, arch, isolated_cache):
     rendered, cubin = compile_spec(spec, arch, quiet=True)
     assert cubin[:4] == b"\x7fELF"
@@ -33,6 +34,24 @@ def test_kernel_names_spell_the_specialization():
     assert s.uri == "causal_softcap_float16_d64_m1_w4_s3"
 
 
+def test_variant_properties_are_data():
+    assert S.BUILTINS["causal"]().causal and not S.BUILTINS["plain"]().causal
+    w = S.BUILTINS["sliding_window_sinks"]()
+    assert (w.window, w.sinks, w.causal) == (True, True, False) and w.variant == "window_sinks"
+    assert S.rope(causal=True).causal and not S.rope().causal
+    assert not any(getattr(S.BUILTINS["custom_mask"](), f) for f in ("causal", "window", "sinks"))
+    with pytest.raises(ValueError, match="window=True needs the parameter 'window_left'"):
+        S.custom_variant("w", "struct W : rtattn::VariantBase {};", "W", window=True)
+
+
+def test_sinks_flag_must_match_the_struct(isolated_cache):
+    from rtattn.runtime import CompileError
+    bad = S.custom_variant("lying_sinks", "struct L : rtattn::VariantBase {};", "L",
+                           (S.Param("sinks", "const float*"),), sinks=True)
+    with pytest.raises(CompileError, match="has_sink"):
+        compile_spec(bad, "sm_90", quiet=True)
+
+
 def test_bad_specs_are_refused():
     with pytest.raises(ValueError, match="head_dim"):
         S.standard(head_dim=96)
@@ -46,7 +65,7 @@ def test_bad_specs_are_refused():
 TOL = {"bfloat16": 2e-2, "float16": 5e-3}
 
 
-def _run(case, variant="plain", dtype="bfloat16", mode="balanced", params=None, lse=True, **kw):
+def _run(case, variant="plain", dtype="bfloat16", mode="balanced", params=None, lse=True, window_left=None, **kw):
     import torch
     from rtattn.wrapper import BatchDecodeWrapper
     T, H, D = case.q.shape
@@ -54,7 +73,7 @@ def _run(case, variant="plain", dtype="bfloat16", mode="balanced", params=None, 
     w = BatchDecodeWrapper(H, Hk, D, case.page_size, max_batch=len(case.kv_lens) + 3,
                            max_pages=int(case.kv_indptr[-1]) + 5, max_qo_tokens=T + 8, variant=variant,
                            dtype=dtype, kv_layout=case.kv_layout, mode=mode, **kw)
-    w.plan(case.kv_indptr, case.kv_indices, case.kv_last_page_len, qo_indptr=case.qo_indptr)
+    w.plan(case.kv_indptr, case.kv_indices, case.kv_last_page_len, qo_indptr=case.qo_indptr, window_left=window_left)
     out = torch.full_like(case.q, float("nan"))                     # poisoned
     lse_t = torch.full((T, H), float("nan"), device="cuda") if lse else None
     w.run(case.q, case.k_cache, case.v_cache, out=out, lse=lse_t, params=params)
@@ -189,7 +208,80 @@ def test_variants(variant, qo_len):
     else:
         make, var = VARIANT_CASES[variant]
         params = make(None)
-    o, lse, _ = _run(case, variant=variant, params=params)
+    o, lse, _ = _run(case, variant=variant, params=params, window_left=var.window_left if var.window_left >= 0 else None)
+    _check(case, o, lse, var)
+
+
+def _sinks(H, seed=0):
+    import torch
+    x = np.random.default_rng(seed).standard_normal(H) * 2 + 1   # some sinks dominate a short row
+    return torch.tensor(x, dtype=torch.float32, device="cuda"), x
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("window", [None, 127, 1000])
+@pytest.mark.parametrize("qo_len", [1, 3])
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_windows_read_only_the_window(window, qo_len, page_size):
+    """Sliding windows over long contexts (a decode step and a 3-token step): the plan reads only
+    the window (page-rounded), split rows included, and the output equals the reference."""
+    from decode_cases import make_case
+    kv = np.array([20000, 1, 130, 3000, 1029, 9000])
+    case = make_case(kv, 32, 8, 128, page_size, qo_lens=np.minimum(qo_len, kv), seed=51 + qo_len)
+    variant = "plain" if window is None else "sliding_window"
+    o, lse, w = _run(case, variant=variant, window_left=window)
+    _check(case, o, lse, ref.Variant(window_left=-1 if window is None else window))
+    if window is not None:
+        assert w.info.planned_kv_tokens <= int(np.minimum(kv, window + qo_len + page_size).sum())
+        assert w.info.num_merge_rows > 0 or window < 200
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("window", [None, 100])
+@pytest.mark.parametrize("fused", [False, True])
+@pytest.mark.parametrize("qo_len", [1, 3])
+def test_sinks_fold_once_per_row(window, fused, qo_len):
+    """gpt-oss sinks, alone and with a window, on writethrough and split rows (both merge
+    paths): O and LSE (the sink in the denominator) equal the float64 reference."""
+    from decode_cases import make_case
+    kv = np.array([12000, 5, 700, 1, 4000, 0])
+    case = make_case(kv, 32, 8, 128, 16, qo_lens=np.maximum(np.minimum(qo_len, kv), 1), seed=61)
+    sinks_t, sinks = _sinks(32, 7)
+    variant = "sinks" if window is None else "sliding_window_sinks"
+    o, lse, w = _run(case, variant=variant, params={"sinks": sinks_t}, window_left=window, fused_merge=fused)
+    assert w.info.num_merge_rows > 0
+    _check(case, o, lse, ref.Variant(window_left=-1 if window is None else window, sinks=sinks))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("cap", [30.0, 1.5])
+def test_soft_cap_fast_tanh_within_tolerance(head_dim, cap):
+    """tanh.approx.f32 against float64: O and LSE inside the bf16 tolerance, logits large
+    enough (q scaled by 4) that the cap bites."""
+    from decode_cases import make_case
+    case = make_case([3000, 17, 900, 6000], 32, 8, head_dim, 16, seed=head_dim)
+    case.q = case.q * 4
+    o, lse, _ = _run(case, variant="soft_cap", params={"soft_cap": cap})
+    _check(case, o, lse, ref.Variant(logits_soft_cap=cap))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("heads", [(32, 2), (32, 1), (64, 4)], ids=lambda h: f"{h[0]}/{h[1]}")
+@pytest.mark.parametrize("variant", ["plain", "soft_cap", "sliding_window_sinks"])
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_wide_groups_and_token_pages(heads, variant, page_size):
+    """g = 16 and 32 (one and two 16-row tiles) with every new variant, page sizes 1 and 16."""
+    from decode_cases import make_case
+    rng = np.random.default_rng(heads[1] * 10 + page_size)
+    case = make_case(rng.integers(1, 5000, 13), *heads, 128, page_size, seed=int(rng.integers(1 << 30)))
+    params, var, window = None, ref.Variant(), None
+    if variant == "soft_cap":
+        params, var = {"soft_cap": 20.0}, ref.Variant(logits_soft_cap=20.0)
+    elif variant == "sliding_window_sinks":
+        sinks_t, sinks = _sinks(heads[0], 3)
+        params, var, window = {"sinks": sinks_t}, ref.Variant(window_left=500, sinks=sinks), 500
+    o, lse, _ = _run(case, variant=variant, params=params, window_left=window)
     _check(case, o, lse, var)
 
 

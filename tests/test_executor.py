@@ -9,6 +9,7 @@ from rtattn.plan.executor import execute_plan, merge_states
 from rtattn.plan.inspector import Planner
 from rtattn.plan.layout import indptr_from_lengths, paged_kv
 from rtattn.plan.reference import Variant, pack_custom_mask, reference_attention
+from rtattn.plan.verify import verify_plan
 
 
 def test_merge_states_is_split_attention():
@@ -44,7 +45,8 @@ def test_merge_states_associative():
     np.testing.assert_allclose(a[1], b[1], atol=1e-13)
 
 
-VARS = ["plain", "causal", "window+cap+alibi+rope", "sigmoid", "mask"]
+VARS = ["plain", "causal", "window+cap+alibi+rope", "sigmoid", "mask", "sinks", "window+sinks"]
+WINDOW = {"window+cap+alibi+rope": 40, "window+sinks": 17}   # plans read only the window
 
 
 @st.composite
@@ -82,13 +84,17 @@ def test_executor_equals_reference(c):
     var = {"plain": Variant(), "causal": Variant(causal=True),
            "window+cap+alibi+rope": Variant(causal=True, window_left=40, logits_soft_cap=3.0,
                                             alibi=True, rope=True),
-           "sigmoid": Variant(sigmoid=True, sigmoid_bias=-2.0)}.get(c["var"])
+           "sigmoid": Variant(sigmoid=True, sigmoid_bias=-2.0),
+           "sinks": Variant(sinks=rng.standard_normal(H) * 3),
+           "window+sinks": Variant(window_left=17, sinks=rng.standard_normal(H) * 3)}.get(c["var"])
     if var is None:
         bits, offs = pack_custom_mask([rng.random((a, b)) < 0.6 for a, b in zip(qo, kv)])
         var = Variant(custom_mask=bits, mask_offsets=offs)
     p = Planner(8, 256, npg, H, Hk, 64, ps, mode=c["mode"], causal=c["causal"], num_ctas=5,
                 chunk_tokens=64, min_chunk_tokens=16)
-    info = p.plan(qi, kvp, idx, last)
+    info = p.plan(qi, kvp, idx, last, window_left=WINDOW.get(c["var"]))
+    verify_plan(info.views, qo, kv, tile_q=p.tile_q, page_size=ps, causal=c["causal"],
+                window_left=WINDOW.get(c["var"]))
     trace = []
     O1, L1 = execute_plan(info.views, q, kc, vc, var, c["layout"], trace=trace)
     O0, L0 = reference_attention(q, kc, vc, qi, kvp, idx, last, ps, var, c["layout"])
@@ -112,7 +118,8 @@ def test_every_row_head_kv_position_covered_once(c):
     kvp, idx, last = paged_kv(kv, ps)
     p = Planner(8, 256, max(1, int(kvp[-1])), Hk * g, Hk, 64, ps, mode=c["mode"],
                 causal=c["causal"], num_ctas=5, chunk_tokens=64, min_chunk_tokens=16)
-    info = p.plan(indptr_from_lengths(qo), kvp, idx, last)
+    w = WINDOW.get(c["var"])
+    info = p.plan(indptr_from_lengths(qo), kvp, idx, last, window_left=w)
     v = info.views
     T, Kmax = int(qo.sum()), int(kv.max()) if len(kv) else 0
     count = np.zeros((T, Hk * g, max(Kmax, 1)), np.int32)
@@ -126,6 +133,9 @@ def test_every_row_head_kv_position_covered_once(c):
         for i in range(qo[b]):
             row = starts[b] + i
             vis = kv[b] - qo[b] + i + 1 if c["causal"] else kv[b]
-            assert (count[row, :, :vis] == 1).all()
+            lo = 0 if w is None else max(0, kv[b] - qo[b] + i - w)   # the row's window
+            assert (count[row, :, lo:vis] == 1).all()
+            if w is not None and qo[b] == 1:   # decode: nothing below the window's first page
+                assert (count[row, :, :lo - lo % ps] == 0).all()
             assert (count[row, :, vis:] == 0).all() or c["causal"]   # causal: tile horizon
             assert (count[row, :, kv[b]:] == 0).all()

@@ -1,4 +1,5 @@
 """Planner properties over random workloads (host only)."""
+import json
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -338,3 +339,45 @@ def test_contiguous_partition_beats_lpt_on_small_skewed_decode():
     c = info["contiguous"]
     assert c.max_load < info["balanced"].max_load
     assert c.max_load <= 1.1 * c.cta_loads.mean()
+
+
+@pytest.mark.parametrize("mode", ["auto", "balanced", "contiguous", "naive", "batch-invariant"])
+@pytest.mark.parametrize("ps", [1, 16])
+def test_window_plans_read_only_the_window(mode, ps):
+    """Decode with a sliding window: every request's items cover [q_pos - w rounded down to a
+    page, kv) and nothing else, so the plan reads about w + page tokens per request."""
+    kv = np.array([1, 100, 4096, 30000, 2049, 0, 5000])
+    w = 1000
+    p = Planner(16, 16, 50000, 32, 8, 128, ps, mode=mode, num_ctas=20, chunk_tokens=512)
+    info = p.plan(
+        indptr_from_lengths(np.ones_like(kv)), *paged_kv(kv, ps), window_left=w)
+    verify_plan(info.views, np.ones_like(kv), kv, tile_q=p.tile_q, page_size=ps, window_left=w)
+    start = np.maximum(kv - 1 - w, 0) // ps * ps
+    assert info.planned_kv_tokens == int((kv - np.minimum(start, kv)).sum())
+    assert info.planned_kv_tokens <= int(np.minimum(kv, w + ps).sum())
+    full = p.plan(indptr_from_lengths(np.ones_like(kv)), *paged_kv(kv, ps))
+    assert full.planned_kv_tokens == kv.sum()
+    with pytest.raises(ValueError, match="window_left=-1 is negative"):
+        p.plan(indptr_from_lengths(np.ones_like(kv)), *paged_kv(kv, ps), window_left=-1)
+    with pytest.raises(TypeError, match="window_left"):
+        p.plan(indptr_from_lengths(np.ones_like(kv)), *paged_kv(kv, ps), window_left=2.5)
+
+
+def test_causal_window_prefill_tiles_start_at_their_first_row():
+    qo, kv, w = np.array([40, 7]), np.array([3000, 7]), 64
+    p = Planner(4, 64, 512, 8, 8, 64, 16, mode="balanced", causal=True, num_ctas=6, max_rows=16)
+    info = p.plan(indptr_from_lengths(qo), *paged_kv(kv, 16), window_left=w)
+    verify_plan(info.views, qo, kv, tile_q=p.tile_q, page_size=16, causal=True, window_left=w)
+    v, n = info.views, info.num_items
+    # request 0's tiles of 16 rows: rows 0-15 see KV from 2960 - 64 = 2896 (a page boundary)
+    first = v["item_kv_start"][:n][(v["item_request"][:n] == 0) & (v["item_qo_start"][:n] == 0)]
+    assert first.min() == 2896
+    assert info.planned_kv_tokens < 40 * (w + 16 + 16)
+
+
+def test_cli_window_json(capsys):
+    from rtattn.cli.inspect import main
+    assert main(["--kv-dist", "const:32768", "--batch", "4", "--window", "4096", "--reps", "1", "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["window_left"] == 4096 and r["planned_kv_tokens"] == 4 * (32768 - (32767 - 4096) // 16 * 16)
+    assert main(["--window", "-1", "--json"]) == 2

@@ -150,3 +150,33 @@ def test_rope_relative_position_invariance():
     assert score(10, 3) == pytest.approx(score(107, 100), rel=1e-10)
     r = rope(a, np.array([5]), 1e4)
     assert np.linalg.norm(r) == pytest.approx(np.linalg.norm(a))
+
+
+@pytest.mark.parametrize("window", [None, 3])
+def test_sinks_are_one_more_key_with_zero_value(window):
+    """A sink is a key whose logit is sinks[h] for every row and whose value is 0: appending such a
+    token to every request (visible to every row) gives the same O and LSE."""
+    qo, kv, H = [1, 3, 2], [9, 6, 0], 4
+    q, kc, vc, qi, kvp, idx, last = _setup(qo, kv, ps=1, H=H, Hk=2, D=8, seed=3)
+    sinks = np.array([0.5, -1.0, 3.0, -np.inf])
+    var = Variant(window_left=-1 if window is None else window, causal=True, sinks=sinks)
+    O, L = reference_attention(q, kc, vc, qi, kvp, idx, last, 1, var)
+    scale = 1 / math.sqrt(8)
+    for b in range(3):
+        pages = idx[kvp[b]:kvp[b + 1]]
+        for i in range(qo[b]):
+            row, q_pos = qi[b] + i, kv[b] - qo[b] + i
+            for h in range(H):
+                k, v = kc[pages, 0, h // 2], vc[pages, 0, h // 2]
+                s = k @ q[row, h] * scale
+                j = np.arange(kv[b])
+                s = np.where((j <= q_pos) & ((window is None) | (j >= q_pos - (window or 0))), s, -np.inf)
+                s = np.append(s, sinks[h])                    # the sink key
+                v = np.vstack([v, np.zeros(8)]) if kv[b] else np.zeros((1, 8))
+                m = s.max()
+                if m == -np.inf:
+                    assert (O[row, h] == 0).all() and np.isneginf(L[row, h])
+                    continue
+                p = np.exp(s - m)
+                np.testing.assert_allclose(O[row, h], p @ v / p.sum(), atol=1e-13)
+                assert L[row, h] == pytest.approx(m + math.log(p.sum()), abs=1e-13)

@@ -236,3 +236,63 @@ def test_bad_configuration_is_refused_with_its_name(fake_gpu, kw, match):
     args.update(kw)
     with pytest.raises((ValueError, TypeError), match=match):
         W.BatchDecodeWrapper(**args)
+
+
+def _args():
+    return (cuda((1, 32, 128)), cuda((4, 16, 8, 128), ptr=1 << 32), cuda((4, 16, 8, 128), ptr=1 << 33))
+
+
+def test_window_is_planned_and_run_refuses_another(fake_gpu):
+    w = _wrapper(variant="sliding_window")
+    with pytest.raises(ValueError, match="window_left: variant 'window' has a sliding window"):
+        w.plan(*paged_kv([50], 16))
+    with pytest.raises(ValueError, match="window_left=-2 is negative"):
+        w.plan(*paged_kv([50], 16), window_left=-2)
+    info = w.plan(*paged_kv([50], 16), window_left=20)
+    assert info.planned_kv_tokens == 50 - 16        # KV 16..49: q_pos 49 - 20 = 29, down to page 16
+    o = cuda((1, 32, 128), ptr=1 << 34)
+    with pytest.raises(ValueError, match=r"params\['window_left'\]=21 disagrees with the planned window_left=20"):
+        w.run(*_args(), out=o, params={"window_left": 21})
+    assert fake_gpu.kernels[0].launches == []
+    w.run(*_args(), out=o)                            # the window comes from the plan
+    w.run(*_args(), out=o, params={"window_left": 20})
+    st = w.kernels.rendered.params.ctypes_type().from_buffer_copy(fake_gpu.kernels[0].launches[0])
+    assert st.extra.window_left == 20
+    launch = w.prepare(*_args(), out=o)
+    w.plan(*paged_kv([50], 16), window_left=30)
+    with pytest.raises(ValueError, match="prepared for window 20"):
+        launch()
+    plain = _wrapper()
+    with pytest.raises(ValueError, match="has no sliding window"):
+        plain.plan(*paged_kv([50], 16), window_left=5)
+
+
+def test_variant_properties_reach_the_planner(fake_gpu):
+    assert _wrapper(variant="causal").planner.causal
+    assert not _wrapper(variant="sliding_window").planner.causal
+    from rtattn.codegen import spec as S
+    s = S.custom_variant("my_causal_mask", "struct M : rtattn::VariantBase {};", "M", causal=True)
+    assert _wrapper(variant=s).planner.causal and s.variant == "my_causal_mask"
+
+
+@pytest.mark.parametrize("bad, err, match", [
+    (cuda((16,), dtype="float32", ptr=1 << 35), ValueError, r"params\['sinks'\] has shape \[16\], expected \[32\]"),
+    (cuda((32,), dtype="bfloat16", ptr=1 << 35), TypeError, r"params\['sinks'\] has dtype bfloat16"),
+    (cuda((32,), dtype="float32", ptr=1 << 35, strides=(2,)), ValueError, "must be contiguous"),
+    (np.zeros(32, np.float32), ValueError, "CUDA device memory"),
+])
+def test_sinks_are_checked(fake_gpu, bad, err, match):
+    w = _wrapper(variant="sinks")
+    w.plan(*paged_kv([10], 16))
+    with pytest.raises(err, match=match):
+        w.run(*_args(), out=cuda((1, 32, 128), ptr=1 << 34), params={"sinks": bad})
+    w.run(*_args(), out=cuda((1, 32, 128), ptr=1 << 34), params={"sinks": cuda((32,), "float32", ptr=1 << 35)})
+    assert len(fake_gpu.kernels[0].launches) == 1
+
+
+@pytest.mark.parametrize("cap", [0.0, -1.0, float("inf"), float("nan")])
+def test_soft_cap_must_be_positive(fake_gpu, cap):
+    w = _wrapper(variant="soft_cap")
+    w.plan(*paged_kv([10], 16))
+    with pytest.raises(ValueError, match="soft_cap"):
+        w.run(*_args(), out=cuda((1, 32, 128), ptr=1 << 34), params={"soft_cap": cap})

@@ -6,7 +6,12 @@
     python tools/bench_decode.py --rows 'b16-*-kv4' s256x4096 --no-flashinfer
     python tools/bench_decode.py --selftest                               # no GPU needed
 
-bf16, head_dim 128, page 16, NHD, pages scattered (random permutation of page ids).
+bf16, head_dim 128, page 16, NHD, pages scattered (random permutation of page ids), unless a
+row says otherwise: variant rows (v*: soft-cap, sliding window, attention sinks), wide head
+groups (g16-*, g32-*) and token-level pages (p1-*) name their variant, heads and page size.
+Window rows count the bytes of the KV a query can see (min(kv, window + 1) tokens). FlashInfer
+0.7.4's cc/tc decode has no attention sinks: sinks rows time its plain (or window) path, a
+lower bound of what a sink would cost it.
 Lengths are drawn at stratified quantiles (the i-th smallest of B at p = (i + 0.5) / B, order
 shuffled by a seeded rng): U(lo, hi) rows, and heavy-tailed rows = lognormal(sigma 1.2)
 rescaled to mean exactly 1024, clipped to [1, 16384] (tools/bench_common.lengths_heavy). Bytes = K+V read + q + o (shared/PERF.md).
@@ -53,9 +58,28 @@ class Row:
     gen: Callable  # rng -> kv lengths
     perf_md: tuple  # PERF.md FlashInfer (cc µs, tc µs); None where not measured
     seed: str  # rows of one distribution share lengths and page tables across head counts
+    head_dim: int = HEAD_DIM
+    page: int = PAGE
+    soft_cap: float | None = None
+    window: int | None = None   # window_left
+    sinks: bool = False
+    twin: str | None = None     # the plain row reading the same KV (variant cost = this / twin)
 
     def lengths(self) -> np.ndarray:
         return self.gen(bc.rng_for(self.seed))
+
+    @property
+    def variant(self) -> str:
+        """rtattn's built-in variant for the row."""
+        if self.sinks:
+            return "sliding_window_sinks" if self.window is not None else "sinks"
+        if self.soft_cap is not None:
+            return "soft_cap"
+        return "plain" if self.window is None else "sliding_window"
+
+    def visible(self, lens) -> np.ndarray:
+        """KV tokens a decode query sees (all, or its window)."""
+        return lens if self.window is None else np.minimum(lens, self.window + 1)
 
 
 def _rows() -> list[Row]:
@@ -74,11 +98,31 @@ def _rows() -> list[Row]:
                 lambda r: np.array([32768] + [512] * 63, np.int64), 108.3),
                ("s1x32k", "1x32768", lambda r: np.array([32768], np.int64), 59.1)]
     rows += [Row(n, f"{lab} 32/8", 32, 8, gen, (cc, None), n) for n, lab, gen, cc in serving]
+    c1024 = lambda r: np.full(16, 1024, np.int64)  # noqa: E731
+    c8192 = lambda r: np.full(16, 8192, np.int64)  # noqa: E731
+    c4096 = lambda r: np.full(64, 4096, np.int64)  # noqa: E731
+    c2048 = lambda r: np.full(64, 2048, np.int64)  # noqa: E731
+    rows += [  # issue 11: variants (compare with the plain row of the same KV read), groups, pages
+        Row("v16x1024-cap30", "16x1024 cap30 32/8", 32, 8, c1024, (None, 28.2), "b16-all1024", soft_cap=30.0,
+            twin="b16-all1024-kv8"),
+        Row("v64x4096-cap30", "64x4096 cap30 32/8", 32, 8, c4096, (401.8, 251.1), "s64x4096", soft_cap=30.0, twin="s64x4096"),
+        Row("v16x8192-win1023", "16x8192 win1023 32/8", 32, 8, c8192, (None,), "v16x8192", window=1023,
+            twin="b16-all1024-kv8"),
+        Row("v16x1024-sinks", "16x1024 sinks 32/8", 32, 8, c1024, (None,), "b16-all1024", sinks=True,
+            twin="b16-all1024-kv8"),
+        Row("v16x8192-win127-sinks", "16x8192 win127+sinks 32/8", 32, 8, c8192, (None,), "v16x8192",
+            window=127, sinks=True),
+        Row("g16-64x2048", "64x2048 32/2 (g=16)", 32, 2, c2048, (170.5, 46.7), "g-64x2048"),
+        Row("g32-64x2048", "64x2048 32/1 (g=32)", 32, 1, c2048, (None, 33.2), "g-64x2048"),
+        Row("p1-16x1024-kv8", "16x1024 32/8 page 1", 32, 8, c1024, (None,), "b16-all1024", page=1),
+        Row("p1-64x4096-kv8", "64x4096 32/8 page 1", 32, 8, c4096, (None,), "s64x4096", page=1),
+    ]
     return rows
 
 
 ROWS = _rows()
 QUICK = ["b16-all1024-kv4", "b16-heavy-kv8", "s256x4096"]
+NEW = ["b16-all1024-kv8", "s64x4096", "v*", "g*", "p1-*"]   # issue 11's rows and their plain twins
 
 
 def select_rows(patterns) -> list[Row]:
@@ -92,7 +136,7 @@ def select_rows(patterns) -> list[Row]:
 
 
 def row_bytes(row: Row, lens) -> tuple[int, int]:
-    return bc.decode_bytes(lens, row.hq, row.hkv, HEAD_DIM)
+    return bc.decode_bytes(row.visible(lens), row.hq, row.hkv, row.head_dim)
 
 
 # ---------------------------------------------------------------- results and the table
@@ -134,7 +178,7 @@ def format_table(rows: list[Row], results: dict) -> str:
         tbps = r["bytes"] / (us * 1e6) if us and "bytes" in r else None
         pct = 100 * tbps / bc.HBM_TBPS if tbps else None
         cc, tc = ((r.get(k) or {}).get("us") for k in ("fi-cc", "fi-tc"))
-        ref = min(x for x in row.perf_md if x is not None)
+        ref = min((x for x in row.perf_md if x is not None), default=None)
         states = {k: lib_state(r.get(k)) for k in LIBS}
         bad = [f"{k.replace('fi-', '')}:{s}" for k, s in states.items() if s in ("FAIL", "ERR", "skip")]
         check = "PASS" if not bad and any(s == "ok" for s in states.values()) else (" ".join(bad) or "-")
@@ -157,6 +201,14 @@ def format_summary(rows: list[Row], results: dict) -> str:
     lines = [f"targets over {len(ok)} rows: geomean ratio {gm:.2f} (>= 1.20: {'yes' if gm >= 1.2 else 'NO'});"
              f" min {min(ok.values()):.2f}; rows < 1.0: {', '.join(below) or 'none'}",
              f"  32/4 rows >= 1.5x: {'yes' if small and not small_bad else 'NO'} ({', '.join(small) or 'not run'})"]
+    by_name = {row.name: row for row in rows}
+    costs = []
+    for row in rows:
+        a, b = (results.get(n, {}).get("rt") or {} for n in (row.name, row.twin))
+        if row.twin in by_name and a.get("us") and b.get("us"):
+            costs.append(f"{row.name} {100 * (a['us'] / b['us'] - 1):+.1f}%")
+    if costs:
+        lines.append(f"  variant cost over its plain twin (same KV read; target <= +3%): {', '.join(costs)}")
     big = results.get("s256x4096", {})
     if big.get("rt", {}).get("us"):
         pct = 100 * big["bytes"] / (big["rt"]["us"] * 1e6) / bc.HBM_TBPS
@@ -173,27 +225,31 @@ class Inputs:
         import torch
         self.row = row
         self.lens = row.lengths()
-        self.indptr, self.indices, self.last = bc.page_table(bc.rng_for(row.seed, 1), self.lens, PAGE)
+        self.indptr, self.indices, self.last = bc.page_table(bc.rng_for(row.seed, 1), self.lens, row.page)
         kv, qo = row_bytes(row, self.lens)
         self.bytes = kv + qo
         self.copies = bc.rotation_copies(self.bytes)
         B, N, dt = len(self.lens), int(self.indptr[-1]), torch.bfloat16
         self.batch, self.pages = B, N
         g = torch.Generator(device="cuda").manual_seed(int(bc.rng_for(row.name, 2).integers(2**31)))
-        self.q = torch.empty(self.copies, B, row.hq, HEAD_DIM, device="cuda", dtype=dt)
-        self.k = torch.empty(self.copies * N, PAGE, row.hkv, HEAD_DIM, device="cuda", dtype=dt)
+        self.q = torch.empty(self.copies, B, row.hq, row.head_dim, device="cuda", dtype=dt)
+        self.k = torch.empty(self.copies * N, row.page, row.hkv, row.head_dim, device="cuda", dtype=dt)
         self.v = torch.empty_like(self.k)
         for t, n in ((self.q, 1), (self.k, N), (self.v, N)):
             t[:n].normal_(generator=g)
             for c in range(1, self.copies):
                 t[c * n:(c + 1) * n].copy_(t[:n])
         self.kv = [(self.k[c * N:(c + 1) * N], self.v[c * N:(c + 1) * N]) for c in range(self.copies)]
+        self.sinks = (torch.linspace(-1.0, 3.0, row.hq, device="cuda", dtype=torch.float32)
+                      if row.sinks else None)
+        self.q *= 4.0 if row.soft_cap else 1.0   # logits large enough for the cap to bite
         self.ref = self._reference()
         torch.cuda.synchronize()
 
     def _reference(self):
         import torch
-        row, D = self.row, HEAD_DIM
+        row = self.row
+        D = row.head_dim
         g, scale = row.hq // row.hkv, 1.0 / math.sqrt(D)
         pages = torch.from_numpy(self.indices.astype(np.int64)).cuda()
         k0, v0 = self.kv[0]
@@ -204,7 +260,15 @@ class Inputs:
             k = k0[p].reshape(-1, row.hkv, D)[:L].float()
             v = v0[p].reshape(-1, row.hkv, D)[:L].float()
             qb = self.q[0, b].float().view(row.hkv, g, D)
-            w = torch.softmax(torch.einsum("hgd,lhd->hgl", qb, k) * scale, dim=-1)
+            s = torch.einsum("hgd,lhd->hgl", qb, k) * scale
+            if row.soft_cap:
+                s = row.soft_cap * torch.tanh(s / row.soft_cap)
+            if row.window is not None:
+                s[..., :max(0, L - 1 - row.window)] = -float("inf")
+            if self.sinks is not None:   # one more key of logit sinks[h] and value 0
+                s = torch.cat([s, self.sinks.view(row.hkv, g, 1)], dim=-1)
+                v = torch.cat([v, torch.zeros_like(v[:1])])
+            w = torch.softmax(s, dim=-1)
             out[b] = torch.einsum("hgl,lhd->hgd", w, v).reshape(row.hq, D)
         return out
 
@@ -260,14 +324,17 @@ def bench_flashinfer(ctx, x: Inputs, tc: bool) -> dict:
     indptr, indices, last = (torch.from_numpy(a).cuda() for a in (x.indptr, x.indices, x.last))
 
     def plan():
-        w.plan(indptr, indices, last, row.hq, row.hkv, HEAD_DIM, PAGE,
-               q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16)
+        w.plan(indptr, indices, last, row.hq, row.hkv, row.head_dim, row.page,
+               q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16,
+               window_left=-1 if row.window is None else row.window, logits_soft_cap=row.soft_cap)
     plan()                                   # the first one JIT-builds the module
     plan_us = _plan_us(plan)
     outs = x.new_outs()
     calls = [lambda c=c: w.run(x.q[c], x.kv[c], out=outs[c]) for c in range(x.copies)]
     res = _measure(ctx, x, calls, outs, eager=calls[0])
     res.update(plan_us=plan_us, backend=getattr(w, "resolved_backend", "?"))
+    if row.sinks:   # it ran without the sinks: timed, but its output is not the row's
+        res.update(ok=True, note="no sinks in FI cc/tc: its path without them timed")
     return res
 
 
@@ -296,11 +363,11 @@ def make_rt_wrapper(row: Row, x: Inputs, config: str):
     from rtattn.wrapper import BatchDecodeWrapper
     kw = rt_config(config)
     waves, merge = kw.pop("waves"), kw.pop("merge")
-    w = BatchDecodeWrapper(row.hq, row.hkv, HEAD_DIM, PAGE, max_batch=x.batch, max_pages=x.pages,
-                           dtype="bfloat16", kv_layout="NHD", **kw)
+    kw.update(variant=row.variant, dtype="bfloat16", kv_layout="NHD")
+    w = BatchDecodeWrapper(row.hq, row.hkv, row.head_dim, row.page, max_batch=x.batch, max_pages=x.pages, **kw)
     if waves != 1:
-        w = BatchDecodeWrapper(row.hq, row.hkv, HEAD_DIM, PAGE, max_batch=x.batch, max_pages=x.pages,
-                               dtype="bfloat16", kv_layout="NHD", num_ctas=waves * w.num_ctas, **kw)
+        w = BatchDecodeWrapper(row.hq, row.hkv, row.head_dim, row.page, max_batch=x.batch, max_pages=x.pages,
+                               num_ctas=waves * w.num_ctas, **kw)
     w._may_split = w._may_split and merge   # probe only: see rt_config
     return w
 
@@ -309,16 +376,49 @@ def bench_rtattn(ctx, x: Inputs, config: str = "auto") -> dict:
     import torch
     row = x.row
     w = make_rt_wrapper(row, x, config)
-    plan_us = _plan_us(lambda: w.plan(x.indptr, x.indices, x.last))
+    plan_us = _plan_us(lambda: w.plan(x.indptr, x.indices, x.last, window_left=row.window))
     torch.cuda.synchronize()
     outs = x.new_outs()
-    launches = [w.prepare(x.q[c], *x.kv[c], out=outs[c], stream=ctx.stream) for c in range(x.copies)]
+    params = {k: v for k, v in (("soft_cap", row.soft_cap), ("sinks", x.sinks)) if v is not None}
+    launches = [w.prepare(x.q[c], *x.kv[c], out=outs[c], stream=ctx.stream, params=params)
+                for c in range(x.copies)]
     calls = [lambda l=l: l(torch.cuda.current_stream()) for l in launches]
     res = _measure(ctx, x, calls, outs, eager=lambda: launches[0](ctx.stream))
     info = w.info
-    res.update(plan_us=plan_us, num_ctas=w.num_ctas,
+    res.update(plan_us=plan_us, num_ctas=w.num_ctas, planned_kv_tokens=info.planned_kv_tokens,
                items=getattr(info, "num_items", None), merge_rows=getattr(info, "num_merge_rows", None))
     return res
+
+
+def prebuild_flashinfer(rows) -> int:
+    """JIT-build FlashInfer's decode modules for `rows` (one tiny plan + run per distinct module:
+    head_dim, soft-cap on/off, window on/off, cc/tc), so that a later run's first plans find
+    them built; meant to run beside other work (the GPU tier) before the timed run."""
+    import flashinfer
+    import torch
+    seen = {}
+    for r in rows:
+        for tc in (False, True):
+            seen.setdefault((r.head_dim, r.soft_cap is not None, r.window is not None, tc), r)
+    ws = torch.zeros(64 * 2**20, dtype=torch.uint8, device="cuda")
+    failed = 0
+    for (D, _, _, tc), r in seen.items():
+        t0 = time.perf_counter()
+        try:
+            w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, kv_layout="NHD", use_tensor_cores=tc)
+            i32 = dict(dtype=torch.int32, device="cuda")
+            w.plan(torch.tensor([0, 1], **i32), torch.zeros(1, **i32), torch.ones(1, **i32), 8, 8, D, 16,
+                   q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16,
+                   window_left=-1 if r.window is None else r.window, logits_soft_cap=r.soft_cap)
+            k = torch.randn(1, 16, 8, D, device="cuda", dtype=torch.bfloat16)
+            w.run(torch.randn(1, 8, D, device="cuda", dtype=torch.bfloat16), (k, k))
+            torch.cuda.synchronize()
+            print(f"prebuilt FI {'tc' if tc else 'cc'} d{D} cap={r.soft_cap} window={r.window}: "
+                  f"{time.perf_counter() - t0:.1f} s", flush=True)
+        except Exception as e:  # noqa: BLE001 -- the timed run builds what is missing
+            failed += 1
+            print(f"prebuild FI {'tc' if tc else 'cc'} d{D}: {type(e).__name__}: {e}"[:300], flush=True)
+    return 1 if failed else 0
 
 
 # ---------------------------------------------------------------- driver
@@ -422,6 +522,9 @@ def main(argv=None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog="rows: " + " ".join(r.name for r in ROWS))
     ap.add_argument("--quick", action="store_true", help=f"only {' '.join(QUICK)}")
+    ap.add_argument("--new", action="store_true", help=f"issue 11's rows: {' '.join(NEW)} (with --quick: both)")
+    ap.add_argument("--prebuild-fi", action="store_true",
+                    help="only JIT-build FlashInfer's modules for the selected rows, then exit")
     ap.add_argument("--rows", nargs="+", metavar="NAME", help="row names or glob patterns")
     ap.add_argument("--no-flashinfer", action="store_true", help="skip the FlashInfer pass")
     ap.add_argument("--no-rtattn", action="store_true", help="skip the rtattn pass")
@@ -438,7 +541,10 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.selftest:
         return selftest()
-    rows = select_rows(QUICK if args.quick and not args.rows else args.rows)
+    picks = args.rows or ((QUICK if args.quick else []) + (NEW if args.new else [])) or None
+    rows = select_rows(picks)
+    if args.prebuild_fi:
+        return prebuild_flashinfer(rows)
     ctx = Context(args, rows)
     watchdog = threading.Timer(args.deadline, lambda: ctx.finish(f"deadline {args.deadline:.0f} s: partial results")
                                and os._exit(3))
@@ -517,7 +623,13 @@ def selftest() -> int:
     assert st["median"] == 3 and st["p10"] == 1 and st["p90"] == 5
     assert abs(bc.geomean([1, 4]) - 2) < 1e-12
     # rows: 14, unique names, selection by name and glob
-    assert len(ROWS) == 14 and len({r.name for r in ROWS}) == 14
+    assert len(ROWS) == 23 and len({r.name for r in ROWS}) == 23
+    assert all(r.twin in {x.name for x in ROWS} for r in ROWS if r.twin)
+    win = next(r for r in ROWS if r.window == 1023)
+    assert row_bytes(win, win.lengths())[0] == row_bytes(ROWS[3], ROWS[3].lengths())[0], "a window counts what it sees"
+    assert [r.variant for r in ROWS if r.name.startswith("v")] == [
+        "soft_cap", "soft_cap", "sliding_window", "sinks", "sliding_window_sinks"]
+    assert len(select_rows(NEW)) == 11
     assert [r.name for r in select_rows(QUICK)] == [r.name for r in ROWS if r.name in QUICK]
     assert len(select_rows(["b16-*-kv4"])) == 3 and len(select_rows(["s*"])) == 5
     try:
@@ -540,7 +652,7 @@ def selftest() -> int:
             r["rt"] = {"us": rnd.uniform(10, 100), "ok": i != 4}
     table = format_table(ROWS, res)
     lines = table.splitlines()
-    assert len(lines) == 16 and max(map(len, lines)) < 120, table
+    assert len(lines) == 2 + len(ROWS) and max(map(len, lines)) < 120, table
     assert "rt:ERR" in lines[4] and "tc:FAIL" in lines[5] and "rt:FAIL" in lines[6] and "rt:skip" in lines[7]
     assert lines[2].rstrip().endswith("PASS")
     r0 = res[ROWS[0].name]

@@ -12,6 +12,20 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 
+def _variant(c: dict, num_qo_heads: int):
+    """(run params, reference Variant) of a smoke case."""
+    import torch
+    from rtattn.plan.reference import Variant
+    v = c.get("variant", "plain")
+    window = c.get("window", -1)
+    if v == "soft_cap":
+        return {"soft_cap": 30.0}, Variant(logits_soft_cap=30.0)
+    if "sinks" in v:
+        sinks = np.linspace(-2.0, 4.0, num_qo_heads)
+        return {"sinks": torch.tensor(sinks, dtype=torch.float32, device="cuda")}, Variant(window_left=window, sinks=sinks)
+    return None, Variant(window_left=window)
+
+
 def main() -> int:
     import argparse
     ap = argparse.ArgumentParser()
@@ -27,17 +41,24 @@ def main() -> int:
              ("plain 32/32 d128 p1", dict(kv=[5, 300, 2000], heads=(32, 32), d=128, ps=1)),
              ("plain 32/4 d64 p16", dict(kv=[64, 65, 1000], heads=(32, 4), d=64, ps=16)),
              ("plain 16/2 d256 p16", dict(kv=[100, 2500], heads=(16, 2), d=256, ps=16)),
-             ("plain 32/1 d128 p16 (g=32)", dict(kv=[100, 2500], heads=(32, 1), d=128, ps=16))]
+             ("plain 32/1 d128 p16 (g=32)", dict(kv=[100, 2500], heads=(32, 1), d=128, ps=16)),
+             ("soft_cap 32/8 d256 p16", dict(kv=[100, 2500], heads=(32, 8), d=256, ps=16, variant="soft_cap")),
+             ("window 1000 32/8 p16 (split)", dict(kv=[9000, 30], heads=(32, 8), d=128, ps=16,
+                                                   variant="sliding_window", window=1000)),
+             ("sinks 32/2 p16 (split, g=16)", dict(kv=[9000, 30, 0], heads=(32, 2), d=128, ps=16, variant="sinks")),
+             ("window 127 + sinks 32/1 p1 (g=32)", dict(kv=[5000, 70], heads=(32, 1), d=128, ps=1,
+                                                        variant="sliding_window_sinks", window=127))]
     if args.quick:
         cases = [("split+merge 8/2 d128 p16", dict(kv=[3, 700, 2100], heads=(8, 2), d=128, ps=16)),
                  ("g=8 d64 p1", dict(kv=[40, 900], heads=(8, 1), d=64, ps=1))]
     for name, c in cases:
         try:
             case = make_case(c["kv"], *c["heads"], c["d"], c["ps"], seed=1)
+            params, var = _variant(c, case.q.shape[1])
             t = time.perf_counter()
-            o, lse, w = _run(case)
+            o, lse, w = _run(case, variant=c.get("variant", "plain"), params=params, window_left=c.get("window"))
             dt = time.perf_counter() - t
-            want_o, want_lse = case.reference()
+            want_o, want_lse = case.reference(var)
             e, le = rel_error(o, want_o), lse_error(lse, want_lse)
             ok = e < 2e-2 and le < 2e-2
             fails += not ok

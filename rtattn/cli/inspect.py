@@ -3,6 +3,7 @@
     rtattn-inspect                       # embedded synthetic workload (64 decode reqs)
     rtattn-inspect --batch 32 --kv-dist uniform:4096:16384 --heads 32/8
     rtattn-inspect --lengths lens.npz --mode batch-invariant --json
+    rtattn-inspect --kv-dist const:32768 --window 4096   # a sliding window: read only the window
 
 Host only: an H200 plan can be made on a laptop (--device names a description).
 Bad arguments or inputs: one line on stderr, exit status 2 (rtattn.cli).
@@ -100,6 +101,8 @@ def build_parser() -> Parser:
     ap.add_argument("--mode", default=d["mode"], choices=list(MODES), help="planner mode")
     ap.add_argument("--chunk-tokens", type=int, default=2048, help="batch-invariant chunk")
     ap.add_argument("--causal", action="store_true", help="clip tiles to the causal horizon")
+    ap.add_argument("--window", type=int, default=None, metavar="N",
+                    help="sliding window (window_left = N): tiles read only the KV their rows see")
     ap.add_argument("--kernel", default=None, choices=["decode", "prefill"],
                     help="tile family (default: decode if --qo-len * group <= 16)")
     ap.add_argument("--seed", type=int, default=d["seed"])
@@ -143,20 +146,22 @@ def analyze(a) -> dict:
     p = Planner(mode=a.mode, chunk_tokens=a.chunk_tokens, **common)
     args = (qi, kvp, idx, last)
     buf = p.layout.allocate()
-    info = p.plan(*args, out=buf)
+    info = p.plan(*args, out=buf, window_left=a.window)
     ts = []
     for _ in range(max(1, a.reps)):
         t = time.perf_counter()
-        p.plan(*args, out=buf)
+        p.plan(*args, out=buf, window_left=a.window)
         ts.append(time.perf_counter() - t)
-    verify_plan(info.views, qo, kv, tile_q=p.tile_q, page_size=a.page_size, causal=a.causal)
-    naive = Planner(mode="naive", **common).plan(*args)
+    verify_plan(info.views, qo, kv, tile_q=p.tile_q, page_size=a.page_size, causal=a.causal,
+                window_left=a.window)
+    naive = Planner(mode="naive", **common).plan(*args, window_left=a.window)
     loads = info.cta_loads
     return dict(
         mode=a.mode, mode_used=info.mode, workload=workload, device=a.device, kernel=kernel,
         batch=int(len(kv)),
         heads=[hq, hk], group=g, head_dim=a.head_dim, page_size=a.page_size,
         kv_total=int(kv.sum()), kv_max=int(kv.max()), qo_total=int(qo.sum()),
+        window_left=a.window, planned_kv_tokens=info.planned_kv_tokens,
         num_ctas=p.num_ctas, grid=[p.num_ctas, hk],
         tile={"q": p.tile_q, "kv": p.tile.tile_kv, "rows": p.tile_q * g,
               "max_rows": p.tile.max_rows, "stages": p.tile.stages,
@@ -202,6 +207,8 @@ def render(r: dict) -> None:
               f"{t['kv']}, {t['stages']} stages, {_bytes(t['smem_bytes'])} smem, "
               f"{t['ctas_per_sm']} CTA/SM")
     s.add_row("grid", f"{r['num_ctas']} CTAs x {r['grid'][1]} KV heads (fixed)")
+    window = "" if r["window_left"] is None else f" (window_left {r['window_left']})"
+    s.add_row("KV read", f"{r['planned_kv_tokens']} of {r['kv_total']} tokens per KV head{window}")
     s.add_row("work items", f"{r['num_items']}  (KV chunk bound {r['chunk_tokens']} tokens)")
     s.add_row("splits", f"{r['split_tiles']} tiles split, {r['merge_rows']} merge rows")
     s.add_row("partial slots", f"{r['partial_slots']} of {r['partial_slots_capacity']}")
