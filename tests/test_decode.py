@@ -237,7 +237,7 @@ def test_windows_read_only_the_window(window, qo_len, page_size):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("window", [None, 100])
+@pytest.mark.parametrize("window", [None, 300])
 @pytest.mark.parametrize("fused", [False, True])
 @pytest.mark.parametrize("qo_len", [1, 3])
 def test_sinks_fold_once_per_row(window, fused, qo_len):

@@ -400,10 +400,12 @@ def prebuild_flashinfer(rows) -> int:
     for r in rows:
         for tc in (False, True):
             seen.setdefault((r.head_dim, r.soft_cap is not None, r.window is not None, tc), r)
-    ws = torch.zeros(64 * 2**20, dtype=torch.uint8, device="cuda")
-    failed = 0
-    for (D, _, _, tc), r in seen.items():
+    from concurrent.futures import ThreadPoolExecutor
+
+    def build(key) -> int:   # separate modules build side by side (each JIT build is its own ninja)
+        (D, _, _, tc), r = key, seen[key]
         t0 = time.perf_counter()
+        ws = torch.zeros(64 * 2**20, dtype=torch.uint8, device="cuda")
         try:
             w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, kv_layout="NHD", use_tensor_cores=tc)
             i32 = dict(dtype=torch.int32, device="cuda")
@@ -415,10 +417,13 @@ def prebuild_flashinfer(rows) -> int:
             torch.cuda.synchronize()
             print(f"prebuilt FI {'tc' if tc else 'cc'} d{D} cap={r.soft_cap} window={r.window}: "
                   f"{time.perf_counter() - t0:.1f} s", flush=True)
+            return 0
         except Exception as e:  # noqa: BLE001 -- the timed run builds what is missing
-            failed += 1
             print(f"prebuild FI {'tc' if tc else 'cc'} d{D}: {type(e).__name__}: {e}"[:300], flush=True)
-    return 1 if failed else 0
+            return 1
+
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        return 1 if sum(pool.map(build, list(seen))) else 0
 
 
 # ---------------------------------------------------------------- driver

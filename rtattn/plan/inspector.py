@@ -10,9 +10,9 @@ Modes
                    max(page_size, min_chunk_tokens) and rounded up to a page
                    multiple (chunks start on page boundaries: kernels load whole
                    pages), a tile's tail of <= L/8 joining its last chunk (one
-                   item less: measured on 64 x 2048, g=16, where L = 1008 left
-                   a 32-token third chunk per request); longest-first (stable)
-                   + min-heap on (load, cta id).
+                   item less: at 64 x 2048, g=16, L = 1008 left a 32-token third
+                   chunk per request); longest-first (stable) + min-heap on
+                   (load, cta id).
   naive            one item per (request, tile), no split, round-robin in order.
   batch-invariant  fixed chunk C at absolute KV positions 0, C, 2C, ...; a
                    request's items and merge order do not depend on the batch.
