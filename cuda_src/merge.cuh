@@ -1,58 +1,93 @@
 // Split-KV merge kernel, launched right after the decode kernel (PDL lets it start while the
-// decode kernel drains) when the wrapper does not fuse the merge into the decode kernel. One
-// warp per (merge row, query head, 32 columns), a column per lane, so rows with few partials
-// still occupy many warps; the partials are folded in the plan's fixed order (StateFold), KU at
-// a time so their loads are in flight together. The grid is fixed (a persistent loop over
-// jobs), so it is captured once and replayed for any plan.
+// decode kernel drains) when the wrapper does not fuse the merge into the decode kernel. A job
+// is one warp's share of a (merge row, query head): W columns per lane, so rows with few
+// partials still occupy many warps; the partials are folded in the plan's fixed order
+// (StateFold), KU at a time so their loads are in flight together. The grid is fixed (a
+// persistent loop over jobs), so it is captured once and replayed for any plan.
 #pragma once
 #include "ptx.cuh"
 #include "state_fold.cuh"
 
 namespace rtattn {
 
-template <class Variant, class P, int NUM_WARPS>
-__device__ __forceinline__ void merge_persistent(const P& p) {
+// W consecutive floats at p (W = 1, 2, 4 or 8; p aligned to min(W, 4) floats), through L2.
+template <int W>
+__device__ __forceinline__ void load_cols(float (&v)[W], const float* p) {
+  if constexpr (W == 1) {
+    v[0] = *p;
+  } else if constexpr (W == 2) {
+    const float2 x = *reinterpret_cast<const float2*>(p);
+    v[0] = x.x, v[1] = x.y;
+  } else {
+#pragma unroll
+    for (int j = 0; j < W; j += 4) {
+      const float4 x = *reinterpret_cast<const float4*>(p + j);
+      v[j] = x.x, v[j + 1] = x.y, v[j + 2] = x.z, v[j + 3] = x.w;
+    }
+  }
+}
+
+// Every job of the plan's merge rows with W columns per lane (32 W per job), KU partials per
+// round trip.
+template <class Variant, class P, int W, int KU>
+__device__ __forceinline__ void merge_jobs(const P& p, int num_rows, int warp, int num_warps, int lane) {
   using T = typename P::DType;
-  constexpr int D = P::head_dim;
-  constexpr int SLICES = D / 32;  // a job is (merge row, head, 32 columns): one per lane
-  // Partials whose loads are in flight together: one round trip for fan-ins up to 32 (a single
-  // long request split over every CTA of its head: 16 took 3 dependent rounds at 1x32K, 2 now).
-  constexpr int KU = 32;
-  // The plan is a host-to-device copy's output (complete before the previous kernel ran): its
-  // fields are read before wait_for_previous_grid(); the partials only after it.
-  allow_next_grid();  // a dependent kernel waits for this grid's completion anyway: launch it now
-  const int num_rows = p.plan.plan_info[RTATTN_PLAN_INFO_NUM_MERGE_ROWS];
-  const int warp = blockIdx.x * NUM_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
+  constexpr int D = P::head_dim, JOBS = D / (32 * W);  // jobs per (row, head)
+  static_assert(JOBS >= 1 && D % (32 * W) == 0, "a job covers whole 32-lane column groups");
   const int H = p.num_qo_heads;
-  Variant var;  // output transforms see only (params, value, head, d)
-  for (int job = warp;; job += gridDim.x * NUM_WARPS) {
-    const int r = job / (H * SLICES), head = job / SLICES % H, d = job % SLICES * 32 + lane;
-    // The entry's fields are read before the row count arrives (one round trip, not two); the
-    // index is clamped to the plan's capacity so the early read stays inside the plan.
-    const int rc = min(r, p.merge_row_capacity - 1);
-    const int first = p.plan.merge_indptr[rc], last = p.plan.merge_indptr[rc + 1];
-    const int start = p.plan.merge_partial_start[rc], step = p.plan.merge_partial_stride[rc];
-    const int q_row = p.plan.merge_qo_row[rc];
-    if (r >= num_rows) break;
+  Variant var;  // output transforms and sinks see only (params, head[, column])
+  for (int job = warp; job < num_rows * H * JOBS; job += num_warps) {
+    const int r = job / (H * JOBS), head = job / JOBS % H, d = job % JOBS * 32 * W + lane * W;
+    const int first = p.plan.merge_indptr[r], n = p.plan.merge_indptr[r + 1] - first;
+    const int start = p.plan.merge_partial_start[r], step = p.plan.merge_partial_stride[r];
+    const int q_row = p.plan.merge_qo_row[r];
     wait_for_previous_grid();  // returns at once after the first time
-    const int n = last - first;
-    StateFold<Variant::use_softmax, 1> fold;
+    StateFold<Variant::use_softmax, W> fold;
     for (int k0 = 0; k0 < n; k0 += KU) {
-      float l[KU], v[KU][1];
+      float l[KU], v[KU][W];
 #pragma unroll
       for (int kk = 0; kk < KU; ++kk) {
         const bool ok = k0 + kk < n;
         const int64_t prow = ok ? int64_t(start + (k0 + kk) * step) * H + head : 0;
         l[kk] = ok ? p.partial_lse[prow] : -INFINITY;
-        v[kk][0] = ok ? p.partial_o[prow * D + d] : 0.f;
+        if (ok) {
+          load_cols<W>(v[kk], p.partial_o + prow * D + d);
+        } else {
+#pragma unroll
+          for (int j = 0; j < W; ++j) v[kk][j] = 0.f;
+        }
       }
       fold.round(l, v);
     }
     if constexpr (Variant::has_sink) fold.add_sink(var.SinkLogit(p, head));  // once per row: here
-    float x = fold.out(0);
-    if constexpr (Variant::has_output_transform) x = var.OutputTransform(p, x, head, d);
-    p.o[int64_t(q_row) * p.o_stride_tok + int64_t(head) * p.o_stride_head + d] = from_float<T>(x);
+    T* op = p.o + int64_t(q_row) * p.o_stride_tok + int64_t(head) * p.o_stride_head + d;
+#pragma unroll
+    for (int j = 0; j < W; ++j) {
+      float x = fold.out(j);
+      if constexpr (Variant::has_output_transform) x = var.OutputTransform(p, x, head, d + j);
+      op[j] = from_float<T>(x);
+    }
     if (p.lse != nullptr && d == 0) p.lse[int64_t(q_row) * H + head] = fold.lse();
+  }
+}
+
+template <class Variant, class P, int NUM_WARPS>
+__device__ __forceinline__ void merge_persistent(const P& p) {
+  constexpr int SLICES = P::head_dim / 32;
+  // The plan is a host-to-device copy's output (complete before the previous kernel ran): its
+  // fields are read before wait_for_previous_grid(); the partials only after it.
+  allow_next_grid();  // a dependent kernel waits for this grid's completion anyway: launch it now
+  const int num_rows = p.plan.plan_info[RTATTN_PLAN_INFO_NUM_MERGE_ROWS];
+  const int warp = blockIdx.x * NUM_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int num_warps = gridDim.x * NUM_WARPS;
+  // Few rows (long fan-ins, e.g. one 32K request): a job per 32 columns, one column per lane,
+  // 32 partials in flight (1x32K: 33 partials in 2 round trips). More 32-column jobs than
+  // warps: a job per (row, head), D/32 columns per lane, 32/(D/32) partials in flight, so each
+  // warp folds its rows in fewer dependent rounds (64 x 2048 at g=16: 4 rounds -> 1).
+  if (num_rows * p.num_qo_heads * SLICES <= num_warps) {
+    merge_jobs<Variant, P, 1, 32>(p, num_rows, warp, num_warps, lane);
+  } else {
+    merge_jobs<Variant, P, SLICES, 32 / SLICES>(p, num_rows, warp, num_warps, lane);
   }
 }
 

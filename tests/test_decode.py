@@ -170,6 +170,25 @@ def test_merge_kernel_and_fused_merge(variant, qo_len):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("variant", ["plain", "sigmoid", "sinks"])
+def test_merge_kernel_with_many_rows(head_dim, variant):
+    """More merge jobs of 32 columns than merge warps: the merge kernel takes a (row, head) per
+    warp, D/32 columns per lane; every row split, W = 2, 4, 8 columns per lane."""
+    from decode_cases import make_case
+    case = make_case(np.full(64, 2048), 32, 2, head_dim, 16, seed=head_dim + 7)
+    params, var = None, ref.Variant()
+    if variant == "sigmoid":
+        params, var = {"sigmoid_bias": -1.5}, ref.Variant(sigmoid=True, sigmoid_bias=-1.5)
+    elif variant == "sinks":
+        sinks_t, sinks = _sinks(32, 5)
+        params, var = {"sinks": sinks_t}, ref.Variant(sinks=sinks)
+    o, lse, w = _run(case, variant=variant, params=params)
+    assert w.info.num_merge_rows * 32 * (head_dim // 32) > w.kernels.merge_ctas * 8
+    _check(case, o, lse, var)
+
+
+@pytest.mark.gpu
 def test_empty_kv_request_gives_zero_and_neg_inf_lse():
     from decode_cases import make_case
     case = make_case([0, 100, 0, 3000], 8, 2, 128, 16, seed=12)

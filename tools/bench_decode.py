@@ -116,13 +116,16 @@ def _rows() -> list[Row]:
         Row("g32-64x2048", "64x2048 32/1 (g=32)", 32, 1, c2048, (None, 33.2), "g-64x2048"),
         Row("p1-16x1024-kv8", "16x1024 32/8 page 1", 32, 8, c1024, (None,), "b16-all1024", page=1),
         Row("p1-64x4096-kv8", "64x4096 32/8 page 1", 32, 8, c4096, (None,), "s64x4096", page=1),
+        Row("d256-16x1024-kv8", "16x1024 32/8 d256", 32, 8, c1024, (None,), "b16-all1024", head_dim=256),
+        Row("d256-16x1024-cap30", "16x1024 cap30 32/8 d256", 32, 8, c1024, (None,), "b16-all1024",
+            head_dim=256, soft_cap=30.0, twin="d256-16x1024-kv8"),
     ]
     return rows
 
 
 ROWS = _rows()
 QUICK = ["b16-all1024-kv4", "b16-heavy-kv8", "s256x4096"]
-NEW = ["b16-all1024-kv8", "s64x4096", "v*", "g*", "p1-*"]   # issue 11's rows and their plain twins
+NEW = ["b16-all1024-kv8", "s64x4096", "v*", "g*", "p1-*", "d256-*"]   # issue 11's rows and their plain twins
 
 
 def select_rows(patterns) -> list[Row]:
@@ -628,13 +631,13 @@ def selftest() -> int:
     assert st["median"] == 3 and st["p10"] == 1 and st["p90"] == 5
     assert abs(bc.geomean([1, 4]) - 2) < 1e-12
     # rows: 14, unique names, selection by name and glob
-    assert len(ROWS) == 23 and len({r.name for r in ROWS}) == 23
+    assert len(ROWS) == 25 and len({r.name for r in ROWS}) == 25
     assert all(r.twin in {x.name for x in ROWS} for r in ROWS if r.twin)
     win = next(r for r in ROWS if r.window == 1023)
     assert row_bytes(win, win.lengths())[0] == row_bytes(ROWS[3], ROWS[3].lengths())[0], "a window counts what it sees"
     assert [r.variant for r in ROWS if r.name.startswith("v")] == [
         "soft_cap", "soft_cap", "sliding_window", "sinks", "sliding_window_sinks"]
-    assert len(select_rows(NEW)) == 11
+    assert len(select_rows(NEW)) == 13
     assert [r.name for r in select_rows(QUICK)] == [r.name for r in ROWS if r.name in QUICK]
     assert len(select_rows(["b16-*-kv4"])) == 3 and len(select_rows(["s*"])) == 5
     try:
