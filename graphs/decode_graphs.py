@@ -66,6 +66,8 @@ class DecodeGraphs:
 
     def replay(self, launch, stream) -> None:
         """Replay a prepared DecodeLaunch through the graph pool of its configuration."""
+        if hasattr(launch, "check_plan"):   # a wrapper's DecodeLaunch: the plan must still fit it
+            launch.check_plan()
         s = G.capturable_stream(stream)
         pool = self._pools.setdefault(config_key(launch.wrapper), OrderedDict())
         key = bytes(launch.params)

@@ -26,6 +26,7 @@ class StepGraph:
     def __init__(self, launches, stream):
         self.stream = G.capturable_stream(stream)
         self.launches = list(launches)
+        self._checks = _plan_checks(self.launches)
         self.stats = dict(captures=0, instantiations=0, updates=0, reinstantiations=0, replays=0)
         self.exec = self._capture().instantiate()
         self.stats["instantiations"] += 1
@@ -37,12 +38,15 @@ class StepGraph:
         return g
 
     def replay(self) -> None:
+        for launch in self._checks:   # a replan that changed the window needs prepare() again
+            launch.check_plan()
         self.exec.launch(self.stream)
         self.stats["replays"] += 1
 
     def rebind(self, launches) -> bool:
         """New launches (new pointers); True if updated in place, False if re-instantiated."""
         self.launches = list(launches)
+        self._checks = _plan_checks(self.launches)
         g = self._capture()
         res = self.exec.update(g)
         if res:
@@ -64,3 +68,9 @@ class StepGraph:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def _plan_checks(launches) -> list:
+    """One launch per (wrapper, planned window) among `launches` that can check their plan:
+    what replay() checks."""
+    return list({(id(x.wrapper), x.window_left): x for x in launches if hasattr(x, "check_plan")}.values())

@@ -295,11 +295,15 @@ class DecodeLaunch:
         self.out, self.lse, self._keep = out, lse, keep
         self.window_left = window_left   # packed into params: a replan must keep it
 
+    def check_plan(self) -> None:
+        """The current plan must be one this launch's packed arguments fit (its window)."""
+        if self.wrapper.window_left != self.window_left:
+            raise ValueError(f"window_left: this launch was prepared for window {self.window_left}, the "
+                             f"current plan has {self.wrapper.window_left}; prepare() again")
+
     def __call__(self, stream=None) -> None:
         w = self.wrapper
-        if w.window_left != self.window_left:
-            raise ValueError(f"window_left: this launch was prepared for window {self.window_left}, the "
-                             f"current plan has {w.window_left}; prepare() again")
+        self.check_plan()
         w.kernels.launch(self.params, w.num_ctas, w.num_kv_heads, stream or self.stream,
                          merge=w._may_split and not w.fused_merge, pdl=w.pdl)
 

@@ -724,3 +724,20 @@ def test_graph_api_against_a_stub_driver(tmp_path):
     assert "setparams 0x2000 func=0x11000 grid=132,8,1 block=128 smem=4096 arg=PARAMS" in out
     assert "setparams 0x1000 func=0x11000 grid=132,8,1 block=128 smem=4096 arg=LAYER1" in out \
         and "setparams 0x2000 func=0x11000 grid=132,8,1 block=128 smem=4096 arg=LAYER1" in out  # both nodes
+
+
+def test_step_graph_refuses_a_replan_with_another_window(fakes, monkeypatch):
+    """A StepGraph's packed arguments hold the window of its prepare(): a replan under another
+    window must be refused before the replay, not silently masked with the old window."""
+    from rtattn.graphs import StepGraph
+    w = _wrapper(fakes, variant="sliding_window")
+    w.plan(*paged_kv([100, 20], 16), window_left=32)
+    t = _layer(0, 2)
+    sg = StepGraph([w.prepare(t["q"], t["k"], t["v"], out=t["o"], stream=0x5000)], 0x5000)
+    sg.replay()
+    w.plan(*paged_kv([101, 21], 16), window_left=32)
+    sg.replay()
+    w.plan(*paged_kv([102, 22], 16), window_left=64)
+    with pytest.raises(ValueError, match="prepared for window 32"):
+        sg.replay()
+    assert sg.stats["replays"] == 2

@@ -361,6 +361,10 @@ def test_window_plans_read_only_the_window(mode, ps):
         p.plan(indptr_from_lengths(np.ones_like(kv)), *paged_kv(kv, ps), window_left=-1)
     with pytest.raises(TypeError, match="window_left"):
         p.plan(indptr_from_lengths(np.ones_like(kv)), *paged_kv(kv, ps), window_left=2.5)
+    with pytest.raises(ValueError, match="does not fit int32"):
+        p.plan(indptr_from_lengths(np.ones_like(kv)), *paged_kv(kv, ps), window_left=2**31)
+    big = p.plan(indptr_from_lengths(np.ones_like(kv)), *paged_kv(kv, ps), window_left=2**31 - 1)
+    assert big.planned_kv_tokens == kv.sum()   # a window wider than any context reads it all
 
 
 def test_causal_window_prefill_tiles_start_at_their_first_row():

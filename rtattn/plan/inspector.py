@@ -120,6 +120,8 @@ def check_window(window_left):
     if window_left < 0:
         raise ValueError(f"window_left={window_left} is negative; a window sees q_pos - window_left .. q_pos "
                          f"(None: no window)")
+    if window_left >= 2**31:
+        raise ValueError(f"window_left={window_left} does not fit int32 (the kernel's mask reads it)")
     return int(window_left)
 
 
