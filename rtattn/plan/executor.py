@@ -44,9 +44,13 @@ def plan_header(views: dict) -> dict:
 
 
 def execute_plan(views: dict, q, k_cache, v_cache, var: Variant = Variant(),
-                 kv_layout: str = "NHD", *, trace: list | None = None):
+                 kv_layout: str = "NHD", *, trace: list | None = None, q_index=None,
+                 partials: dict | None = None):
     """Run the plan.  Returns (O [tokens, H_qo, D], LSE [tokens, H_qo]) float64.
-    `trace`, if given, receives (cta, item) in execution order."""
+    `trace`, if given, receives (cta, item) in execution order. `q_index(b, rows)` maps the
+    query indices of request b to those whose standard position is the real one (cascade
+    levels, cuda_src/level_positions.cuh); `partials`, if given, receives the partial rows
+    as "o" and "lse"."""
     h = plan_header(views)
     T, H, D = q.shape
     ps = h["page_size"]
@@ -71,6 +75,8 @@ def execute_plan(views: dict, q, k_cache, v_cache, var: Variant = Variant(),
             k = gather_kv(k_cache, pages, ps, ks, ke, kv_layout)
             v = gather_kv(v_cache, pages, ps, ks, ke, kv_layout)
             rows = np.arange(qs, qs + ql) - int(rq_start[b])
+            if q_index is not None:
+                rows = q_index(b, rows)
             o, lse = attend(q[qs:qs + ql], k, v, b=b, q_rows=rows, l_q=l_q, l_kv=l_kv,
                             kv_start=ks, var=var)
             p = int(views["item_partial"][i])
@@ -80,6 +86,8 @@ def execute_plan(views: dict, q, k_cache, v_cache, var: Variant = Variant(),
                 O[qs:qs + ql], LSE[qs:qs + ql] = o, lse
             else:
                 PO[p:p + ql], PL[p:p + ql] = o, lse
+    if partials is not None:
+        partials.update(o=PO, lse=PL)
     merge = merge_sigmoid if var.sigmoid else merge_states
     mi, mrow = views["merge_indptr"], views["merge_qo_row"]
     mpart = F.merge_partials(views, h["num_merge_rows"])
