@@ -58,17 +58,19 @@ class CascadeInfo:
 class CascadePlanner:
     """Plans cascades of up to `num_levels` levels over up to `max_batch` requests and
     `max_qo_tokens` query rows with `planner`, a Planner built for the union: bounds
-    (max_batch * num_levels, max_qo_tokens * num_levels, max_pages) and causal=False (the
-    variant's mask, applied in the kernel, is what makes a level causal). `max_pages` bounds
+    (max_batch * num_levels, max_qo_tokens * num_levels, max_pages). `max_pages` bounds
     the pages of all levels together (a shared page counts once). `create` builds both."""
 
     def __init__(self, planner: Planner, max_batch: int, max_qo_tokens: int, num_levels: int = 2):
         b = planner.bounds
         if num_levels < 1:
             raise ValueError(f"num_levels must be >= 1, got {num_levels}")
-        if planner.causal or b.max_batch < max_batch * num_levels or b.max_qo_tokens < max_qo_tokens * num_levels:
-            raise ValueError("the cascade's planner needs causal=False and bounds for every level's groups "
+        if b.max_batch < max_batch * num_levels or b.max_qo_tokens < max_qo_tokens * num_levels:
+            raise ValueError("the cascade's planner needs bounds for every level's groups "
                              f"(max_batch >= {max_batch * num_levels}, max_qo_tokens >= {max_qo_tokens * num_levels})")
+        # Query tiles are scheduled as one-query requests (plan_union): no causal horizon may
+        # clip them; a causal variant masks in the kernel, with the levels' real positions.
+        planner.causal = False
         self.planner, self.num_levels = planner, num_levels
         self.max_batch, self.max_qo_tokens, self.page_size = max_batch, max_qo_tokens, planner.page_size
         self.max_state_rows = b.max_partial_rows + b.max_qo_tokens
@@ -83,6 +85,8 @@ class CascadePlanner:
     @classmethod
     def create(cls, max_batch: int, max_qo_tokens: int, max_pages: int, num_qo_heads: int, num_kv_heads: int,
                head_dim: int, page_size: int, *, num_levels: int = 2, **planner_kw) -> "CascadePlanner":
+        if num_levels < 1:
+            raise ValueError(f"num_levels must be >= 1, got {num_levels}")
         planner = Planner(max_batch * num_levels, max_qo_tokens * num_levels, max_pages, num_qo_heads,
                           num_kv_heads, head_dim, page_size, max_qo_len=max_qo_tokens, **planner_kw)
         return cls(planner, max_batch, max_qo_tokens, num_levels)

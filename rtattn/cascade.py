@@ -1,0 +1,241 @@
+"""CascadeWrapper: shared-prefix (multi-level cascade) attention, planned once per step.
+
+FlashInfer's MultiLevelCascadeAttentionWrapper conventions: level 0 holds the most widely
+shared prefixes, deeper levels narrower ones, the last level each request's own suffix; each
+level is a page table over groups of whole requests (qo_indptr, kv_indptr, kv_indices,
+kv_last_page_len per level). Or give the plain page tables and `share_prefixes=True`: the
+levels come from the requests' shared leading pages (rtattn.plan.prefix_tree).
+
+plan() plans every level together (rtattn.plan.cascade) into one pinned plan set and issues
+one host-to-device copy; run() launches one persistent decode kernel for all levels (a
+shared group is one "request" whose queries are all its requests', so its KV is read once
+per query tile) and the fold kernel that combines each query's level states with ⊕ into the
+output and LSE. Both kernels have fixed grids and read only fixed workspace addresses, so a
+captured graph (rtattn.graphs.StepGraph) replays across replans, requests joining and
+leaving shared prefixes included.
+
+Variants: plain, causal, sliding window, soft-cap, ALiBi and sigmoid (or an AttentionSpec of
+StandardAttention or SigmoidAttention). Positions are absolute on every level (window, ALiBi
+and causal masks see a query's real position; cuda_src/level_positions.cuh); causal
+attention needs each query's own position in the last level. LSE is natural-log, as
+everywhere in rtattn.
+"""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from rtattn.codegen.spec import BUILTINS, AttentionSpec, Param, default_stages
+from rtattn.level_fold import CTAS_PER_SM, THREADS, fold_function, params_struct
+from rtattn.plan.cascade import CascadeInfo, CascadePlanner
+from rtattn.plan.fields import align_up
+from rtattn.plan.levels import Level, check_against_requests
+from rtattn.plan.prefix_tree import share_prefixes as levels_from_page_tables
+from rtattn.runtime import DeviceBuffer, Event, PinnedBuffer, memcpy_htod_async
+from rtattn.tensors import cuda_tensor
+from rtattn import wrapper as W
+from rtattn.wrapper import BatchDecodeWrapper, _host
+
+CASCADE_VARIANTS = ("plain", "causal", "sliding_window", "soft_cap", "alibi", "sigmoid")
+_STANDARD = re.compile(r"^rtattn::StandardAttention<(true|false), (true|false), (true|false), (true|false)>$")
+POSITION_PARAMS = (Param("cascade_q_pos", "const int32_t*"), Param("cascade_kv_offset", "const int32_t*"))
+
+
+def level_spec(base: AttentionSpec) -> tuple[AttentionSpec, bool, bool]:
+    """(the spec the levels' kernel compiles, whether the fold is a softmax fold, whether the
+    variant is causal). A variant whose hooks read positions (causal, window, ALiBi) is
+    wrapped in LevelPositions. (Read from the variant's C++ type: the kernel's truth.)"""
+    if base.variant_type == "rtattn::SigmoidAttention":
+        return base, False, False
+    m = _STANDARD.match(base.variant_type)
+    if m is None:
+        raise ValueError(f"variant {base.variant!r} ({base.variant_type}) is not supported across cascade levels: "
+                         f"use one of {CASCADE_VARIANTS} or an AttentionSpec of StandardAttention/SigmoidAttention "
+                         f"(RoPE and custom masks index KV by position within a level)")
+    causal, window, _, alibi = (x == "true" for x in m.groups())
+    if not (causal or window or alibi):
+        return base, True, False
+    return base.with_(variant=base.variant + "_levels", variant_type=f"rtattn::LevelPositions<{base.variant_type}>",
+                      params=base.params + POSITION_PARAMS, variant_source='#include "level_positions.cuh"'), True, causal
+
+
+class _LevelsKernel(BatchDecodeWrapper):
+    """The decode family running every level of a cascade plan: a BatchDecodeWrapper whose
+    workspace is the cascade's (plan set, then the float32 level states) and whose partial
+    rows are those states. Its plan() is not used: the cascade plans."""
+
+    def __init__(self, *args, max_batch, max_qo_tokens, num_levels, **kw):
+        self._cascade_bounds = (max_batch, max_qo_tokens, num_levels)
+        super().__init__(*args, max_batch=max_batch * num_levels, max_qo_tokens=max_qo_tokens * num_levels, **kw)
+
+    def _workspace(self, workspace):
+        # Called by BatchDecodeWrapper.__init__ once its planner exists: the cascade planner
+        # wraps it, and the workspace holds [plan set | state O | state LSE].
+        self.cascade = CascadePlanner(self.planner, *self._cascade_bounds)
+        rows, H, D = self.cascade.max_state_rows, self.num_qo_heads, self.head_dim
+        self.state_o_offset = align_up(self.cascade.planset.plan_bytes)
+        self.state_lse_offset = align_up(self.state_o_offset + rows * H * D * 4)
+        need = max(align_up(self.state_lse_offset + rows * H * 4), self.planner.workspace_bytes())
+        if workspace is not None:
+            raise ValueError("CascadeWrapper allocates its own workspace")
+        return DeviceBuffer(need, self.device)
+
+    def _fixed_params(self) -> dict:
+        fixed = super()._fixed_params()
+        fixed.update(partial_o=self.workspace_ptr + self.state_o_offset,
+                     partial_lse=self.workspace_ptr + self.state_lse_offset, fused_merge=0)
+        return fixed
+
+    def _extra(self, params: dict, stream) -> dict:
+        names = {p.name for p in self.spec.params}
+        if "cascade_q_pos" not in names:
+            return super()._extra(params, stream)
+        ptrs = self.cascade.planset.device_ptrs(self.workspace_ptr)
+        return super()._extra(dict(params, cascade_q_pos=ptrs["q_pos"], cascade_kv_offset=ptrs["kv_offset"]), stream)
+
+
+class CascadeWrapper:
+    """Multi-level cascade attention over a paged KV cache.
+
+    CascadeWrapper(num_levels, H_qo, H_kv, D, page_size, max_batch=..., max_pages=...,
+                   max_qo_tokens=None, variant="plain", dtype="bfloat16", kv_layout="NHD",
+                   mode="auto", m_tiles=None, num_ctas=None, pdl=True)
+
+    `max_pages` bounds the pages of all levels together (a shared page counts once);
+    `max_qo_tokens` the query rows (default max_batch: decode). `m_tiles` (16-row query
+    tiles per work item, 1 or 2) sets how many queries share one read of a prefix:
+    default 2 where the kernel has it (head_dim <= 128), else 1.
+    """
+
+    def __init__(self, num_levels: int, num_qo_heads: int, num_kv_heads: int, head_dim: int, page_size: int, *,
+                 max_batch: int, max_pages: int, max_qo_tokens: int | None = None, variant="plain",
+                 dtype: str = "bfloat16", kv_layout: str = "NHD", mode: str = "auto", m_tiles: int | None = None,
+                 num_ctas: int | None = None, pdl: bool = True, device=None):
+        if not isinstance(num_levels, int) or num_levels < 1:
+            raise ValueError(f"num_levels must be a positive int, got {num_levels!r}")
+        group = num_qo_heads // max(num_kv_heads, 1)
+        need = 1 if group <= 16 else 2
+        if m_tiles is None:
+            m_tiles = max(need, 2 if head_dim <= 128 else 1)
+        if m_tiles not in (1, 2) or m_tiles < need:
+            raise ValueError(f"m_tiles={m_tiles}: use 1 or 2, at least {need} for a head group of {group}")
+        if isinstance(variant, AttentionSpec):
+            base = variant.with_(m_tiles=m_tiles)
+        elif variant in CASCADE_VARIANTS:
+            base = BUILTINS[variant](dtype=dtype, head_dim=head_dim, m_tiles=m_tiles,
+                                     stages=default_stages(head_dim, W.current_device(device).arch))
+        else:
+            raise ValueError(f"variant {variant!r} is not supported across cascade levels; use one of "
+                             f"{CASCADE_VARIANTS} or an AttentionSpec")
+        spec, self.softmax, self.causal = level_spec(base)
+        self.base_spec = base
+        self.num_levels = num_levels
+        self.max_qo_tokens = max_qo_tokens or max_batch
+        self.kernel = _LevelsKernel(num_qo_heads, num_kv_heads, head_dim, page_size, max_batch=max_batch,
+                                    max_pages=max_pages, max_qo_tokens=self.max_qo_tokens, num_levels=num_levels,
+                                    variant=spec, dtype=dtype, kv_layout=kv_layout, mode=mode, pdl=pdl,
+                                    num_ctas=num_ctas, device=device)
+        k = self.kernel
+        self.device, self.spec, self.page_size, self.dtype = k.device, k.spec, page_size, dtype
+        self.num_qo_heads, self.head_dim = num_qo_heads, head_dim
+        self.planner = k.cascade
+        # The plan set in two pinned buffers, used in turn (as BatchDecodeWrapper's plans).
+        nbytes = self.planner.planset.plan_bytes
+        self._pinned = tuple(PinnedBuffer(nbytes, self.device) for _ in range(2))
+        self._arrays = tuple(b.array for b in self._pinned)
+        self._copied = tuple(Event(timing=False) for _ in range(2))
+        self._in_flight = [False, False]
+        self._slot = 0
+        self.fold_ctas = self.device.props.sm_count * CTAS_PER_SM
+        self.info: CascadeInfo | None = None
+
+    @property
+    def workspace_ptr(self) -> int:
+        return self.kernel.workspace_ptr
+
+    # ------------------------------------------------------------------ plan
+    def plan(self, qo_indptr_arr, kv_indptr_arr, kv_indices_arr, kv_last_page_len_arr, *,
+             share_prefixes: bool = False, requests=None, num_pages: int | None = None, stream=None) -> CascadeInfo:
+        """Plan one step from host arrays.
+
+        Levels given (FlashInfer's convention): one array per level in each argument, the last
+        level the requests. `requests=(kv_indptr, kv_indices, kv_last_page_len)`, if given, is
+        checked against the levels (each request's pages over the levels must be its own).
+
+        share_prefixes=True: the arguments are ONE page table (qo_indptr may be None: decode)
+        and the levels are built from the requests' shared leading pages, at most num_levels.
+
+        The copy is queued on `stream`; run() on the same stream."""
+        if share_prefixes:
+            qo = None if qo_indptr_arr is None else _host(qo_indptr_arr)
+            levels = levels_from_page_tables(_host(kv_indptr_arr), _host(kv_indices_arr), _host(kv_last_page_len_arr),
+                                             self.page_size, qo, max_levels=self.num_levels)
+        else:
+            arrs = (qo_indptr_arr, kv_indptr_arr, kv_indices_arr, kv_last_page_len_arr)
+            names = ("qo_indptr_arr", "kv_indptr_arr", "kv_indices_arr", "kv_last_page_len_arr")
+            for name, a in zip(names, arrs):
+                if not isinstance(a, (list, tuple)):
+                    raise TypeError(f"{name} must be a list with one array per level (or pass share_prefixes=True "
+                                    f"with one page table), got {type(a).__name__}")
+                if len(a) != len(arrs[0]):
+                    raise ValueError(f"{name} has {len(a)} levels, qo_indptr_arr {len(arrs[0])}")
+            levels = [Level(*(_host(a[l]) for a in arrs)) for l in range(len(arrs[0]))]
+            if requests is not None:
+                check_against_requests(levels, *(_host(a) for a in requests), self.page_size)
+        slot = self._slot
+        if self._in_flight[slot]:   # this buffer's copy (two plans ago) may not have run yet
+            self._copied[slot].synchronize()
+        info = self.planner.plan(levels, out=self._arrays[slot], causal=self.causal, num_pages=num_pages)
+        memcpy_htod_async(self.workspace_ptr, self._pinned[slot].ptr, self.planner.planset.plan_bytes, stream)
+        self._copied[slot].record(stream)
+        self._in_flight[slot] = True
+        self._slot = slot ^ 1
+        k = self.kernel
+        k.info = info.plan
+        ids = info.union.batch.kv_indices
+        k._max_page = int(ids.max()) if ids.shape[0] else -1
+        self.info = info
+        return info
+
+    # ------------------------------------------------------------------ run
+    def run(self, q, k_cache, v_cache=None, *, out=None, lse=None, stream=None, sm_scale=None, params=None):
+        """Attention of every planned query over all its levels; arguments as
+        BatchDecodeWrapper.run(). Returns out, or (out, lse) when lse was asked for."""
+        launch = self.prepare(q, k_cache, v_cache, out=out, lse=lse, stream=stream, sm_scale=sm_scale, params=params)
+        launch()
+        return (launch.out, launch.lse) if launch.lse is not None else launch.out
+
+    def prepare(self, q, k_cache, v_cache=None, *, out=None, lse=None, stream=None, sm_scale=None,
+                params=None) -> "CascadeLaunch":
+        """Validate and pack both kernels' arguments; the returned callable launches them
+        (graph capture calls it once, StepGraph replays it)."""
+        if self.info is None:
+            raise RuntimeError("run() before plan(): call plan() for this step first")
+        levels = self.kernel.prepare(q, k_cache, v_cache, out=out, lse=lse, stream=stream, sm_scale=sm_scale,
+                                     params=params)
+        ov = cuda_tensor("out", levels.out, levels.stream)
+        lv = cuda_tensor("lse", levels.lse, levels.stream) if levels.lse is not None else None
+        ptrs = self.planner.planset.device_ptrs(self.workspace_ptr)
+        ws = self.workspace_ptr
+        fold = params_struct(self.dtype).pack(
+            state_o=ws + self.kernel.state_o_offset, state_lse=ws + self.kernel.state_lse_offset,
+            o=ov.ptr, o_stride_tok=ov.strides[0], o_stride_head=ov.strides[1], lse=lv.ptr if lv is not None else 0,
+            fold_indptr=ptrs["fold_indptr"], fold_rows=ptrs["fold_rows"], fold_info=ptrs["fold_info"],
+            num_qo_heads=self.num_qo_heads)
+        return CascadeLaunch(self, levels, fold)
+
+
+class CascadeLaunch:
+    """A validated cascade step: calling it enqueues the levels' kernel and the fold."""
+
+    def __init__(self, wrapper: CascadeWrapper, levels, fold_params: bytes):
+        self.wrapper, self.levels, self.fold_params = wrapper, levels, fold_params
+        self.out, self.lse, self.stream = levels.out, levels.lse, levels.stream
+
+    def __call__(self, stream=None) -> None:
+        w, k = self.wrapper, self.wrapper.kernel
+        s = stream or self.stream
+        k.kernels.launch(self.levels.params, k.num_ctas, k.num_kv_heads, s, merge=False, pdl=k.pdl)
+        fn = fold_function(w.dtype, w.head_dim, w.softmax, w.device.ordinal)
+        k.kernels._launch(fn, (w.fold_ctas, 1, 1), THREADS, 0, self.fold_params, s, k.pdl and k.kernels.pdl_capable)
