@@ -32,7 +32,7 @@ from rtattn.plan.cascade import CascadeInfo, CascadePlanner
 from rtattn.plan.fields import align_up
 from rtattn.plan.levels import Level, check_against_requests
 from rtattn.plan.prefix_tree import share_prefixes as levels_from_page_tables
-from rtattn.runtime import DeviceBuffer, Event, PinnedBuffer, memcpy_htod_async
+from rtattn.runtime import DeviceBuffer, Event, PinnedBuffer, export, memcpy_htod_async
 from rtattn.tensors import cuda_tensor
 from rtattn import wrapper as W
 from rtattn.wrapper import BatchDecodeWrapper, _host
@@ -88,11 +88,20 @@ class _LevelsKernel(BatchDecodeWrapper):
         return fixed
 
     def _extra(self, params: dict, stream) -> dict:
+        """The user's variant parameters, plus the level positions (plan set arrays) for a
+        LevelPositions variant."""
         names = {p.name for p in self.spec.params}
         if "cascade_q_pos" not in names:
             return super()._extra(params, stream)
+        mine = {p.name for p in POSITION_PARAMS}
+        if mine & set(params):
+            raise ValueError(f"params {sorted(mine & set(params))} are the cascade's own (the plan's positions)")
         ptrs = self.cascade.planset.device_ptrs(self.workspace_ptr)
-        return super()._extra(dict(params, cascade_q_pos=ptrs["q_pos"], cascade_kv_offset=ptrs["kv_offset"]), stream)
+        c = self.cascade
+        pos = dict(cascade_q_pos=export(ptrs["q_pos"], (c.max_qo_tokens,), "int32", self.device.ordinal),
+                   cascade_kv_offset=export(ptrs["kv_offset"], (c.planner.bounds.max_batch,), "int32",
+                                            self.device.ordinal))
+        return super()._extra(dict(params, **pos), stream)
 
 
 class CascadeWrapper:
