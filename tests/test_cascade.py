@@ -159,3 +159,163 @@ def test_bad_input_is_refused_before_any_launch(fake_gpu):
     with pytest.raises(ValueError, match="q has shape"):
         w.run(cuda((5, 8, 64)), cuda((pool, 16, 8, 64)), cuda((pool, 16, 8, 64)))
     assert fake_gpu.kernels[0].launches == []
+
+
+def test_level_kernels_and_the_fold_compile(isolated_cache):
+    from rtattn.codegen.spec import standard
+    from rtattn.kernels import compile_spec
+    from rtattn.level_fold import compile_fold
+    spec, softmax, causal = C.level_spec(standard(causal=True, window=True, alibi=True, m_tiles=2))
+    assert softmax and causal and spec.variant == "causal_window_alibi_levels"
+    assert compile_spec(spec, "sm_90", quiet=True)[1][:4] == b"\x7fELF"
+    assert compile_fold("bfloat16", 128, True, "sm_90")[:4] == b"\x7fELF"
+
+
+# ----------------------------------------------------------------------------- GPU tier
+TOL = {"bfloat16": 2e-2, "float16": 5e-3}
+REF = {"plain": Variant(), "causal": Variant(causal=True), "sliding_window": Variant(window_left=37),
+       "soft_cap": Variant(logits_soft_cap=8.0), "alibi": Variant(alibi=True),
+       "sigmoid": Variant(sigmoid=True, sigmoid_bias=0.25)}
+
+
+def _params(variant, H):
+    import torch
+    from rtattn.plan.reference import alibi_slopes
+    return {"plain": None, "causal": None, "sliding_window": {"window_left": 37}, "soft_cap": {"soft_cap": 8.0},
+            "alibi": {"alibi_slopes": torch.tensor(alibi_slopes(H), dtype=torch.float32, device="cuda")},
+            "sigmoid": {"sigmoid_bias": 0.25}}[variant]
+
+
+def _case(batch, H, Hk, D, ps, dtype="bfloat16", qo=None, seed=0):
+    import torch
+    kv_indptr, idx, last, pool = batch
+    B = len(kv_indptr) - 1
+    qo = np.arange(B + 1, dtype=np.int32) if qo is None else np.asarray(qo, np.int32)
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    tdt = getattr(torch, dtype)
+    k, v = (torch.randn((pool, ps, Hk, D), generator=gen, device="cuda").to(tdt) for _ in range(2))
+    q = torch.randn((int(qo[-1]), H, D), generator=gen, device="cuda").to(tdt)
+    return SimpleNamespace(q=q, k=k, v=v, kv_indptr=kv_indptr, idx=idx, last=last, qo=qo, ps=ps, pool=pool,
+                           B=B, H=H, Hk=Hk, D=D, dtype=dtype)
+
+
+def _reference(c, var):
+    to64 = lambda t: t.float().cpu().numpy().astype(np.float64)  # noqa: E731
+    return reference_attention(to64(c.q), to64(c.k), to64(c.v), c.qo, c.kv_indptr, c.idx, c.last, c.ps, var)
+
+
+def _wrapper(c, levels=2, variant="plain", **kw):
+    return C.CascadeWrapper(levels, c.H, c.Hk, c.D, c.ps, max_batch=c.B + 2, max_pages=c.pool + 2,
+                            max_qo_tokens=int(c.qo[-1]) + 2, variant=variant, dtype=c.dtype, **kw)
+
+
+def _run(c, w, variant="plain", stream=None):
+    import torch
+    w.plan(c.qo, c.kv_indptr, c.idx, c.last, share_prefixes=True, stream=stream)
+    out = torch.full_like(c.q, float("nan"))                       # poisoned
+    lse = torch.full(tuple(c.q.shape[:2]), float("nan"), device="cuda")
+    w.run(c.q, c.k, c.v, out=out, lse=lse, params=_params(variant, c.H), stream=stream)
+    torch.cuda.synchronize()
+    return out, lse
+
+
+def _check(c, out, lse, var):
+    from decode_cases import lse_error, rel_error
+    want_o, want_lse = _reference(c, var)
+    err = rel_error(out.float().cpu().numpy(), want_o)
+    lerr = lse_error(lse.cpu().numpy(), want_lse)
+    assert err < TOL[c.dtype] and lerr < 2e-2, f"O relative error {err:.2e}, LSE error {lerr:.2e}"
+
+
+@pytest.mark.gpu
+def test_gpu_small_cascade_matches_float64():
+    """Small and isolated first: 4 requests over one 64-token prefix."""
+    c = _case(one_prefix_batch(4, 64, 20, 16), 32, 8, 128, 16)
+    w = _wrapper(c)
+    out, lse = _run(c, w)
+    assert w.info.num_levels == 2
+    _check(c, out, lse, Variant())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("heads, D, ps, levels, dtype", [
+    ((32, 8), 128, 16, 3, "bfloat16"), ((32, 32), 64, 16, 2, "bfloat16"), ((32, 2), 128, 1, 2, "bfloat16"),
+    ((32, 1), 128, 16, 3, "bfloat16"), ((8, 8), 256, 16, 2, "bfloat16"), ((32, 4), 128, 16, 2, "float16")])
+def test_gpu_cascade_matches_float64(heads, D, ps, levels, dtype):
+    rng = np.random.default_rng(D + ps)
+    batch = shared_batch(rng, ps, groups=((5, 40 // ps + 1), (3, 3), (1, 2)), system_pages=max(1, 300 // ps), loners=2,
+                         suffix_pages=(1, max(2, 64 // ps)))
+    c = _case(batch, *heads, D, ps, dtype)
+    w = _wrapper(c, levels)
+    out, lse = _run(c, w)
+    assert w.info.num_levels == levels
+    _check(c, out, lse, Variant())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", list(REF))
+@pytest.mark.parametrize("qo_len", [1, 3])
+def test_gpu_variants_with_absolute_positions(variant, qo_len):
+    rng = np.random.default_rng(7)
+    batch = shared_batch(rng, 16, groups=((4, 3), (3, 2)), system_pages=6, loners=1, suffix_pages=(2, 4))
+    B = len(batch[0]) - 1
+    c = _case(batch, 32, 8, 128, 16, qo=np.arange(B + 1) * qo_len)
+    w = _wrapper(c, 3, variant)
+    out, lse = _run(c, w, variant)
+    _check(c, out, lse, REF[variant])
+
+
+@pytest.mark.gpu
+def test_gpu_matches_single_format_on_the_same_cache_and_is_bitwise_deterministic():
+    import torch
+    c = _case(one_prefix_batch(16, 1024, 128, 16, seed=3), 32, 8, 128, 16)
+    w = _wrapper(c)
+    out, lse = _run(c, w)
+    single = W.BatchDecodeWrapper(32, 8, 128, 16, max_batch=c.B, max_pages=c.pool)
+    single.plan(c.kv_indptr, c.idx, c.last)
+    so, sl = single.run(c.q, c.k, c.v, lse=True)
+    torch.cuda.synchronize()
+    diff = float((out.float() - so.float()).norm() / so.float().norm())
+    assert diff < 1e-2 and float((lse - sl).abs().max()) < 1e-2, (diff, float((lse - sl).abs().max()))
+    again, lse2 = _run(c, w)
+    other, lse3 = _run(c, _wrapper(c))
+    assert torch.equal(out, again) and torch.equal(out, other) and torch.equal(lse, lse2) and torch.equal(lse, lse3)
+
+
+@pytest.mark.gpu
+def test_gpu_graph_replays_across_replans():
+    """One StepGraph captured at step 0 serves steps whose requests join and leave shared prefixes."""
+    import torch
+    from rtattn.graphs import StepGraph
+    from rtattn.runtime import Stream
+    rng = np.random.default_rng(11)
+    H, Hk, D, ps, pool, maxb = 32, 8, 128, 16, 400, 12
+    w = C.CascadeWrapper(3, H, Hk, D, ps, max_batch=maxb, max_pages=pool, variant="alibi")
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    k, v = (torch.randn((pool, ps, Hk, D), generator=gen, device="cuda").to(torch.bfloat16) for _ in range(2))
+    q = torch.randn((maxb, H, D), generator=gen, device="cuda").to(torch.bfloat16)
+    out = torch.zeros_like(q)
+    lse = torch.zeros((maxb, H), device="cuda")
+    params = _params("alibi", H)
+    s = Stream()
+    steps = [((3, 2), (2, 1)), ((4, 2),), ((2, 3), (2, 2), (2, 1)), ((1, 1),)]
+    graph = None
+    for step, groups in enumerate(steps):
+        kv_indptr, idx, last, _ = shared_batch(rng, ps, groups=groups, loners=1, pool=pool)
+        B = len(kv_indptr) - 1
+        torch.cuda.synchronize()
+        w.plan(None, kv_indptr, idx, last, share_prefixes=True, stream=s)
+        if graph is None:
+            graph = StepGraph([w.prepare(q[:B], k, v, out=out[:B], lse=lse[:B], params=params, stream=s)], s)
+        out.fill_(float("nan"))
+        lse.fill_(float("nan"))
+        torch.cuda.synchronize()
+        graph.replay()
+        s.synchronize()
+        c = SimpleNamespace(q=q[:B], k=k, v=v, qo=np.arange(B + 1), kv_indptr=kv_indptr, idx=idx, last=last, ps=ps,
+                            dtype="bfloat16")
+        _check(c, out[:B], lse[:B], Variant(alibi=True))
+        eager_o, eager_l = w.run(q[:B], k, v, lse=True, params=params, stream=s)
+        s.synchronize()
+        assert torch.equal(eager_o, out[:B]) and torch.equal(eager_l, lse[:B]), f"step {step}: graph != eager"
+    graph.close()
