@@ -43,9 +43,10 @@ def _find_mapped_subpackages_in_the_source_tree() -> None:
 _find_mapped_subpackages_in_the_source_tree()
 
 from rtattn.codegen.spec import AttentionSpec, Param, custom_variant  # noqa: E402
+from rtattn.cascade import CascadeWrapper  # noqa: E402
 from rtattn.merge import merge_state, merge_states  # noqa: E402
 from rtattn.runtime import NoDeviceError, has_device  # noqa: E402
 from rtattn.wrapper import BatchDecodeWrapper  # noqa: E402
 
-__all__ = ["BatchDecodeWrapper", "AttentionSpec", "Param", "custom_variant", "merge_state", "merge_states",
+__all__ = ["BatchDecodeWrapper", "CascadeWrapper", "AttentionSpec", "Param", "custom_variant", "merge_state", "merge_states",
            "NoDeviceError", "has_device"]
