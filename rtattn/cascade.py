@@ -176,10 +176,10 @@ class CascadeWrapper:
         and the levels are built from the requests' shared leading pages, at most num_levels.
 
         The copy is queued on `stream`; run() on the same stream."""
+        levels = None
         if share_prefixes:
-            qo = None if qo_indptr_arr is None else _host(qo_indptr_arr)
-            levels = levels_from_page_tables(_host(kv_indptr_arr), _host(kv_indices_arr), _host(kv_last_page_len_arr),
-                                             self.page_size, qo, max_levels=self.num_levels)
+            plain = [None if qo_indptr_arr is None else _host(qo_indptr_arr),
+                     _host(kv_indptr_arr), _host(kv_indices_arr), _host(kv_last_page_len_arr)]
         else:
             arrs = (qo_indptr_arr, kv_indptr_arr, kv_indices_arr, kv_last_page_len_arr)
             names = ("qo_indptr_arr", "kv_indptr_arr", "kv_indices_arr", "kv_last_page_len_arr")
@@ -195,7 +195,10 @@ class CascadeWrapper:
         slot = self._slot
         if self._in_flight[slot]:   # this buffer's copy (two plans ago) may not have run yet
             self._copied[slot].synchronize()
-        info = self.planner.plan(levels, out=self._arrays[slot], causal=self.causal, num_pages=num_pages)
+        if levels is None:
+            info = self.planner.plan_shared(*plain, out=self._arrays[slot], causal=self.causal, num_pages=num_pages)
+        else:
+            info = self.planner.plan(levels, out=self._arrays[slot], causal=self.causal, num_pages=num_pages)
         memcpy_htod_async(self.workspace_ptr, self._pinned[slot].ptr, self.planner.planset.plan_bytes, stream)
         self._copied[slot].record(stream)
         self._in_flight[slot] = True

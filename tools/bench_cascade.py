@@ -96,7 +96,7 @@ def bench_plan(reps: int) -> None:
         a = b = None
         for _ in range(3):   # interleaved: a busy shared CPU slows both alike
             a1 = med(lambda: plain.plan(qo, kv_indptr, idx, last, out=pbuf))
-            b1 = med(lambda: casc.plan(share_prefixes(kv_indptr, idx, last, PAGE, max_levels=3), out=cbuf))
+            b1 = med(lambda: casc.plan_shared(None, kv_indptr, idx, last, out=cbuf))
             a, b = min(a or a1, a1), min(b or b1, b1)
         print(f"{name:>14} {B:5d} {levels:6d} {a:8.1f} {b:8.1f} {b / a:6.2f}")
 

@@ -31,8 +31,9 @@ import numpy as np
 
 from . import fields as F
 from .inspector import Planner, PlanInfo, _repeat_index
-from .layout import Batch
-from .levels import Union, union_batch
+from .layout import Batch, validate_batch
+from .prefix_tree import prefix_union
+from .levels import Union, check_causal, union_batch
 from .planset import PlanSet
 
 FOLD_INFO_LEN = 4
@@ -50,9 +51,23 @@ class CascadeInfo:
     num_levels: int
     num_qo_tokens: int
     num_state_rows: int
-    level_items: np.ndarray  # int64[levels]: work items of each level
-    level_kv_tokens: np.ndarray  # int64[levels]: KV tokens each level reads (per KV head, per tile)
     views: dict
+
+    def _item_levels(self) -> np.ndarray:
+        return self.union.level_of.take(self.plan.views["item_request"][:self.plan.num_items])
+
+    @property
+    def level_items(self) -> np.ndarray:
+        """int64[levels]: work items of each level."""
+        return np.bincount(self._item_levels(), minlength=self.num_levels)
+
+    @property
+    def level_kv_tokens(self) -> np.ndarray:
+        """int64[levels]: KV tokens each level's items read (per KV head; a shared prefix once
+        per query tile)."""
+        pv, n = self.plan.views, self.plan.num_items
+        kv = pv["item_kv_end"][:n].astype(np.int64) - pv["item_kv_start"][:n]
+        return np.bincount(self._item_levels(), weights=kv, minlength=self.num_levels).astype(np.int64)
 
 
 class CascadePlanner:
@@ -122,44 +137,65 @@ class CascadePlanner:
             raise ValueError(f"batch {union.req_qo_indptr.shape[0] - 1} exceeds max_batch={self.max_batch}")
         return self.plan_union(union, out)
 
+    def plan_shared(self, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, out=None, *, causal: bool = False,
+                    num_pages: int | None = None) -> CascadeInfo:
+        """Plan one step from plain page tables, the levels found from shared leading pages
+        (rtattn.plan.prefix_tree). qo_indptr None: decode, one query per request."""
+        B = len(kv_indptr) - 1
+        if qo_indptr is None:
+            qo_indptr = self._ar32[:B + 1] if B < self._ar32.shape[0] else np.arange(B + 1, dtype=np.int32)
+        batch = validate_batch(qo_indptr, kv_indptr, kv_indices, kv_last_page_len, self.page_size,
+                               num_pages=num_pages, max_batch=self.max_batch, max_qo_tokens=self.max_qo_tokens)
+        union = prefix_union(batch, self.num_levels)
+        if causal:
+            R = union.req_qo_indptr.shape[0] - 1
+            check_causal(union.batch.qo_len[-R:] if R else union.batch.qo_len[:0], union.batch.kv_len[-R:] if R else
+                         union.batch.kv_len[:0])
+        return self.plan_union(union, out)
+
     def plan_union(self, union: Union, out=None) -> CascadeInfo:
+        """Plan the pseudo-batch of all levels into the plan set (plain numpy on small
+        arrays, kept to few calls: this is on the per-step host path)."""
         buf = out if out is not None else self.planset.allocate()
         v, _ = self._views(buf)
         pv = v["plan"]
         pb, N, L = union.batch, union.num_qo_tokens, union.num_levels
-        tq, ps, C = self.planner.tile_q, self.page_size, self.num_ctas
+        tq, ps, C, Bp = self.planner.tile_q, self.page_size, self.num_ctas, pb.batch
         # Query tiles of every group (tile_q real query rows each), scheduled as one-query
         # requests: Algorithm 1 only needs each tile's KV (the cost model's per-query term
         # is noise next to a shared prefix), and the decode form is the planner's fast path.
         # The items are then written for the real tiles, every one to its own state rows.
-        nt = (pb.qo_len.astype(np.int64) + (tq - 1)) // tq
-        t_grp, t_j = _repeat_index(nt, self._ar)
+        real0 = pb.qo_indptr[:-1] - union.row_shift          # each group's first real query row
+        if pb.qo_max <= tq:                                    # one tile per group
+            t_grp, t_row, t_len = self._ar[:Bp], real0, pb.qo_len
+        else:
+            t_grp, t_j = _repeat_index((pb.qo_len + (tq - 1)) // tq, self._ar)
+            t_j *= tq
+            t_row = real0[t_grp] + t_j
+            t_len = np.minimum(pb.qo_len[t_grp] - t_j, tq)
         T = t_grp.shape[0]
-        t_row = (pb.qo_indptr[:-1].astype(np.int64) - union.row_shift)[t_grp] + t_j * tq
-        t_len = np.minimum(pb.qo_len[t_grp] - t_j * tq, tq)
-        tiles = Batch(self._ar32[:T + 1], None, None, None, self._ones[:T], pb.kv_len[t_grp], ps, 1)
-        res = self.planner._schedule(tiles)
+        res = self.planner._schedule(Batch(self._ar32[:T + 1], None, None, None, self._ones[:T],
+                                           pb.kv_len.take(t_grp), ps, 1))
         n = res["n"]
         it = res["items"] if res["final"] is None else res["items"].take(res["final"], axis=1)
-        tile = it[0].astype(np.int64)
-        grp = t_grp[tile]
-        it[0] = grp
-        it[1] = t_row[tile]
-        ql = t_len[tile]
-        it[2] = ql
+        tile = it[0]
+        grp = t_grp.take(tile)
+        ql = t_len.take(tile)
+        it[1] = t_row.take(tile)           # (before it[0], which `tile` views, is overwritten)
         ends = np.cumsum(ql)
-        R = int(ends.item(-1)) if n else 0
+        R = ends.item(-1) if n else 0
         if R > self.max_state_rows:
             raise ValueError(f"plan needs {R} state rows, exceeding {self.max_state_rows}")
+        it[0] = grp
+        it[2] = ql
         it[5] = ends - ql                  # every item writes its own state rows, in queue order
         it[6] = -1                         # nothing merges in the kernel: the fold does
         it[7] = pb.kv_indptr.take(grp)
         pv["_items"][:, :n] = it
         wi = pv["work_indptr"]
         wi[0] = 0
-        wi[1:C + 1] = np.cumsum(res["counts"])
-        Bp = pb.batch
-        pv["req_qo_start"][:Bp] = pb.qo_indptr[:Bp] - union.row_shift
+        np.cumsum(res["counts"], out=wi[1:C + 1])
+        pv["req_qo_start"][:Bp] = real0
         pv["req_qo_len"][:Bp] = pb.qo_len
         pv["req_kv_page_start"][:Bp] = pb.kv_indptr[:Bp]
         pv["req_kv_len"][:Bp] = pb.kv_len
@@ -167,27 +203,24 @@ class CascadePlanner:
         pv["kv_indices"][:nnz] = pb.kv_indices[:nnz]
         pv["merge_indptr"][0] = 0
         struct.pack_into("=8i", pv["plan_info"], 0, n, 0, R, Bp, tq, ps, C, N)
-        # The fold map: each query row's state rows in (level, KV start) order.
-        owner, j = _repeat_index(ql, self._ar)
-        row = it[1].astype(np.int64)[owner] + j
+        # The fold map: each query row's state rows in (level, KV start) order. A state row's
+        # key: (row * L + level) << 31 | kv_start; sorted, the states are the fold's order.
+        owner, j = _repeat_index(ql, self._ar, ends)
+        row = it[1].take(owner) + j
         key = row * L
-        key += union.level_of.take(grp)[owner]
+        key += union.level_of.take(grp).take(owner)
         key <<= 31
-        key += it[3][owner]
-        order = key.argsort(kind="stable")
-        v["fold_rows"][:R] = (it[5].astype(np.int64)[owner] + j)[order]
+        key += it[3].take(owner)
+        v["fold_rows"][:R] = (it[5].take(owner) + j).take(key.argsort())   # distinct keys: any sort is stable
         fi = v["fold_indptr"]
         fi[0] = 0
-        fi[1:N + 1] = np.cumsum(np.bincount(row, minlength=N))
+        np.cumsum(np.bincount(row, minlength=N), out=fi[1:N + 1])
         v["q_pos"][:N] = union.q_pos
         v["kv_offset"][:Bp] = union.kv_offset
         v["fold_info"][:3] = (N, R, L)
-        lvl_items = union.level_of.take(grp)
         info = PlanInfo(n, 0, R, Bp, N, C, tq, ps, res["L"], res["split_tiles"], res["loads"],
                         buf if isinstance(buf, np.ndarray) else np.frombuffer(buf, np.uint8), pv)
-        return CascadeInfo(info, union, L, N, R, np.bincount(lvl_items, minlength=L),
-                           np.bincount(lvl_items, weights=it[4] - it[3], minlength=L).astype(np.int64), v)
-
+        return CascadeInfo(info, union, L, N, R, v)
 
 def execute_cascade(info: CascadeInfo, q, k_cache, v_cache, var=None, kv_layout: str = "NHD"):
     """Run a cascade plan in float64 the way the kernels do (rtattn.plan.executor for the

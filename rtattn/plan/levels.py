@@ -110,13 +110,8 @@ def union_batch(levels, page_size: int, *, num_pages: int | None = None, causal:
         else:
             kv_offset.append(np.zeros(0, np.int64))
         level_of.append(np.full(bt.batch, l, np.int32))
-    if causal and R:
-        own = last.kv_len
-        bad = last.qo_len > own
-        if bad.any():
-            r = int(np.flatnonzero(bad)[0])
-            raise ValueError(f"causal: request {r} has {last.qo_len[r]} queries but its last level holds "
-                             f"{own[r]} KV tokens: a query's own position must be in the last level")
+    if causal:
+        check_causal(last.qo_len, last.kv_len)
     q_pos = np.zeros(N, np.int64)
     if N:
         owner = np.repeat(np.arange(R), last.qo_len)
@@ -136,6 +131,16 @@ def union_batch(levels, page_size: int, *, num_pages: int | None = None, causal:
                    max((b.qo_max for b in bats), default=0))
     return Union(pseudo, L, N, lvl, (lvl * N).astype(np.int32), np.concatenate(kv_offset).astype(np.int32),
                  q_pos.astype(np.int32), last.qo_indptr, req_kv)
+
+
+def check_causal(qo_len: np.ndarray, last_level_kv_len: np.ndarray) -> None:
+    """Causal attention masks a query's own position and what follows; that position must be
+    in the last level (the shared levels all come before every query)."""
+    bad = qo_len > last_level_kv_len
+    if bad.any():
+        r = int(np.flatnonzero(bad)[0])
+        raise ValueError(f"causal: request {r} has {qo_len[r]} queries but its last level holds "
+                         f"{last_level_kv_len[r]} KV tokens: a query's own position must be in the last level")
 
 
 def check_against_requests(levels, kv_indptr, kv_indices, kv_last_page_len, page_size: int) -> None:

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .layout import _int32
-from .levels import Level
+from .layout import Batch, _int32
+from .levels import Level, Union, union_batch
 
 
 def adjacent_lcp(kv_indptr: np.ndarray, kv_indices: np.ndarray) -> np.ndarray:
@@ -135,3 +135,63 @@ def prefix_order(kv_indptr, kv_indices) -> np.ndarray:
     kv_indptr = np.asarray(kv_indptr, np.int64)
     lists = [tuple(kv_indices[kv_indptr[b]:kv_indptr[b + 1] - 1].tolist()) for b in range(len(kv_indptr) - 1)]
     return np.array(sorted(range(len(lists)), key=lambda b: lists[b]), np.int64)
+
+
+def prefix_union(batch: Batch, max_levels: int = 2) -> Union:
+    """The cascade of a validated batch (rtattn.plan.layout.validate_batch) as one pseudo-batch:
+    share_prefixes + union_batch, with a fast path for the common step of serving parallel
+    samples or a system prompt -- one prefix shared by every request, equal page counts --
+    that touches each page id once (a 2-D view: request i against request i+1)."""
+    B, ps = batch.batch, batch.page_size
+    kv_indptr, ids = batch.kv_indptr, batch.kv_indices
+    if max_levels >= 2 and B >= 2 and kv_indptr.item(1) >= 2:
+        n = kv_indptr.item(1)
+        d = kv_indptr[1:] - kv_indptr[:-1]
+        if d[d.argmin()] == d[d.argmax()]:          # equal page counts
+            nnz = n * B
+            diff = (ids[n:nnz] != ids[:nnz - n]).reshape(B - 1, n)   # request i+1 vs request i, page by page
+            cols = diff.any(axis=0)
+            first = cols.argmax()
+            lcp = int(first) if cols[first] and first < n - 1 else n - 1   # pages every request shares
+            # one prefix and nothing deeper: every neighbour pair differs right after it
+            if lcp and (lcp == n - 1 or diff[:, lcp].all()):
+                return _one_prefix(batch, ids[:nnz].reshape(B, n), lcp)
+    return union_batch(share_prefixes(kv_indptr, ids, batch.kv_last_page_len, ps, batch.qo_indptr,
+                                      max_levels=max_levels), ps)
+
+
+def _one_prefix(batch: Batch, m: np.ndarray, lcp: int) -> Union:
+    """Two levels: the first `lcp` pages of every request, then each one's own pages."""
+    B, ps, qo = batch.batch, batch.page_size, batch.qo_indptr
+    N = qo.item(-1)
+    own = m.shape[1] - lcp
+    prefix_tokens = lcp * ps
+    pq = np.empty(B + 2, np.int32)
+    pq[0] = 0
+    np.add(qo, N, out=pq[1:])
+    pk = np.empty(B + 2, np.int32)
+    pk[0] = 0
+    pk[1:] = np.arange(B + 1, dtype=np.int32) * own + lcp
+    ids = np.empty(lcp + B * own, np.int32)
+    ids[:lcp] = m[0, :lcp]
+    ids[lcp:].reshape(B, own)[:] = m[:, lcp:]
+    last = np.empty(B + 1, np.int32)
+    last[0] = ps
+    last[1:] = batch.kv_last_page_len
+    qo_len = np.empty(B + 1, np.int32)
+    qo_len[0] = N
+    qo_len[1:] = batch.qo_len
+    kv_len = np.empty(B + 1, np.int32)
+    kv_len[0] = prefix_tokens
+    np.subtract(batch.kv_len, prefix_tokens, out=kv_len[1:])
+    level = np.ones(B + 1, np.int32)
+    level[0] = 0
+    if batch.qo_max == 1 and N == B:   # decode: one query per request, at its last position
+        q_pos = batch.kv_len - 1
+    else:
+        owner = np.repeat(np.arange(B), batch.qo_len)
+        q_pos = (batch.kv_len - batch.qo_len)[owner] + (np.arange(N) - qo[:-1][owner])
+    pseudo = Batch(pq, pk, ids, last, qo_len, kv_len, ps, max(N, batch.qo_max))
+    return Union(pseudo, 2, N, level, level * N, level * prefix_tokens, q_pos.astype(np.int32, copy=False),
+                 qo, batch.kv_len.astype(np.int64))
+
