@@ -108,10 +108,18 @@ def build_parser() -> Parser:
     ap.add_argument("--seed", type=int, default=d["seed"])
     ap.add_argument("--reps", type=int, default=200, help="plan() runs timed (median)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
+    ap.add_argument("--shared-prefix", type=int, default=None, metavar="TOKENS",
+                    help="cascade: every request starts with this shared prefix (--kv-dist: its own tokens)")
+    ap.add_argument("--groups", default=None, metavar="G:T", help="cascade: G groups sharing T more tokens each")
+    ap.add_argument("--levels", type=int, default=3, help="cascade: at most this many levels")
     return ap
 
 
 def analyze(a) -> dict:
+    if a.shared_prefix is not None:   # the cascade view (rtattn.cli.cascade_view)
+        from .cascade_view import analyze_cascade
+        hq, hk = (int(x) for x in a.heads.split("/"))
+        return analyze_cascade(a, parse_dist(a.kv_dist, a.batch, np.random.default_rng(a.seed)), hq, hk)
     from rtattn.plan.inspector import Planner
     from rtattn.plan.layout import check_config, indptr_from_lengths, paged_kv
     from rtattn.plan.verify import verify_plan
@@ -252,6 +260,9 @@ def _main(argv) -> int:
     r = analyze(a)
     if a.json:
         print(json.dumps(r))
+    elif r.get("cascade"):
+        from .cascade_view import render_cascade
+        render_cascade(r)
     else:
         render(r)
     return 0

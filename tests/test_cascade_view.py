@@ -1,0 +1,23 @@
+"""rtattn-inspect --shared-prefix: the levels it shows are the planner's and add up."""
+from __future__ import annotations
+
+import json
+
+from rtattn.cli.inspect import main
+
+
+def test_shared_prefix_view_json(capsys):
+    assert main(["--shared-prefix", "1024", "--groups", "4:512", "--batch", "16", "--kv-dist", "const:100",
+                 "--reps", "2", "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["num_levels"] == 3 and [lv["groups"] for lv in r["levels"]] == [1, 4, 16]
+    assert [lv["kv_tokens"] for lv in r["levels"]] == [1024, 4 * 512, 16 * 100]
+    assert r["levels"][0]["kv_tokens_read"] == 1024 * 2    # 16 queries in tiles of 8
+    assert r["single_format_kv_tokens"] == 16 * (1024 + 512 + 100)
+    assert sum(p["bytes"] for p in r["plan_set"]) == r["plan_set_bytes"]
+
+
+def test_shared_prefix_view_renders(capsys):
+    assert main(["--shared-prefix", "256", "--batch", "8", "--kv-dist", "const:40", "--reps", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "cascade plan" in out and "fewer" in out and "fold_rows" in out
