@@ -32,9 +32,12 @@ def kernel_name(dtype: str, head_dim: int, softmax: bool) -> str:
 
 
 def source(dtype: str, head_dim: int, softmax: bool) -> str:
-    t = DTYPES[dtype]
+    import ctypes
+    t, ps = DTYPES[dtype], params_struct(dtype)
     return ("#include <cuda_fp16.h>\n#include <cuda_bf16.h>\n#include \"types.cuh\"\n"
-            "#include \"cascade_fold.cuh\"\n" + params_struct(dtype).c_source() +
+            "#include \"cascade_fold.cuh\"\n" + ps.c_source() +
+            f"static_assert(sizeof(FoldParams) == {ctypes.sizeof(ps.ctypes_type())}, "
+            f"\"host and device disagree on sizeof(FoldParams)\");\n" +
             f'extern "C" __global__ void __launch_bounds__({THREADS}, {CTAS_PER_SM})\n'
             f"{kernel_name(dtype, head_dim, softmax)}(const __grid_constant__ FoldParams p) {{\n"
             f"  rtattn::cascade_fold<{t}, {'true' if softmax else 'false'}, {head_dim}, {THREADS // 32}>(p);\n}}\n")
