@@ -110,6 +110,14 @@ def geomean(xs) -> float:
 
 
 # ---------------------------------------------------------------- GPU side (torch, lazy)
+def worst_rel_err(outs, ref) -> float:
+    """Largest relative error norm of the outputs against `ref` (inf if one is not finite)."""
+    import torch
+    errs = [float((o.float() - ref).norm() / ref.norm()) if torch.isfinite(o.float()).all() else float("inf")
+            for o in outs]
+    return max(errs, default=0.0)
+
+
 def warm_clocks(seconds: float = 2.0, n: int = 8192) -> float:
     """Run bf16 matrix products for `seconds` so the GPU leaves its idle clocks; TFLOP/s."""
     import time
