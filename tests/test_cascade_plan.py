@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from rtattn.plan.cascade import CascadePlanner, execute_cascade
 from rtattn.plan.layout import indptr_from_lengths
@@ -24,7 +25,7 @@ def _check(kv_indptr, idx, last, pool, ps, H, Hk, D, *, qo=None, levels=2, var=V
     qo = np.arange(B + 1, dtype=np.int32) if qo is None else qo
     N = int(qo[-1])
     lv = share_prefixes(kv_indptr, idx, last, ps, qo, max_levels=levels)
-    cp = CascadePlanner.create(B + 2, N + 3, pool, H, Hk, D, ps, num_levels=levels, num_ctas=num_ctas, mode=mode)
+    cp = CascadePlanner.create(B + 2, N + 3, max(pool, int(kv_indptr[-1])), H, Hk, D, ps, num_levels=levels, num_ctas=num_ctas, mode=mode)
     info = cp.plan(lv, causal=var.causal)
     q = rng.standard_normal((N, H, D))
     k, v = rng.standard_normal((2, pool, ps, Hk, D))
@@ -88,5 +89,29 @@ def test_bounds_are_enforced():
         CascadePlanner.create(4, 8, pool, 8, 8, 64, 16).plan(lv)
     with pytest.raises(ValueError, match="5 query tokens exceed max_qo_tokens=4"):
         CascadePlanner.create(8, 4, pool, 8, 8, 64, 16).plan(lv)
+    with pytest.raises(ValueError, match=r"the levels hold 25 pages, exceeding max_pages=24"):
+        CascadePlanner.create(8, 8, 24, 8, 8, 64, 16, num_levels=1).plan(share_prefixes(kv_indptr, idx, last, 16,
+                                                                                      max_levels=1))
     with pytest.raises(ValueError, match="num_levels must be"):
         CascadePlanner.create(8, 8, pool, 8, 8, 64, 16, num_levels=0)
+
+
+@given(st.data())
+@settings(max_examples=40, deadline=None)
+def test_random_prefix_trees_equal_plain_attention(data):
+    """Random batches of nested shared prefixes (requests in prefix order), random levels,
+    modes and variants: the executed cascade plan equals attention over each request."""
+    ps = data.draw(st.sampled_from([1, 4, 16]))
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**31)))
+    groups = tuple((data.draw(st.integers(1, 4)), data.draw(st.integers(0, 3))) for _ in range(data.draw(st.integers(1, 3))))
+    batch = shared_batch(rng, ps, groups=groups, system_pages=data.draw(st.integers(0, 4)),
+                         loners=data.draw(st.integers(0, 2)), suffix_pages=(1, 3))
+    var = data.draw(st.sampled_from(VARIANTS))
+    qo_len = data.draw(st.integers(1, 3))
+    B = len(batch[0]) - 1
+    if var.causal:
+        batch[2][:] = ps   # full last pages: suffixes hold >= ps >= 1 tokens
+        qo_len = min(qo_len, ps)
+    _check(*batch, ps, 8, data.draw(st.sampled_from([1, 2, 8])), 64, qo=indptr_from_lengths([qo_len] * B),
+           levels=data.draw(st.integers(1, 4)), var=var, mode=data.draw(st.sampled_from(["auto", "balanced", "naive"])),
+           num_ctas=data.draw(st.integers(1, 7)))

@@ -165,6 +165,10 @@ class CascadePlanner:
         # requests: Algorithm 1 only needs each tile's KV (the cost model's per-query term
         # is noise next to a shared prefix), and the decode form is the planner's fast path.
         # The items are then written for the real tiles, every one to its own state rows.
+        nnz = pb.kv_indptr.item(-1)
+        if nnz > self.planner.bounds.max_pages:
+            raise ValueError(f"the levels hold {nnz} pages, exceeding max_pages={self.planner.bounds.max_pages} "
+                             f"(a page counts once per level group that holds it)")
         real0 = pb.qo_indptr[:-1] - union.row_shift          # each group's first real query row
         if pb.qo_max <= tq:                                    # one tile per group
             t_grp, t_row, t_len = self._ar[:Bp], real0, pb.qo_len
@@ -199,7 +203,6 @@ class CascadePlanner:
         pv["req_qo_len"][:Bp] = pb.qo_len
         pv["req_kv_page_start"][:Bp] = pb.kv_indptr[:Bp]
         pv["req_kv_len"][:Bp] = pb.kv_len
-        nnz = pb.kv_indptr.item(-1)
         pv["kv_indices"][:nnz] = pb.kv_indices[:nnz]
         pv["merge_indptr"][0] = 0
         struct.pack_into("=8i", pv["plan_info"], 0, n, 0, R, Bp, tq, ps, C, N)
