@@ -38,14 +38,16 @@ from rtattn import wrapper as W
 from rtattn.wrapper import BatchDecodeWrapper, _host
 
 CASCADE_VARIANTS = ("plain", "causal", "sliding_window", "soft_cap", "alibi", "sigmoid")
-_STANDARD = re.compile(r"^rtattn::StandardAttention<(true|false), (true|false), (true|false), (true|false)>$")
+_STANDARD = re.compile(r"^rtattn::StandardAttention<([a-z, ]+)>$")
 POSITION_PARAMS = (Param("cascade_q_pos", "const int32_t*"), Param("cascade_kv_offset", "const int32_t*"))
 
 
 def level_spec(base: AttentionSpec) -> tuple[AttentionSpec, bool, bool]:
     """(the spec the levels' kernel compiles, whether the fold is a softmax fold, whether the
     variant is causal). A variant whose hooks read positions (causal, window, ALiBi) is
-    wrapped in LevelPositions. (Read from the variant's C++ type: the kernel's truth.)"""
+    wrapped in LevelPositions. The flags are read from the variant's C++ type (what the
+    kernel compiles); the spec's plan-clipping properties, where it has them, are turned off:
+    a level's KV range is not the request's, the kernel's masks see the real positions."""
     if base.variant_type == "rtattn::SigmoidAttention":
         return base, False, False
     m = _STANDARD.match(base.variant_type)
@@ -53,11 +55,16 @@ def level_spec(base: AttentionSpec) -> tuple[AttentionSpec, bool, bool]:
         raise ValueError(f"variant {base.variant!r} ({base.variant_type}) is not supported across cascade levels: "
                          f"use one of {CASCADE_VARIANTS} or an AttentionSpec of StandardAttention/SigmoidAttention "
                          f"(RoPE and custom masks index KV by position within a level)")
-    causal, window, _, alibi = (x == "true" for x in m.groups())
+    causal, window, _, alibi, *more = (x.strip() == "true" for x in m.group(1).split(","))
+    if any(more):
+        raise ValueError(f"variant {base.variant!r}: attention sinks are not supported across cascade levels "
+                         f"(a sink joins each row's softmax once; the fold would count it once per level)")
+    unclipped = {k: False for k in ("causal", "window") if hasattr(base, k)}
     if not (causal or window or alibi):
-        return base, True, False
+        return base.with_(**unclipped), True, False
     return base.with_(variant=base.variant + "_levels", variant_type=f"rtattn::LevelPositions<{base.variant_type}>",
-                      params=base.params + POSITION_PARAMS, variant_source='#include "level_positions.cuh"'), True, causal
+                      params=base.params + POSITION_PARAMS, variant_source='#include "level_positions.cuh"',
+                      **unclipped), True, causal
 
 
 class _LevelsKernel(BatchDecodeWrapper):

@@ -109,7 +109,7 @@ def test_every_argument_is_fixed_across_replans(fake_gpu):
     st = fake_gpu.kernels[0].rendered.params.ctypes_type().from_buffer_copy(next(iter(seen))[0])
     ptrs = w.planner.planset.device_ptrs(w.workspace_ptr)
     assert (st.extra.cascade_q_pos, st.extra.cascade_kv_offset) == (ptrs["q_pos"], ptrs["kv_offset"])
-    assert w.spec.variant_type == "rtattn::LevelPositions<rtattn::StandardAttention<false, false, false, true>>"
+    assert w.spec.variant_type.startswith("rtattn::LevelPositions<rtattn::StandardAttention<false, false, false, true")
 
 
 def test_levels_in_flashinfer_convention(fake_gpu):
@@ -131,6 +131,14 @@ def test_bad_construction(fake_gpu, args, match):
     kw.update(args)
     with pytest.raises(ValueError, match=match):
         C.CascadeWrapper(kw.pop("num_levels"), 8, 8, 64, 16, **kw)
+
+
+def test_sinks_are_refused_across_levels(fake_gpu):
+    from rtattn.codegen import spec as S
+    if "sinks" not in S.BUILTINS:
+        pytest.skip("no attention sinks in this build")
+    with pytest.raises(ValueError, match="sinks are not supported across cascade levels"):
+        C.CascadeWrapper(2, 8, 8, 64, 16, max_batch=4, max_pages=64, variant=S.BUILTINS["sinks"](head_dim=64))
 
 
 def test_bad_input_is_refused_before_any_launch(fake_gpu):
