@@ -75,6 +75,7 @@ class _LevelsKernel(BatchDecodeWrapper):
     def __init__(self, *args, max_batch, max_qo_tokens, num_levels, **kw):
         self._cascade_bounds = (max_batch, max_qo_tokens, num_levels)
         super().__init__(*args, max_batch=max_batch * num_levels, max_qo_tokens=max_qo_tokens * num_levels, **kw)
+        self._may_split = False   # its launch is the decode kernel alone: the cascade's fold merges
 
     def _workspace(self, workspace):
         # Called by BatchDecodeWrapper.__init__ once its planner exists: the cascade planner
@@ -97,6 +98,7 @@ class _LevelsKernel(BatchDecodeWrapper):
     def _extra(self, params: dict, stream) -> dict:
         """The user's variant parameters, plus the level positions (plan set arrays) for a
         LevelPositions variant."""
+        params = params or {}
         names = {p.name for p in self.spec.params}
         if "cascade_q_pos" not in names:
             return super()._extra(params, stream)
@@ -255,6 +257,6 @@ class CascadeLaunch:
     def __call__(self, stream=None) -> None:
         w, k = self.wrapper, self.wrapper.kernel
         s = stream or self.stream
-        k.kernels.launch(self.levels.params, k.num_ctas, k.num_kv_heads, s, merge=False, pdl=k.pdl)
+        self.levels(s)   # the decode kernel over every level (no merge kernel: _LevelsKernel)
         fn = fold_function(w.dtype, w.head_dim, w.softmax, w.device.ordinal)
         k.kernels._launch(fn, (w.fold_ctas, 1, 1), THREADS, 0, self.fold_params, s, k.pdl and k.kernels.pdl_capable)

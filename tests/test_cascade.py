@@ -41,7 +41,7 @@ def fake_gpu(monkeypatch):
         return made[-1]
 
     fakes.install(monkeypatch, kernels, memcpy=lambda dst, src, n, stream=None: copies.append((dst, src, n)))
-    monkeypatch.setattr(W, "as_stream", lambda s=None: SimpleNamespace(handle=0))
+    monkeypatch.setattr(W, "as_stream", lambda s=None: SimpleNamespace(handle=0), raising=False)
     for name in ("DeviceBuffer", "PinnedBuffer"):
         monkeypatch.setattr(C, name, fakes.FakeBuffer)
     monkeypatch.setattr(C, "Event", lambda timing=False: SimpleNamespace(record=lambda s=None: None,
