@@ -255,8 +255,10 @@ class CascadeLaunch:
         self.out, self.lse, self.stream = levels.out, levels.lse, levels.stream
 
     def __call__(self, stream=None) -> None:
-        w, k = self.wrapper, self.wrapper.kernel
+        w = self.wrapper
         s = stream or self.stream
         self.levels(s)   # the decode kernel over every level (no merge kernel: _LevelsKernel)
-        fn = fold_function(w.dtype, w.head_dim, w.softmax, w.device.ordinal)
-        k.kernels._launch(fn, (w.fold_ctas, 1, 1), THREADS, 0, self.fold_params, s, k.pdl and k.kernels.pdl_capable)
+        # A plain launch: it starts when the levels' kernel has finished (its griddepcontrol.wait
+        # is then a no-op). TODO(launch list): a PDL KernelCall after the levels' calls.
+        fold_function(w.dtype, w.head_dim, w.softmax, w.device.ordinal).launch(
+            (w.fold_ctas, 1, 1), (THREADS, 1, 1), self.fold_params, 0, s)

@@ -21,15 +21,12 @@ import fakes
 from cascade_cases import one_prefix_batch, shared_batch
 
 
-class FakeCascadeKernels(fakes.FakeKernels):
-    pdl_capable = True
+class FakeFold:
+    def __init__(self):
+        self.launches = []   # (grid, block, params)
 
-    def __init__(self, spec):
-        super().__init__(spec)
-        self.other = []   # (function, grid, params) of launches past the decode kernel
-
-    def _launch(self, fn, grid, threads, smem, params, stream, pdl):
-        self.other.append((fn, grid, params))
+    def launch(self, grid, block, params, smem=0, stream=None):
+        self.launches.append((grid, block, params))
 
 
 @pytest.fixture
@@ -37,7 +34,7 @@ def fake_gpu(monkeypatch):
     made, copies = [], []
 
     def kernels(spec):
-        made.append(FakeCascadeKernels(spec))
+        made.append(fakes.FakeKernels(spec))
         return made[-1]
 
     fakes.install(monkeypatch, kernels, memcpy=lambda dst, src, n, stream=None: copies.append((dst, src, n)))
@@ -47,8 +44,9 @@ def fake_gpu(monkeypatch):
     monkeypatch.setattr(C, "Event", lambda timing=False: SimpleNamespace(record=lambda s=None: None,
                                                                          synchronize=lambda: None))
     monkeypatch.setattr(C, "memcpy_htod_async", lambda dst, src, n, stream=None: copies.append((dst, src, n)))
-    monkeypatch.setattr(C, "fold_function", lambda *a: "fold")
-    return SimpleNamespace(kernels=made, copies=copies)
+    fold = FakeFold()
+    monkeypatch.setattr(C, "fold_function", lambda *a: fold)
+    return SimpleNamespace(kernels=made, copies=copies, fold=fold)
 
 
 def cuda(shape, dtype="bfloat16", ptr=1 << 30):
@@ -73,10 +71,10 @@ def test_plan_is_one_copy_of_one_plan_set_and_the_kernel_reads_it(fake_gpu):
     st = k.rendered.params.ctypes_type().from_buffer_copy(k.launches[0])
     assert st.plan.work_indptr == w.workspace_ptr + w.kernel.layout.offsets["work_indptr"]
     assert st.partial_o == w.workspace_ptr + w.kernel.state_o_offset and st.fused_merge == 0
-    (fn, grid, fold), = k.other
+    (grid, block, fold), = fake_gpu.fold.launches
     f = params_struct("bfloat16").ctypes_type().from_buffer_copy(fold)
     ptrs = w.planner.planset.device_ptrs(w.workspace_ptr)
-    assert fn == "fold" and grid == (132 * 2, 1, 1)
+    assert grid == (132 * 2, 1, 1) and block == (256, 1, 1)
     assert (f.o, f.lse, f.fold_rows, f.fold_info) == (o.ptr, lse.ptr, ptrs["fold_rows"], ptrs["fold_info"])
     assert f.state_lse == st.partial_lse and f.o_stride_tok == 32 * 128
     # what the kernels read: the pinned plan set, run in float64
