@@ -129,7 +129,7 @@ class CascadeWrapper:
     def __init__(self, num_levels: int, num_qo_heads: int, num_kv_heads: int, head_dim: int, page_size: int, *,
                  max_batch: int, max_pages: int, max_qo_tokens: int | None = None, variant="plain",
                  dtype: str = "bfloat16", kv_layout: str = "NHD", mode: str = "auto", m_tiles: int | None = None,
-                 num_ctas: int | None = None, pdl: bool = True, device=None):
+                 num_ctas: int | None = None, pdl: bool = True, num_pages_pool: int | None = None, device=None):
         if not isinstance(num_levels, int) or num_levels < 1:
             raise ValueError(f"num_levels must be a positive int, got {num_levels!r}")
         group = num_qo_heads // max(num_kv_heads, 1)
@@ -153,7 +153,7 @@ class CascadeWrapper:
         self.kernel = _LevelsKernel(num_qo_heads, num_kv_heads, head_dim, page_size, max_batch=max_batch,
                                     max_pages=max_pages, max_qo_tokens=self.max_qo_tokens, num_levels=num_levels,
                                     variant=spec, dtype=dtype, kv_layout=kv_layout, mode=mode, pdl=pdl,
-                                    num_ctas=num_ctas, device=device)
+                                    num_ctas=num_ctas, num_pages_pool=num_pages_pool, device=device)
         k = self.kernel
         self.device, self.spec, self.page_size, self.dtype = k.device, k.spec, page_size, dtype
         self.num_qo_heads, self.head_dim = num_qo_heads, head_dim
@@ -174,7 +174,7 @@ class CascadeWrapper:
 
     # ------------------------------------------------------------------ plan
     def plan(self, qo_indptr_arr, kv_indptr_arr, kv_indices_arr, kv_last_page_len_arr, *,
-             share_prefixes: bool = False, requests=None, num_pages: int | None = None, stream=None) -> CascadeInfo:
+             share_prefixes: bool = False, requests=None, stream=None) -> CascadeInfo:
         """Plan one step from host arrays.
 
         Levels given (FlashInfer's convention): one array per level in each argument, the last
@@ -184,7 +184,9 @@ class CascadeWrapper:
         share_prefixes=True: the arguments are ONE page table (qo_indptr may be None: decode)
         and the levels are built from the requests' shared leading pages, at most num_levels.
 
-        The copy is queued on `stream`; run() on the same stream."""
+        Page ids must lie in the KV pool (`num_pages_pool`, else learnt from the caches run()
+        has seen, as BatchDecodeWrapper does). The copy is queued on `stream`; run() on the
+        same stream."""
         levels = None
         if share_prefixes:
             plain = [None if qo_indptr_arr is None else _host(qo_indptr_arr),
@@ -204,18 +206,17 @@ class CascadeWrapper:
         slot = self._slot
         if self._in_flight[slot]:   # this buffer's copy (two plans ago) may not have run yet
             self._copied[slot].synchronize()
+        pool = self.kernel.planner.num_pages_pool
         if levels is None:
-            info = self.planner.plan_shared(*plain, out=self._arrays[slot], causal=self.causal, num_pages=num_pages)
+            info = self.planner.plan_shared(*plain, out=self._arrays[slot], causal=self.causal, num_pages=pool)
         else:
-            info = self.planner.plan(levels, out=self._arrays[slot], causal=self.causal, num_pages=num_pages)
+            info = self.planner.plan(levels, out=self._arrays[slot], causal=self.causal, num_pages=pool)
         memcpy_htod_async(self.workspace_ptr, self._pinned[slot].ptr, self.planner.planset.plan_bytes, stream)
         self._copied[slot].record(stream)
         self._in_flight[slot] = True
         self._slot = slot ^ 1
         k = self.kernel
-        k.info = info.plan
-        ids = info.union.batch.kv_indices
-        k._max_page = int(ids.max()) if ids.shape[0] else -1
+        k.info, k._nnz = info.plan, info.union.batch.kv_indptr.item(-1)   # what its run() checks the caches against
         self.info = info
         return info
 

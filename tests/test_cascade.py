@@ -165,6 +165,11 @@ def test_bad_input_is_refused_before_any_launch(fake_gpu):
     with pytest.raises(ValueError, match="q has shape"):
         w.run(cuda((5, 8, 64)), cuda((pool, 16, 8, 64)), cuda((pool, 16, 8, 64)))
     assert fake_gpu.kernels[0].launches == []
+    w.run(cuda((4, 8, 64)), cuda((pool, 16, 8, 64)), cuda((pool, 16, 8, 64)))   # the pool is now `pool` pages
+    outside = idx.copy()
+    outside[-1] = pool
+    with pytest.raises(ValueError, match=r"kv_indices\[\d+\] = \d+ is outside the page pool"):
+        w.plan(None, kv_indptr, outside, last, share_prefixes=True)
 
 
 def test_level_kernels_and_the_fold_compile(isolated_cache):
