@@ -21,3 +21,8 @@ def test_shared_prefix_view_renders(capsys):
     assert main(["--shared-prefix", "256", "--batch", "8", "--kv-dist", "const:40", "--reps", "1"]) == 0
     out = capsys.readouterr().out
     assert "cascade plan" in out and "fewer" in out and "fold_rows" in out
+
+
+def test_bad_cascade_arguments_are_one_line(capsys):
+    assert main(["--shared-prefix", "64", "--groups", "x", "--batch", "4"]) == 2
+    assert capsys.readouterr().err.strip() == "rtattn-inspect: --groups 'x': expected GROUPS:TOKENS, e.g. 8:4096"

@@ -13,6 +13,8 @@ import time
 
 import numpy as np
 
+from . import CliError
+
 
 def shared_prefix_batch(prefix: int, groups: tuple[int, int] | None, own, page_size: int, seed: int):
     """Page tables: prefix pages shared by all, group pages by each of `groups[0]` contiguous
@@ -43,7 +45,9 @@ def analyze_cascade(a, own, hq: int, hk: int) -> dict:
             groups = tuple(int(x) for x in a.groups.split(":"))
             assert len(groups) == 2 and groups[0] >= 1 and groups[1] >= 0
         except (ValueError, AssertionError):
-            raise SystemExit(f"--groups {a.groups!r}: expected GROUPS:TOKENS, e.g. 8:4096") from None
+            raise CliError(f"--groups {a.groups!r}: expected GROUPS:TOKENS, e.g. 8:4096") from None
+    if a.shared_prefix < 0 or a.levels < 1:
+        raise CliError(f"--shared-prefix must be >= 0 and --levels >= 1, got {a.shared_prefix} and {a.levels}")
     own = np.maximum(np.asarray(own, np.int64), 1)
     kv_indptr, idx, last, pool = shared_prefix_batch(a.shared_prefix, groups, own, a.page_size, a.seed)
     B = len(own)
