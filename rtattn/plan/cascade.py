@@ -206,15 +206,16 @@ class CascadePlanner:
         pv["kv_indices"][:nnz] = pb.kv_indices[:nnz]
         pv["merge_indptr"][0] = 0
         struct.pack_into("=8i", pv["plan_info"], 0, n, 0, R, Bp, tq, ps, C, N)
-        # The fold map: each query row's state rows in (level, KV start) order. A state row's
-        # key: (row * L + level) << 31 | kv_start; sorted, the states are the fold's order.
+        # The fold map: each query row's state rows in (level, KV start) order. State rows are
+        # numbered in item order, so expanded element e (item owner[e], row j[e]) IS state
+        # row e, and the fold's order is the argsort of the keys (row * L + level, KV start).
         owner, j = _repeat_index(ql, self._ar, ends)
         row = it[1].take(owner) + j
-        key = row * L
-        key += union.level_of.take(grp).take(owner)
-        key <<= 31
-        key += it[3].take(owner)
-        v["fold_rows"][:R] = (it[5].take(owner) + j).take(key.argsort())   # distinct keys: any sort is stable
+        item_key = union.level_of.take(grp).astype(np.int64) << 31
+        item_key += it[3]
+        key = row * (L << 31)
+        key += item_key.take(owner)
+        v["fold_rows"][:R] = key.argsort()               # distinct keys: any sort is stable
         fi = v["fold_indptr"]
         fi[0] = 0
         np.cumsum(np.bincount(row, minlength=N), out=fi[1:N + 1])
