@@ -16,11 +16,12 @@ Plan set parts: "plan" (the PlanLayout of the union), "q_pos" [max_qo_tokens],
 "kv_offset" [pseudo-requests], "fold_indptr" [max_qo_tokens + 1], "fold_rows" [state rows],
 "fold_info" [FOLD_INFO_LEN] = (query rows, state rows, levels).
 
-Prefill hook: the shared levels' pseudo-requests (many queries, long KV) are what tensor-core
-prefill tiles are for. `family_of_level` says which family plans a level; today every level
-goes to the decode family. With a prefill family, the plan set gains a second PlanLayout and
-the shared groups go to its planner; the rewrite and the fold map stay as they are (items of
-both plans write state rows from disjoint ranges).
+Prefill hook: the shared groups (pseudo-requests with many queries and long KV) are what
+tensor-core prefill tiles are for; today the decode family plans every group. With a prefill
+family, `plan_union` splits the union's groups by family (shared groups, union.batch.qo_len
+> tile_q, to prefill), the plan set gains a second part ("prefill": its PlanLayout), each part
+gets its own schedule and kernel, and the state rows of the second part start after the
+first's; the positions, the fold map and the fold kernel stay as they are.
 """
 from __future__ import annotations
 
@@ -37,11 +38,6 @@ from .levels import Union, check_causal, union_batch
 from .planset import PlanSet
 
 FOLD_INFO_LEN = 4
-
-
-def family_of_level(level: int, num_levels: int) -> str:
-    """Kernel family that attends a level (the prefill family will take the shared ones)."""
-    return "decode"
 
 
 @dataclass
