@@ -35,6 +35,7 @@ import bench_common as bc  # noqa: E402
 
 HQ, HKV, D, PAGE, SUFFIX = 32, 8, 128, 16, 128
 TOL = 2e-2
+LIBS = ("rt-casc", "rt-m1", "rt-single", "fi-casc", "fi-cc", "fi-tc")
 # PERF.md: FlashInfer cascade µs, single-format µs
 PERF_MD = {(1024, 16): (24.3, 36.6), (1024, 64): (44.6, 119.0), (8192, 16): (36.0, 196.0),
            (8192, 64): (72.7, 750.4), (32768, 16): (64.8, 735.2), (32768, 64): (148.0, 2906.4)}
@@ -211,6 +212,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", nargs="*", default=["*"], help="row name patterns (fnmatch)")
     ap.add_argument("--no-flashinfer", action="store_true")
+    ap.add_argument("--libs", default=",".join(LIBS), help="comma-separated subset of " + ",".join(LIBS))
     ap.add_argument("--plan", action="store_true", help="plan() host time only (no GPU)")
     ap.add_argument("--reps", type=int, default=300)
     ap.add_argument("--samples", type=int, default=20)
@@ -221,7 +223,9 @@ def main(argv=None) -> int:
         return 0
     import torch
     t_start = time.perf_counter()
-    libs = ["rt-casc", "rt-m1", "rt-single"] + ([] if a.no_flashinfer else ["fi-casc", "fi-cc", "fi-tc"])
+    libs = [x for x in a.libs.split(",") if not (a.no_flashinfer and x.startswith("fi-"))]
+    if set(libs) - set(LIBS):
+        ap.error(f"--libs: unknown {sorted(set(libs) - set(LIBS))}; choose from {LIBS}")
     stream = torch.cuda.Stream()
     ws = torch.zeros(256 * 2**20, dtype=torch.uint8, device="cuda")
     print(f"warm clocks: {bc.warm_clocks():.0f} TFLOP/s", flush=True)
