@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import struct as _struct
 from dataclasses import dataclass
 
 # C spelling -> ctypes type. Every pointer is 8 bytes; its C spelling only matters to the kernel.
@@ -66,3 +67,54 @@ class CStruct:
             else:
                 setattr(obj, m.name, val)
         return obj
+
+
+_FORMATS = {ctypes.c_void_p: "Q", ctypes.c_int32: "i", ctypes.c_uint32: "I", ctypes.c_int64: "q",
+            ctypes.c_float: "f"}
+
+
+def _member_layout(struct: CStruct, base: int = 0, prefix: str = "") -> dict:
+    """name (dotted for nested members) -> (byte offset, struct format character)."""
+    ct = struct.ctypes_type()
+    out = {}
+    for m in struct.members:
+        off = base + getattr(ct, m.name).offset
+        if m.nested is not None:
+            out.update(_member_layout(m.nested, off, f"{prefix}{m.name}."))
+        else:
+            out[prefix + m.name] = (off, _FORMATS[ctype_of(m.c_type)])
+    return out
+
+
+class FieldWriter:
+    """Writes the named members of a packed struct in place, in one struct.pack_into per run of
+    adjacent members: what changes per call (tensor pointers, strides, scales) is rewritten,
+    what is fixed for a wrapper's life stays as first packed. Pointers are ints (0 for null)."""
+
+    def __init__(self, cstruct: CStruct, names):
+        layout = _member_layout(cstruct)
+        unknown = [n for n in names if n not in layout]
+        if unknown:
+            raise ValueError(f"{cstruct.name} has no members {unknown}")
+        self.names = tuple(names)
+        self.runs = []   # (struct.Struct, offset, first, end): values[first:end] go at offset
+        first = 0
+        for i, name in enumerate(self.names):
+            off, fmt = layout[name]
+            if i > first:
+                prev_off, prev_fmt = layout[self.names[i - 1]]
+                if off != prev_off + _struct.calcsize("=" + prev_fmt):
+                    self._close(layout, first, i)
+                    first = i
+        if self.names:
+            self._close(layout, first, len(self.names))
+
+    def _close(self, layout, first: int, end: int) -> None:
+        fmt = "=" + "".join(layout[n][1] for n in self.names[first:end])
+        self.runs.append((_struct.Struct(fmt), layout[self.names[first]][0], first, end))
+
+    def __call__(self, buffer, values) -> None:
+        """`values` in the order of `names`."""
+        for s, off, a, b in self.runs:
+            s.pack_into(buffer, off, *values[a:b])
+

@@ -1,17 +1,18 @@
-"""CUDA graphs of a BatchDecodeWrapper's run(), keyed by configuration, updated in place.
+"""CUDA graphs of launches (a wrapper's run(), or any Launch), keyed by configuration, updated in place.
 
 Why this works: the wrapper's plan lives at fixed workspace offsets, so a captured decode
-kernel (which also merges split-KV partials) stays valid across plan() calls with any lengths;
-only the tensor pointers (another layer's q/KV/out) change the kernel's argument struct. Per configuration (variant
-spec, tile config) we keep up to `max_execs` executable graphs, each remembering the argument
-struct it holds:
+kernel and merge kernel stay valid across plan() calls with any lengths; only the tensor
+pointers (another layer's q/KV/out) change their argument struct. A configuration is what a
+graph node fixes besides arguments: each call's kernel, grid, block, shared memory and PDL flag
+(so launches of any kernel family, or several families in one launch, pool the same way). Per
+configuration we keep up to `max_execs` executable graphs, each remembering the arguments it holds:
 
-* same struct as an existing exec          -> replay
-* new struct, room for another exec        -> capture + instantiate
-* new struct, pool full                    -> update the least recently used exec in place:
-  kernel-node parameter update ("nodes", default: one driver call per node, no capture) or capture +
-  cuGraphExecUpdate ("capture"); re-instantiate only when the driver refuses the update
-  (topology changed), which is counted and logged.
+* same arguments as an existing exec       -> replay
+* new arguments, room for another exec     -> capture + instantiate
+* new arguments, pool full                 -> update the least recently used exec in place:
+  kernel-node parameter update ("nodes", default: one driver call per kernel call, with the
+  call's prepared node-parameter struct, no capture) or capture + cuGraphExecUpdate ("capture");
+  re-instantiate only when the driver refuses the update (topology changed), counted and logged.
 
 `max_execs=1` (default) is the minimal-memory policy: one exec per configuration, updated
 for every layer. `max_execs=num_layers` keeps one exec per layer: no updates at all.
@@ -30,15 +31,14 @@ log = logging.getLogger("rtattn.graphs")
 UPDATE_MODES = ("nodes", "capture")
 
 
-def config_key(wrapper) -> tuple:
-    """What fixes the captured topology and launch shapes (not the pointers)."""
-    r = wrapper.kernels.rendered
-    return (wrapper.spec.uri, wrapper.device.ordinal, wrapper.num_ctas, wrapper.num_kv_heads,
-            r.threads, r.smem_bytes)
+def config_key(launch) -> tuple:
+    """What fixes the captured topology and launch shapes (not the arguments) of a Launch."""
+    return launch.config_key
 
 
 class DecodeGraphs:
-    """Graph replay of `wrapper.run()`; `step()` has run()'s signature and results."""
+    """Graph replay of `wrapper.run()`; `step()` has run()'s signature and results. `replay()`
+    takes any prepared Launch (decode, prefill, cascade, mixed)."""
 
     def __init__(self, wrapper=None, *, max_execs: int = 1, update: str = "nodes"):
         if update not in UPDATE_MODES:
@@ -50,6 +50,7 @@ class DecodeGraphs:
                           reinstantiations=0, replays=0)
         self.reasons: list[str] = []   # why each re-instantiation happened
         self._pools: dict[tuple, OrderedDict] = {}
+        self._stream = (None, None)    # (stream object, checked Stream): one check per new object
 
     # ----------------------------------------------------------------- the step
     def step(self, q, k_cache, v_cache=None, *, out=None, lse=None, stream=None, sm_scale=None,
@@ -59,18 +60,22 @@ class DecodeGraphs:
         w = wrapper or self.wrapper
         if w is None:
             raise ValueError("no wrapper: pass DecodeGraphs(wrapper) or step(..., wrapper=w)")
-        s = G.capturable_stream(stream)
-        launch = w.prepare(q, k_cache, v_cache, out=out, lse=lse, stream=s, sm_scale=sm_scale, params=params)
-        self.replay(launch, s)
+        s = self._capturable(stream)
+        launch = w._bind(w._reusable(), q, k_cache, v_cache, out, lse, s, sm_scale, params)
+        self._replay(launch, s)
         return (launch.out, launch.lse) if launch.lse is not None else launch.out
 
     def replay(self, launch, stream) -> None:
-        """Replay a prepared DecodeLaunch through the graph pool of its configuration."""
+        """Replay a prepared Launch through the graph pool of its configuration."""
         if hasattr(launch, "check_plan"):   # a wrapper's DecodeLaunch: the plan must still fit it
             launch.check_plan()
-        s = G.capturable_stream(stream)
-        pool = self._pools.setdefault(config_key(launch.wrapper), OrderedDict())
-        key = bytes(launch.params)
+        self._replay(launch, self._capturable(stream))
+
+    def _replay(self, launch, s) -> None:
+        pool = self._pools.get(launch.config_key)
+        if pool is None:
+            pool = self._pools[launch.config_key] = OrderedDict()
+        key = launch.params_key()
         ex = pool.get(key)
         if ex is not None:
             pool.move_to_end(key)
@@ -86,16 +91,24 @@ class DecodeGraphs:
         self.stats["replays"] += 1
 
     # ------------------------------------------------------------ internals
+    def _capturable(self, stream):
+        if stream is self._stream[0] and stream is not None:
+            return self._stream[1]
+        s = G.capturable_stream(stream)
+        self._stream = (stream, s)
+        return s
+
     def _capture(self, launch, s):
         g = G.capture(lambda: launch(s), s)
         self.stats["captures"] += 1
         return g
 
     def _update(self, ex, launch, s):
-        if self.update_mode == "nodes" and _nodes_take_params(ex, launch):
+        # node i is call i (checked once per exec: in-place updates keep its nodes)
+        if self.update_mode == "nodes" and (getattr(ex, "nodes_are_calls", False) or _mark_match(ex, launch)):
             try:
-                for i in range(len(ex.kernel_nodes())):
-                    ex.set_kernel_params(i, launch.params)
+                for i, call in enumerate(launch.calls):
+                    ex.set_call_params(i, call)
                 self.stats["param_updates"] += 1
                 return ex
             except CudaError as e:  # fall back to the whole-graph update below
@@ -106,7 +119,7 @@ class DecodeGraphs:
             g.destroy()  # its parameters now live in `ex`
             self.stats["updates"] += 1
             return ex
-        why = f"cuGraphExecUpdate refused ({res.reason}): re-instantiating {launch.wrapper.spec.uri}"
+        why = f"cuGraphExecUpdate refused ({res.reason}): re-instantiating {launch!r}"
         log.warning(why)
         self.reasons.append(why)
         ex.destroy(graph_too=True)
@@ -132,9 +145,6 @@ class DecodeGraphs:
         self.close()
 
 
-def _nodes_take_params(ex, launch) -> bool:
-    """True when every kernel node of `ex` is one of the wrapper's kernels, each of which takes
-    the launch's whole argument struct: then a per-node parameter update is exact."""
-    funcs = {int(f.handle) for f in launch.wrapper.kernels.functions}
-    nodes = ex.kernel_nodes()
-    return bool(nodes) and all(int(n.func) in funcs for n in nodes)
+def _mark_match(ex, launch) -> bool:
+    ex.nodes_are_calls = ok = ex.matches(launch)
+    return ok

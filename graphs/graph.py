@@ -5,6 +5,7 @@
     ex.launch(stream)                                # cuGraphLaunch (replay)
     ex.update(capture(other_fn, stream))             # cuGraphExecUpdate: same topology, new arguments
     ex.set_kernel_params(i, params_bytes)            # cuGraphExecKernelNodeSetParams: one node's struct
+    ex.set_call_params(i, call)                      # the same from a prepared KernelCall (launch.py)
 
 Every call goes through rtattn.runtime.driver.check. Graphs and executable graphs are
 destroyed explicitly (`destroy()`, `with`) or by a finalizer, whichever comes first.
@@ -18,6 +19,8 @@ from cuda.bindings import driver as cu
 
 from rtattn.runtime import (CudaError, NoDeviceError, Stream, as_stream, check, current_device, has_device,
                             no_device_reason, pack_params)
+from rtattn.runtime import libcuda
+from rtattn.runtime.launch import stream_handle
 
 __all__ = ["capture", "Graph", "GraphExec", "KernelNode", "UpdateResult", "GraphCaptureError"]
 
@@ -194,6 +197,8 @@ class GraphExec:
         self.graph = graph
         self._finalizer = weakref.finalize(self, _destroy, cu.cuGraphExecDestroy, handle)
         self._kernels: list[KernelNode] | None = None
+        self._addr = int(handle)
+        self._node_addrs: list[int] | None = None
         self.launches = 0
 
     def _live(self):
@@ -203,7 +208,15 @@ class GraphExec:
 
     def launch(self, stream) -> None:
         """Replay on `stream` (ordered after earlier work there, e.g. the plan copy)."""
-        check(cu.cuGraphLaunch(self._live(), as_stream(stream).handle), "cuGraphLaunch")
+        e = libcuda.entry()
+        if e is not None:
+            if not self._finalizer.alive:
+                raise ValueError("GraphExec used after destroy()")
+            res = e.graph_launch(self._addr, stream_handle(stream))
+            if res:
+                libcuda.fail(res, "cuGraphLaunch")
+        else:
+            check(cu.cuGraphLaunch(self._live(), stream_handle(stream)), "cuGraphLaunch")
         self.launches += 1
 
     def upload(self, stream) -> None:
@@ -246,6 +259,27 @@ class GraphExec:
         p.kernelParams = addr
         check(cu.cuGraphExecKernelNodeSetParams(self._live(), k.node, p), "cuGraphExecKernelNodeSetParams")
         del keep
+
+    def matches(self, launch) -> bool:
+        """True when this graph's kernel nodes are `launch`'s calls, in order, with the same
+        kernels and launch shapes: then set_call_params(i, call) updates node i exactly."""
+        nodes = self.kernel_nodes()
+        return len(nodes) == len(launch.calls) and all(
+            (int(n.func), n.grid, n.block, n.smem) == (c.func, c.grid, c.block, c.smem)
+            for n, c in zip(nodes, launch.calls))
+
+    def set_call_params(self, index: int, call) -> None:
+        """Give kernel node `index` the arguments `call`'s Params hold now (one driver call, with
+        the call's prepared node-parameter struct). The caller checked matches()."""
+        e = libcuda.entry()
+        if e is None:
+            self.set_kernel_params(index, bytes(call.params))
+            return
+        if self._node_addrs is None:
+            self._node_addrs = [int(n.node) for n in self.kernel_nodes()]
+        res = e.node_set_params(self._addr, self._node_addrs[index], call.node_params())
+        if res:
+            libcuda.fail(res, f"cuGraphExecKernelNodeSetParams({call.name})")
 
     @property
     def destroyed(self) -> bool:

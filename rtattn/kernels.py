@@ -1,4 +1,4 @@
-"""AttentionSpec -> compiled, loaded decode (+ merge) kernels, and their launch.
+"""AttentionSpec -> compiled, loaded decode (+ merge) kernels, and the kernel calls of a launch.
 
 Split-KV partials are merged by a small persistent merge kernel right after the decode kernel.
 (Merging inside the decode kernel -- the last CTA of a split row merges it -- was measured
@@ -19,11 +19,10 @@ import functools
 import os
 import re
 
-from cuda.bindings import driver as cu
-
 from rtattn.codegen.render import MERGE_THREADS, Rendered, render
 from rtattn.codegen.spec import AttentionSpec
-from rtattn.runtime import Device, Module, as_stream, check, compile_to_cubin, pack_params
+from rtattn.runtime import Device, Module, compile_to_cubin
+from rtattn.runtime.launch import KernelCall, Params
 
 COMPILE_OPTIONS = ("-lineinfo", "--extra-device-vectorization")
 MERGE_CTAS_PER_SM = 2
@@ -61,7 +60,6 @@ class DecodeKernels:
         self.decode = self.module.function(self.rendered.decode_name)
         self.decode.set_max_dynamic_smem(self.rendered.smem_bytes)
         self.merge = self.module.function(self.rendered.merge_name)
-        self.functions = (self.decode, self.merge)  # every kernel a launch enqueues (graph node updates check this)
         self.merge_ctas = self.device.props.sm_count * MERGE_CTAS_PER_SM
         self.ctas_per_sm = self.decode.occupancy(self.rendered.threads, self.rendered.smem_bytes)
         if self.ctas_per_sm < 1:
@@ -73,32 +71,16 @@ class DecodeKernels:
         """Fixed grid x: every SM busy with `ctas_per_sm` CTAs across the KV heads."""
         return max(1, self.device.props.sm_count * self.ctas_per_sm // num_kv_heads)
 
-    def launch(self, params: bytes, num_ctas: int, grid_y: int, stream=None, merge: bool = True,
-               pdl: bool = True) -> None:
-        """Enqueue the decode kernel, then the merge kernel (when the plan may split KV)."""
+    def calls(self, params: Params, num_ctas: int, grid_y: int, merge: bool = True,
+              pdl: bool = True) -> list[KernelCall]:
+        """The decode kernel, then the merge kernel (when the plan may split KV), both reading
+        `params`; prepared once per wrapper or graph binding, enqueued by rtattn.runtime.launch."""
         r = self.rendered
         pdl = pdl and self.pdl_capable
-        self._launch(self.decode, (num_ctas, grid_y, 1), r.threads, r.smem_bytes, params, stream, pdl)
+        out = [KernelCall(self.decode, (num_ctas, grid_y, 1), (r.threads, 1, 1), r.smem_bytes, params, pdl)]
         if merge:
-            self._launch(self.merge, (self.merge_ctas, 1, 1), MERGE_THREADS, 0, params, stream, pdl)
-
-    def _launch(self, fn, grid, threads: int, smem: int, params: bytes, stream, pdl: bool) -> None:
-        if not pdl:
-            fn.launch(grid, (threads, 1, 1), params, smem, stream)
-            return
-        cfg = cu.CUlaunchConfig()
-        cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = grid
-        cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = threads, 1, 1
-        cfg.sharedMemBytes = smem
-        cfg.hStream = as_stream(stream).handle
-        attr = cu.CUlaunchAttribute()
-        attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-        attr.value.programmaticStreamSerializationAllowed = 1
-        cfg.attrs, cfg.numAttrs = [attr], 1
-        addr, keep = pack_params(params)
-        self.device.set_current()
-        check(cu.cuLaunchKernelEx(cfg, fn.handle, addr, 0), f"cuLaunchKernelEx({fn.name})")
-        del keep  # the driver copied the arguments at launch
+            out.append(KernelCall(self.merge, (self.merge_ctas, 1, 1), (MERGE_THREADS, 1, 1), 0, params, pdl))
+        return out
 
 
 @functools.lru_cache(maxsize=None)

@@ -22,8 +22,11 @@ from rtattn.kernels import decode_kernels
 from rtattn.plan import devices as plan_devices
 from rtattn.plan.inspector import Planner, PlanInfo, check_window
 from rtattn.plan.layout import check_config, check_int
-from rtattn.runtime import DeviceBuffer, Event, PinnedBuffer, as_stream, current_device, memcpy_htod_async, memset_d32
-from rtattn.tensors import cuda_tensor, expect_inner_contiguous, expect_shape, expect_vector_aligned, same_device
+from rtattn.codegen.cstruct import FieldWriter
+from rtattn.runtime import DeviceBuffer, Event, PinnedBuffer, current_device, memcpy_htod_async, memset_d32
+from rtattn.runtime.launch import Launch, Params, stream_handle
+from rtattn.tensors import (TensorImports, cuda_tensor, expect_inner_contiguous, expect_shape, expect_vector_aligned,
+                            same_device)
 
 KV_LAYOUTS = ("NHD", "HND")
 
@@ -45,7 +48,7 @@ class BatchDecodeWrapper:
     def __init__(self, num_qo_heads: int, num_kv_heads: int, head_dim: int, page_size: int, *,
                  max_batch: int, max_pages: int, max_qo_tokens: int | None = None,
                  variant="plain", dtype: str = "bfloat16", kv_layout: str = "NHD",
-                 mode: str = "auto", chunk_tokens: int = 2048, pdl: bool = True, num_ctas: int | None = None,
+                 mode: str = "auto", chunk_tokens: int | None = None, pdl: bool = True, num_ctas: int | None = None,
                  fused_merge: bool = False, device=None, workspace=None,
                  num_pages_pool: int | None = None):
         """`num_pages_pool`: pages in the KV cache pool, if known up front; plan() refuses page
@@ -72,11 +75,15 @@ class BatchDecodeWrapper:
         # Default: one resident wave. More oversubscribes the GPU (the hardware then hands queues
         # to whichever SM frees first); fewer leaves SMs to other streams.
         self.num_ctas = int(num_ctas) if num_ctas is not None else self.kernels.num_ctas(num_kv_heads)
+        # Batch-invariant partial storage scales with the longest query (splits are fixed, not
+        # bounded by the grid): a decode wrapper (no max_qo_tokens) sizes it for one token per request.
+        one_token = mode == "batch-invariant" and max_qo_tokens is None
         max_qo_tokens = max_batch if max_qo_tokens is None else max_qo_tokens
         self.planner = Planner(max_batch, max_qo_tokens, max_pages, num_qo_heads, num_kv_heads, head_dim, page_size,
                                device=plan_devices.from_props(self.device.props), mode=mode,
                                num_ctas=self.num_ctas, max_rows=self.spec.rows, chunk_tokens=chunk_tokens,
-                               causal=self.spec.causal, num_pages_pool=num_pages_pool)
+                               causal=self.spec.causal, num_pages_pool=num_pages_pool,
+                               max_qo_len=1 if one_token else None)
         self._pool_given = num_pages_pool is not None   # else learnt from the caches (_check_pool)
         self.layout = self.planner.layout
         # Two pinned plan buffers, used in turn: plan() for step N+1 fills one while step N's
@@ -92,6 +99,13 @@ class BatchDecodeWrapper:
         self._counters = self.workspace_ptr + self.layout.merge_counters_offset(num_qo_heads, head_dim)
         memset_d32(self._counters, 0, self.layout.merge_counters_bytes(num_qo_heads) // 4)
         self._fixed = self._fixed_params()
+        self._template, self._write = self._argument_template()
+        self._eager, self._eager_key = None, None
+        self._imports = TensorImports(self.device.ordinal)
+        sc = 1.0 / math.sqrt(head_dim)
+        self._default_scale = (sc, sc * 1.4426950408889634)
+        self._per_page = (page_size, num_kv_heads, head_dim) if kv_layout == "NHD" else (num_kv_heads, page_size, head_dim)
+        self._param_names = frozenset(p.name for p in self.spec.params)
         self._may_split = self.planner.bounds.max_merge_rows > 0   # naive plans never need the merge kernel
         self.info: PlanInfo | None = None
         self._nnz = 0   # pages the latest plan reads (kv_indptr[-1])
@@ -153,65 +167,115 @@ class BatchDecodeWrapper:
         or [pages, H_kv, page_size, D] (HND); or one `kv_cache` [pages, 2, ...] as `k_cache`.
         `out` (optional) [tokens, H_qo, D]; `lse`: None, True (allocate) or a float32 [tokens, H_qo]
         tensor. Returns out, or (out, lse) when lse was asked for."""
-        launch = self.prepare(q, k_cache, v_cache, out=out, lse=lse, stream=stream, sm_scale=sm_scale,
-                              params=params)
+        launch = self._bind(self._reusable(), q, k_cache, v_cache, out, lse, stream, sm_scale, params)
         launch()
         return (launch.out, launch.lse) if launch.lse is not None else launch.out
 
     def prepare(self, q, k_cache, v_cache=None, *, out=None, lse=None, stream=None, sm_scale=None,
                 params: dict | None = None) -> "DecodeLaunch":
-        """Validate everything and pack the kernel arguments; the returned callable launches.
-        Graph capture calls it once and replays; every pointer is fixed inside it."""
-        if self.info is None:
-            raise RuntimeError("run() before plan(): call plan() for this step first")
-        stream = as_stream(stream)
-        H, Hk, D, dt = self.num_qo_heads, self.num_kv_heads, self.head_dim, self.dtype
-        n_tok = self.info.num_qo_tokens
-        qv = cuda_tensor("q", q, stream, dtype=dt, ndim=3)
-        expect_shape("q", qv, (n_tok, H, D))
-        expect_inner_contiguous("q", qv)
-        expect_vector_aligned("q", qv)
-        kv = self._caches(k_cache, v_cache, stream)
-        if out is None:
-            out = DeviceBuffer(max(n_tok, 1) * H * D * 2, self.device).as_tensor(dt, (n_tok, H, D), stream=stream)
-        ov = cuda_tensor("out", out, stream, dtype=dt, ndim=3)
-        expect_shape("out", ov, (n_tok, H, D))
-        expect_inner_contiguous("out", ov)
-        lv = None
-        if lse is True:
-            lse = DeviceBuffer(max(n_tok, 1) * H * 4, self.device).as_tensor("float32", (n_tok, H), stream=stream)
-        if lse is not None:
-            lv = cuda_tensor("lse", lse, stream, dtype="float32", ndim=2)
-            expect_shape("lse", lv, (n_tok, H))
-            if lv.strides != (H, 1):
-                raise ValueError(f"lse must be contiguous [tokens, heads], got strides {lv.strides}")
-        same_device({"q": qv, "k_cache": kv[0], "v_cache": kv[1], "out": ov, "lse": lv}, self.device.ordinal)
-        scale = 1.0 / math.sqrt(D) if sm_scale is None else float(sm_scale)
-        packed = self._pack(qv, kv, ov, lv, scale, self._extra(params or {}, stream))
-        return DecodeLaunch(self, packed, stream, out, lse if lv is not None else None,
-                            keep=(qv, kv, ov, lv, params), window_left=self.window_left)
+        """Validate everything and pack the kernel arguments into a launch of its own; calling it
+        enqueues the kernels. Graph capture calls it once and replays; every pointer is fixed in it."""
+        return self._bind(self._new_launch(), q, k_cache, v_cache, out, lse, stream, sm_scale, params)
 
-    def _caches(self, k_cache, v_cache, stream):
-        D, Hk, ps = self.head_dim, self.num_kv_heads, self.page_size
-        per_page = (ps, Hk, D) if self.kv_layout == "NHD" else (Hk, ps, D)
-        if v_cache is None:  # one tensor [pages, 2, ...]: K at index 0, V at 1
-            kvt = cuda_tensor("kv_cache", k_cache, stream, dtype=self.dtype, ndim=5)
-            expect_shape("kv_cache", kvt, (None, 2) + per_page)
-            k = _select(kvt, 1, 0)
-            v = _select(kvt, 1, 1)
-            names = ("kv_cache[:, 0]", "kv_cache[:, 1]")
+    def _new_launch(self) -> "DecodeLaunch":
+        args = Params(self._template)
+        calls = self.kernels.calls(args, self.num_ctas, self.num_kv_heads,
+                                   merge=self._may_split and not self.fused_merge, pdl=self.pdl)
+        return DecodeLaunch(self, calls, args)
+
+    def _reusable(self) -> "DecodeLaunch":
+        """The launch run() (and DecodeGraphs.step()) rebind on every call: its argument buffer is
+        rewritten each time, which is safe because the driver copies arguments at enqueue."""
+        key = (self._may_split and not self.fused_merge, self.pdl)
+        if self._eager is None or self._eager_key != key:
+            self._eager, self._eager_key = self._new_launch(), key
+        return self._eager
+
+    def _bind(self, launch: "DecodeLaunch", q, k_cache, v_cache, out, lse, stream, sm_scale, params):
+        """Validate the tensors against the plan and write their pointers into `launch`'s arguments.
+        Per tensor object, the DLPack import and the checks that depend on it alone run once
+        (TensorImports); what depends on the plan (token count, pages read) is checked every call."""
+        info = self.info
+        if info is None:
+            raise RuntimeError("run() before plan(): call plan() for this step first")
+        n_tok = info.num_qo_tokens
+        h = stream_handle(stream)
+        imp = self._imports
+        qa = imp.get("q", q, h, self._derive_rows)
+        if qa[0] != n_tok:
+            _tokens_mismatch(qa, n_tok)
+        if v_cache is None:
+            ka, va = imp.get("kv_cache", k_cache, h, self._derive_kv_pair)
         else:
-            k = cuda_tensor("k_cache", k_cache, stream, dtype=self.dtype, ndim=4)
-            v = cuda_tensor("v_cache", v_cache, stream, dtype=self.dtype, ndim=4)
-            names = ("k_cache", "v_cache")
-        for name, t in zip(names, (k, v)):
-            expect_shape(name, t, (None,) + per_page)
-            expect_inner_contiguous(name, t)
-            expect_vector_aligned(name, t)
-            self._check_pool(name, t.shape[0])
+            ka = imp.get("k_cache", k_cache, h, self._derive_cache)
+            va = imp.get("v_cache", v_cache, h, self._derive_cache)
         pool = self.planner.num_pages_pool
-        self.planner.num_pages_pool = min(k.shape[0], v.shape[0], *(() if pool is None else (pool,)))
-        return k, v
+        if pool is None or ka[0] < pool or va[0] < pool:   # a smaller cache than seen: check it, learn it
+            for a in (ka, va):
+                self._check_pool(a[1], a[0])
+            self.planner.num_pages_pool = min(ka[0], va[0], *(() if pool is None else (pool,)))
+        if out is None:
+            out = DeviceBuffer(max(n_tok, 1) * self.num_qo_heads * self.head_dim * 2, self.device).as_tensor(
+                self.dtype, (n_tok, self.num_qo_heads, self.head_dim), stream=stream)
+        oa = imp.get("out", out, h, self._derive_rows)
+        if oa[0] != n_tok:
+            _tokens_mismatch(oa, n_tok)
+        lse_ptr = 0
+        if lse is True:
+            lse = DeviceBuffer(max(n_tok, 1) * self.num_qo_heads * 4, self.device).as_tensor(
+                "float32", (n_tok, self.num_qo_heads), stream=stream)
+        if lse is not None:
+            la = imp.get("lse", lse, h, self._derive_lse)
+            if la[0] != n_tok:
+                _tokens_mismatch(la, n_tok)
+            lse_ptr = la[3]
+        if sm_scale is None:
+            scale = self._default_scale
+        else:
+            sc = float(sm_scale)
+            scale = (sc, sc * 1.4426950408889634)
+        extra = self._extra(params, h) if (params or self.spec.params) else ()
+        imp.order(h)
+        self._write(launch.args.buffer, qa[3:] + ka[3:] + va[3:] + oa[3:] + (lse_ptr,) + scale + extra)
+        launch.stream, launch.out, launch.lse, launch.window_left = stream, out, lse, self.window_left
+        launch.keep = (q, k_cache, v_cache, out, lse, params)
+        return launch
+
+    # What run() packs from a tensor, derived once per tensor object (TensorImports): plain numbers,
+    # led by (rows or pages, name, shape) for the per-call checks against the plan.
+    def _derive_rows(self, name, t):
+        """q / out [tokens, H_qo, D]: (..., ptr, token stride, head stride)."""
+        H, D = self.num_qo_heads, self.head_dim
+        t = _checked(name, t, self.dtype, 3, self.device.ordinal)
+        expect_shape(name, t, (None, H, D))
+        expect_inner_contiguous(name, t)
+        if name == "q":
+            expect_vector_aligned(name, t)
+        return (t.shape[0], name, t.shape, t.ptr, t.strides[0], t.strides[1])
+
+    def _derive_lse(self, name, t):
+        t = _checked(name, t, "float32", 2, self.device.ordinal)
+        expect_shape(name, t, (None, self.num_qo_heads))
+        if t.strides != (self.num_qo_heads, 1):
+            raise ValueError(f"lse must be contiguous [tokens, heads], got strides {t.strides}")
+        return (t.shape[0], name, t.shape, t.ptr)
+
+    def _derive_cache(self, name, t):
+        """One K or V cache: (..., ptr, page stride, token stride, head stride)."""
+        t = _checked(name, t, self.dtype, 4, self.device.ordinal)
+        return self._cache_fields(name, t)
+
+    def _derive_kv_pair(self, name, t):
+        """One [pages, 2, ...] cache: K at index 0, V at 1 of dimension 1."""
+        t = _checked("kv_cache", t, self.dtype, 5, self.device.ordinal)
+        expect_shape("kv_cache", t, (None, 2) + self._per_page)
+        return tuple(self._cache_fields(f"kv_cache[:, {i}]", _select(t, 1, i)) for i in (0, 1))
+
+    def _cache_fields(self, name, t):
+        expect_shape(name, t, (None,) + self._per_page)
+        expect_inner_contiguous(name, t)
+        expect_vector_aligned(name, t)
+        return (t.shape[0], name, t.shape, t.ptr) + _paged_strides(t, self.kv_layout)
 
     def _check_pool(self, name: str, pages: int) -> None:
         """A cache of `pages` pages bounds the pool plan() accepts from now on (every launch
@@ -227,39 +291,42 @@ class BatchDecodeWrapper:
         if pages <= top:
             raise ValueError(f"{name} holds {pages} pages but the plan reads page {top}")
 
-    def _extra(self, params: dict, stream) -> dict:
-        """Variant parameters: scalars as numbers, tensor parameters as CUDA DLPack tensors.
+    def _extra(self, params: dict | None, stream_handle: int) -> tuple:
+        """Variant parameters in member order: scalars as numbers, tensors as CUDA pointers.
         The window comes from the plan (params may repeat it, not change it)."""
+        params = params or {}
         if self.spec.window:
             given = params.get("window_left", self.window_left)
             if isinstance(given, bool) or not isinstance(given, (int, np.integer)) or given != self.window_left:
                 raise ValueError(f"params['window_left']={given!r} disagrees with the planned "
                                  f"window_left={self.window_left} (plan(..., window_left=N) sets it)")
             params = {**params, "window_left": self.window_left}
-        names = {p.name for p in self.spec.params}
-        unknown = set(params) - names
-        missing = names - set(params)
-        if unknown or missing:
+        names = self._param_names
+        if len(params) != len(names) or any(n not in params for n in names):
+            unknown = sorted(set(params) - set(names))
+            missing = sorted(set(names) - set(params))
             raise ValueError(f"variant {self.spec.variant!r} takes parameters {sorted(names)}; "
-                             f"missing {sorted(missing)}, unknown {sorted(unknown)}")
-        values, keep = {}, []
+                             f"missing {missing}, unknown {unknown}")
+        out = []
         for p in self.spec.params:
             v = params[p.name]
             if p.is_pointer:
-                if p.name == "sinks" and self.spec.sinks:   # built-in sinks: float32 [H_qo]
-                    t = cuda_tensor("params['sinks']", v, stream, dtype="float32", ndim=1)
-                    expect_shape("params['sinks']", t, (self.num_qo_heads,))
-                    if t.strides != (1,):
-                        raise ValueError(f"params['sinks'] must be contiguous, got strides {t.strides}")
-                else:
-                    t = cuda_tensor(f"params[{p.name!r}]", v, stream)
-                keep.append(t)
-                values[p.name] = t.ptr
+                derive = self._derive_sinks if p.name == "sinks" and self.spec.sinks else _pointer_of
+                out.append(self._imports.get(f"params[{p.name!r}]", v, stream_handle, derive))
             else:
-                values[p.name] = float(v) if p.c_type == "float" else int(v)
-                if p.name == "soft_cap" and not 0 < values[p.name] < math.inf:
+                x = float(v) if p.c_type == "float" else int(v)
+                if p.name == "soft_cap" and not 0 < x < math.inf:
                     raise ValueError(f"params['soft_cap']={v!r}: the cap must be a positive finite number")
-        return values or {"unused_": 0}
+                out.append(x)
+        return tuple(out)
+
+    def _derive_sinks(self, name, t) -> int:
+        """Built-in sinks: float32 [H_qo], contiguous."""
+        t = _checked(name, t, "float32", 1, self.device.ordinal)
+        expect_shape(name, t, (self.num_qo_heads,))
+        if t.strides != (1,):
+            raise ValueError(f"{name} must be contiguous, got strides {t.strides}")
+        return t.ptr
 
     def _fixed_params(self) -> dict:
         """Kernel arguments that never change for this wrapper (workspace and plan pointers, head
@@ -274,26 +341,35 @@ class BatchDecodeWrapper:
             merge_row_capacity=max(1, self.layout.bounds.max_merge_rows),
             page_shift=self.page_size.bit_length() - 1)
 
-    def _pack(self, qv, kv, ov, lv, scale: float, extra: dict) -> bytes:
-        kt, vt = kv
-        page_k = _paged_strides(kt, self.kv_layout)
-        page_v = _paged_strides(vt, self.kv_layout)
-        return self.kernels.rendered.params.pack(
-            q=qv.ptr, q_stride_tok=qv.strides[0], q_stride_head=qv.strides[1],
-            k_cache=kt.ptr, k_stride_page=page_k[0], k_stride_tok=page_k[1], k_stride_head=page_k[2],
-            v_cache=vt.ptr, v_stride_page=page_v[0], v_stride_tok=page_v[1], v_stride_head=page_v[2],
-            o=ov.ptr, o_stride_tok=ov.strides[0], o_stride_head=ov.strides[1],
-            lse=lv.ptr if lv is not None else 0,
-            sm_scale=scale, sm_scale_log2=scale * 1.4426950408889634, extra=extra, **self._fixed)
+    def _argument_template(self):
+        """The packed argument struct with every fixed member set and the per-call ones zero, and
+        the writer of the per-call members (tensor pointers and strides, scales, variant params)."""
+        ps = self.kernels.rendered.params
+        per_call = ("q", "q_stride_tok", "q_stride_head",
+                    "k_cache", "k_stride_page", "k_stride_tok", "k_stride_head",
+                    "v_cache", "v_stride_page", "v_stride_tok", "v_stride_head",
+                    "o", "o_stride_tok", "o_stride_head", "lse", "sm_scale", "sm_scale_log2")
+        zeros = {n: 0 for n in per_call}
+        extra = {p.name: 0 for p in self.spec.params} or {"unused_": 0}
+        template = ps.pack(**zeros, extra=extra, **self._fixed)
+        writer = FieldWriter(ps, per_call + tuple(f"extra.{p.name}" for p in self.spec.params))
+        return template, writer
 
 
-class DecodeLaunch:
-    """A fully validated launch: calling it enqueues the decode and merge kernels."""
+class DecodeLaunch(Launch):
+    """A validated launch of the decode (and merge) kernels: calling it enqueues them.
+    `args` is its argument buffer; `out`/`lse` what run() returns."""
 
-    def __init__(self, wrapper: BatchDecodeWrapper, params: bytes, stream, out, lse, keep, window_left=None):
-        self.wrapper, self.params, self.stream = wrapper, params, stream
-        self.out, self.lse, self._keep = out, lse, keep
-        self.window_left = window_left   # packed into params: a replan must keep it
+    def __init__(self, wrapper: BatchDecodeWrapper, calls, args: Params):
+        super().__init__(calls, device=wrapper.device)
+        self.wrapper, self.args = wrapper, args
+        self.out = self.lse = self.keep = None
+        self.window_left = None   # packed into the arguments: a replan must keep it
+
+    @property
+    def params(self) -> bytes:
+        """The argument struct's bytes."""
+        return bytes(self.args)
 
     def check_plan(self) -> None:
         """The current plan must be one this launch's packed arguments fit (its window)."""
@@ -302,10 +378,28 @@ class DecodeLaunch:
                              f"current plan has {self.wrapper.window_left}; prepare() again")
 
     def __call__(self, stream=None) -> None:
-        w = self.wrapper
-        self.check_plan()
-        w.kernels.launch(self.params, w.num_ctas, w.num_kv_heads, stream or self.stream,
-                         merge=w._may_split and not w.fused_merge, pdl=w.pdl)
+        if self.window_left != self.wrapper.window_left:
+            self.check_plan()
+        super().__call__(stream)
+
+
+def _checked(name: str, t, dtype: str, ndim: int, device_id: int):
+    if t.dtype != dtype:
+        raise TypeError(f"{name} has dtype {t.dtype}, expected {dtype}")
+    if t.ndim != ndim:
+        raise ValueError(f"{name} has shape {t.shape}, expected {ndim} dimensions")
+    same_device({name: t}, device_id)
+    return t
+
+
+def _tokens_mismatch(derived, n_tok: int):
+    _, name, shape = derived[:3]
+    want = [n_tok] + list(shape[1:])
+    raise ValueError(f"{name} has shape {list(shape)}, expected {want} (the plan has {n_tok} query tokens)")
+
+
+def _pointer_of(name, t) -> int:
+    return t.ptr
 
 
 def _host(a) -> np.ndarray:

@@ -9,33 +9,50 @@ import numpy as np
 from rtattn import wrapper as W
 from rtattn.codegen.render import render
 from rtattn.runtime import export
+from rtattn.runtime import launch as launch_mod
+from rtattn.runtime.launch import KernelCall
 
 
 def fake_device(name="fake H200"):
     props = SimpleNamespace(name=name, sm_count=132, smem_per_sm=233472, smem_per_block_optin=232448,
                             regs_per_sm=65536, l2_bytes=60 << 20, cc=(9, 0), max_threads_per_sm=2048,
                             smem_per_block=49152, regs_per_block=65536)
-    return SimpleNamespace(ordinal=0, props=props, arch="sm_90", name=name)
+    return SimpleNamespace(ordinal=0, props=props, arch="sm_90", name=name, set_current=lambda: None)
 
 
 class FakeKernels:
     """Records each launch's argument struct (`launches`), grid (`grids`) and whether the merge
-    kernel follows (`merges`)."""
+    kernel follows (`merges`); `enqueued` lists every kernel call as (call, argument bytes)."""
+    _next_handle = 0xD000
 
     def __init__(self, spec):
         self.rendered = render(spec)
         self.ctas_per_sm = 2
-        self.decode = SimpleNamespace(handle=0xD0)
-        self.functions = (self.decode,)
-        self.launches, self.grids, self.merges = [], [], []
+        FakeKernels._next_handle += 0x10   # distinct functions per spec, as loaded modules have
+        self.decode = SimpleNamespace(handle=FakeKernels._next_handle, name="decode", owner=self)
+        self.merge = SimpleNamespace(handle=FakeKernels._next_handle + 1, name="merge", owner=self)
+        self.launches, self.grids, self.merges, self.enqueued = [], [], [], []
 
     def num_ctas(self, num_kv_heads):
         return max(1, 132 * 2 // num_kv_heads)
 
-    def launch(self, params, num_ctas, grid_y, stream=None, merge=True, pdl=True):
-        self.launches.append(params)
-        self.grids.append((num_ctas, grid_y))
-        self.merges.append(merge)
+    def calls(self, params, num_ctas, grid_y, merge=True, pdl=True):
+        r = self.rendered
+        out = [KernelCall(self.decode, (num_ctas, grid_y, 1), (r.threads, 1, 1), r.smem_bytes, params, pdl)]
+        if merge:
+            out.append(KernelCall(self.merge, (264, 1, 1), (256, 1, 1), 0, params, pdl))
+        return out
+
+    def record(self, calls, stream):
+        self.launches.append(bytes(calls[0].params))
+        self.grids.append(calls[0].grid[:2])
+        self.merges.append(len(calls) > 1)
+        self.enqueued += [(c, bytes(c.params)) for c in calls]
+
+
+def fake_enqueue(calls, stream, device=None):
+    """rtattn.runtime.launch.enqueue on the fake GPU: the calls' kernels record them."""
+    calls[0].function.owner.record(calls, stream)
 
 
 class FakeBuffer:
@@ -64,4 +81,5 @@ def install(monkeypatch, kernels, *, device=None, buffer=FakeBuffer, memcpy=lamb
                                                                           synchronize=lambda: None))
     monkeypatch.setattr(W, "memcpy_htod_async", memcpy)
     monkeypatch.setattr(W, "memset_d32", lambda ptr, value, count: None)
+    monkeypatch.setattr(launch_mod, "enqueue", fake_enqueue)
     return dev

@@ -358,3 +358,45 @@ def test_batch_invariant_mode_is_independent_of_batch():
     alone.kv_indices = case.kv_indices[:n0]
     o_alone, _, _ = _run(alone, mode="batch-invariant", chunk_tokens=1024)
     assert np.array_equal(o_full[0], o_alone[0])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("hkv", [8, 4])
+def test_batch_invariant_default_chunk_bitwise_across_companions(hkv):
+    """Default (grid-derived) chunk: request 0 (split into several chunks) gives bitwise the same
+    O and LSE alone, among short requests, among long ones, eagerly and from a captured graph,
+    and matches the float64 reference."""
+    import torch
+    from decode_cases import lse_error, make_case, rel_error
+    from rtattn.graphs import StepGraph
+    from rtattn.runtime import Stream
+    from rtattn.wrapper import BatchDecodeWrapper
+    lens = [9000, 10, 300, 77, 20000, 5000, 1500, 4096]
+    case = make_case(lens, 32, hkv, 128, 16, seed=29 + hkv)
+    pages = [case.kv_indices[case.kv_indptr[b]:case.kv_indptr[b + 1]] for b in range(len(lens))]
+    w = BatchDecodeWrapper(32, hkv, 128, 16, max_batch=len(lens), max_pages=int(case.kv_indptr[-1]),
+                           mode="batch-invariant")
+    assert w.planner.bounds.chunk_tokens < 9000            # request 0 is split
+    s = Stream()
+    got = []
+    for subset in ([0], [0, 1, 2, 3], [0, 4, 5, 6, 7], list(range(8))):
+        sel = torch.tensor(subset, device="cuda")
+        kv_indptr = np.concatenate([[0], np.cumsum([len(pages[b]) for b in subset])]).astype(np.int32)
+        w.plan(kv_indptr, np.concatenate([pages[b] for b in subset]), case.kv_last_page_len[subset], stream=s)
+        q = case.q[sel].contiguous()
+        o = torch.full_like(q, float("nan"))
+        lse = torch.full((len(subset), 32), float("nan"), device="cuda")
+        w.run(q, case.k_cache, case.v_cache, out=o, lse=lse, stream=s)
+        s.synchronize()
+        got.append((o[0].view(torch.int16).cpu().numpy(), lse[0].cpu().numpy().view(np.int32)))
+        if len(subset) == 8:   # the same from a graph
+            o2, lse2 = torch.full_like(q, float("nan")), torch.full_like(lse, float("nan"))
+            with StepGraph([w.prepare(q, case.k_cache, case.v_cache, out=o2, lse=lse2, stream=s)], s) as sg:
+                sg.replay()
+                s.synchronize()
+            assert torch.equal(o2.view(torch.int16), o.view(torch.int16)) and torch.equal(lse2, lse)
+            want_o, want_lse = case.reference()
+            assert rel_error(o.float().cpu().numpy(), want_o) < TOL["bfloat16"]
+            assert lse_error(lse.cpu().numpy(), want_lse) < 2e-2
+    for o0, l0 in got[1:]:
+        assert np.array_equal(o0, got[0][0]) and np.array_equal(l0, got[0][1])

@@ -8,6 +8,8 @@ with outputs poisoned before every replay.
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 from types import SimpleNamespace
 
 import numpy as np
@@ -49,8 +51,8 @@ def test_bf16_round_trip_rounds_to_nearest_even():
 
 # ---- fakes: a wrapper whose device/kernels are fake, and a fake graph API
 class FakeGraph:
-    def __init__(self, params: list):
-        self.params = list(params)   # one argument struct per captured kernel
+    def __init__(self, calls: list):
+        self.calls = list(calls)     # (KernelCall, argument bytes) per captured kernel
         self.destroyed = False
 
     def instantiate(self):
@@ -64,19 +66,22 @@ class FakeExec:
     refuse_update = False
 
     def __init__(self, graph):
-        self.graph, self.params = graph, list(graph.params)
+        self.graph, self.nodes = graph, [c for c, _ in graph.calls]
+        self.params = [p for _, p in graph.calls]
         self.launched, self.destroyed = 0, False
 
     def kernel_nodes(self):
-        return [G.KernelNode(i, f, (1, 1, 1), (128, 1, 1), 0) for i, f in enumerate([0xD0, 0xE0][:len(self.params)])]
+        return [G.KernelNode(i, c.func, c.grid, c.block, c.smem) for i, c in enumerate(self.nodes)]
 
-    def set_kernel_params(self, i, params):
-        self.params[i] = bytes(params)
+    matches = G.GraphExec.matches
+
+    def set_call_params(self, i, call):
+        self.params[i] = bytes(call.params)
 
     def update(self, graph):
-        if FakeExec.refuse_update or len(graph.params) != len(self.params):
+        if FakeExec.refuse_update or len(graph.calls) != len(self.params):
             return G.UpdateResult(False, "CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED")
-        self.params = list(graph.params)
+        self.params = [p for _, p in graph.calls]
         return G.UpdateResult(True)
 
     def launch(self, stream):
@@ -94,9 +99,9 @@ def fakes(monkeypatch):
 
     def capture(fn, stream):
         G.capturable_stream(stream)
-        before = [len(w.kernels.launches) for w in made]
+        before = [len(w.kernels.enqueued) for w in made]
         fn()
-        new = [p for w, n in zip(made, before) for p in w.kernels.launches[n:]]
+        new = [c for w, n in zip(made, before) for c in w.kernels.enqueued[n:]]
         captured.append(new)
         return FakeGraph(new)
 
@@ -139,7 +144,7 @@ def test_same_pointers_replay_one_graph_across_replans(fakes):
         assert out.shape == (len(lens), 32, 128)
     assert g.stats == dict(captures=1, instantiations=1, updates=0, param_updates=0, reinstantiations=0,
                            replays=4)
-    assert len(fakes.captured) == 1 and len(fakes.captured[0]) == 1  # one launch() call captured
+    assert len(fakes.captured) == 1 and len(fakes.captured[0]) == 2  # one launch: decode and merge kernels
 
 
 def test_a_captured_step_graph_never_replays_an_out_of_pool_plan(fakes):
@@ -207,7 +212,7 @@ def test_one_exec_per_layer_means_no_updates(fakes):
 
 def test_configurations_get_separate_graphs(fakes):
     a, b = _wrapper(fakes), _wrapper(fakes, variant="causal")
-    assert DG.config_key(a) != DG.config_key(b)
+    assert DG.config_key(a._reusable()) != DG.config_key(b._reusable())
     g = DG.DecodeGraphs(a)
     for w in (a, b):
         w.plan(*paged_kv([100, 20, 300], 16))
@@ -524,11 +529,11 @@ class SimKernels(FakeKernels):
     for the batch of the wrapper's latest plan; records instead while a fake capture runs."""
     recording = None
 
-    def launch(self, params, num_ctas, grid_y, stream=None, merge=True, pdl=True):
+    def record(self, calls, stream):
         if SimKernels.recording is not None:
-            SimKernels.recording += [(self, bytes(params), True)]
+            SimKernels.recording += [(self, c, bytes(c.params)) for c in calls]
         else:
-            self.execute(params)
+            self.execute(bytes(calls[0].params))
 
     def execute(self, params):
         from rtattn.plan.reference import reference_attention
@@ -547,15 +552,16 @@ class SimKernels(FakeKernels):
 
 class SimExec:
     def __init__(self, calls):
-        self.calls = list(calls)
+        self.calls = list(calls)   # (kernels, KernelCall, argument bytes)
 
     def kernel_nodes(self):
-        return [G.KernelNode(i, 0xD0 if dec else 0xE0, (1, 1, 1), (128, 1, 1), 0)
-                for i, (_, _, dec) in enumerate(self.calls)]
+        return [G.KernelNode(i, c.func, c.grid, c.block, c.smem) for i, (_, c, _) in enumerate(self.calls)]
 
-    def set_kernel_params(self, i, params):
-        k, _, dec = self.calls[i]
-        self.calls[i] = (k, bytes(params), dec)
+    matches = G.GraphExec.matches
+
+    def set_call_params(self, i, call):
+        k, c, _ = self.calls[i]
+        self.calls[i] = (k, c, bytes(call.params))
 
     def update(self, graph):
         if len(graph.calls) != len(self.calls):
@@ -564,8 +570,8 @@ class SimExec:
         return G.UpdateResult(True)
 
     def launch(self, stream):
-        for k, params, dec in self.calls:
-            if dec:
+        for k, c, params in self.calls:
+            if c.function is k.decode:
                 k.execute(params)
 
     def destroy(self, graph_too=False):
@@ -620,56 +626,7 @@ def ctypes_memmove(dst, src, n):
 
 # ---- graph.py against a stub libcuda.so.1: checks how cuda.bindings passes and returns
 # graph handles, node lists, kernel-node params and update results, without a GPU
-STUB_C = r'''
-#define _GNU_SOURCE
-#include <dlfcn.h>
-#include <stdio.h>
-#include <string.h>
-#include <stdint.h>
-typedef int R;
-typedef struct { void* func; unsigned gx, gy, gz, bx, by, bz, smem; void** params; void** extra; void* kern; void* ctx; } KP;
-typedef struct { int result; void* errorNode; void* errorFromNode; } UI;
-R cuInit(unsigned f) { return 0; }
-R cuDriverGetVersion(int* v) { *v = 13000; return 0; }
-R cuDeviceGetCount(int* n) { *n = 1; return 0; }
-R cuDeviceGet(int* d, int o) { *d = o; return 0; }
-R cuDeviceGetName(char* n, int len, int d) { strncpy(n, "stub", len); return 0; }
-R cuDeviceGetAttribute(int* v, int a, int d) { *v = a == 75 ? 9 : (a == 76 ? 0 : 1024); return 0; }
-R cuDevicePrimaryCtxRetain(void** c, int d) { *c = (void*)0xC0; return 0; }
-R cuCtxSetCurrent(void* c) { return 0; }
-R cuGetErrorString(R e, const char** s) { *s = "stub"; return 0; }
-R cuGetErrorName(R e, const char** s) { *s = "STUB"; return 0; }
-R cuStreamBeginCapture_v2(void* s, int mode) { printf("begin %p %d\n", s, mode); return 0; }
-R cuStreamBeginCapture(void* s, int mode) { return cuStreamBeginCapture_v2(s, mode); }
-R cuStreamEndCapture(void* s, void** g) { *g = (void*)0xABC0; printf("end %p\n", s); return 0; }
-R cuGraphGetNodes(void* g, void** nodes, size_t* n) {
-  if (!nodes) { *n = 2; return 0; }
-  for (size_t i = 0; i < *n; i++) nodes[i] = i < 2 ? (void*)(0x1000 * (i + 1)) : 0;
-  *n = 2; return 0; }
-R cuGraphNodeGetType(void* node, int* t) { *t = 0; return 0; }
-R cuGraphKernelNodeGetParams_v2(void* node, KP* p) {
-  memset(p, 0, sizeof *p); p->func = (void*)0x11000;   /* two nodes of one kernel (two layers) */
-  p->gx = 132; p->gy = 8; p->gz = 1; p->bx = 128; p->by = p->bz = 1; p->smem = 4096; return 0; }
-R cuGraphKernelNodeGetParams(void* node, KP* p) { return cuGraphKernelNodeGetParams_v2(node, p); }
-R cuGraphExecKernelNodeSetParams_v2(void* ex, void* node, const KP* p) {
-  printf("setparams %p func=%p grid=%u,%u,%u block=%u smem=%u arg=%.6s\n", node, p->func, p->gx, p->gy, p->gz,
-         p->bx, p->smem, (const char*)p->params[0]); return 0; }
-R cuGraphExecKernelNodeSetParams(void* ex, void* node, const KP* p) { return cuGraphExecKernelNodeSetParams_v2(ex, node, p); }
-R cuGraphInstantiateWithFlags(void** ex, void* g, unsigned long long f) { *ex = (void*)0xE0E0; printf("instantiate\n"); return 0; }
-R cuGraphExecUpdate_v2(void* ex, void* g, UI* info) {
-  printf("update %p\n", g);
-  if ((uintptr_t)g == 0xBAD0) { info->result = 2; return 910; }
-  info->result = 0; return 0; }
-R cuGraphExecUpdate(void* ex, void* g, UI* info) { return cuGraphExecUpdate_v2(ex, g, info); }
-R cuGraphLaunch(void* ex, void* s) { printf("launch %p\n", s); return 0; }
-R cuGraphDestroy(void* g) { return 0; }
-R cuGraphExecDestroy(void* e) { return 0; }
-R cuGetProcAddress_v2(const char* sym, void** pfn, int ver, unsigned long long flags, int* status) {
-  void* h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
-  *pfn = h ? dlsym(h, sym) : 0;
-  if (status) *status = *pfn ? 0 : 1;
-  return *pfn ? 0 : 500; }
-'''
+STUB_C = (Path(__file__).resolve().parent.parent / "tools" / "stub_libcuda.c").read_text()
 
 STUB_DRIVE = r'''
 from types import SimpleNamespace
@@ -688,20 +645,18 @@ ex.launch(s)
 assert ex.update(G.Graph(cu.CUgraph(0xABC0)))
 r = ex.update(G.Graph(cu.CUgraph(0xBAD0)))
 assert not r and r.reason, r
-rendered = SimpleNamespace(threads=128, smem_bytes=4096)
-kernels = SimpleNamespace(rendered=rendered, decode=SimpleNamespace(handle=cu.CUfunction(0x10000)),
-                          functions=[SimpleNamespace(handle=cu.CUfunction(h)) for h in (0x10000, 0x11000)])
-w = SimpleNamespace(kernels=kernels, planner=SimpleNamespace(bounds=SimpleNamespace(max_merge_rows=8)),
-                    spec=SimpleNamespace(uri="stub"), device=SimpleNamespace(ordinal=0), num_ctas=132, num_kv_heads=8)
-class Launch:
-    def __init__(self, params):
-        self.wrapper, self.params = w, params
-    def __call__(self, stream):
-        pass
+from rtattn.runtime.launch import KernelCall, Launch, Params
+fn = SimpleNamespace(handle=cu.CUfunction(0x11000), name="k")
+def layer(arg):   # two calls of one kernel sharing one argument buffer, as the stub's two nodes
+    p = Params(arg + bytes(8))
+    return Launch([KernelCall(fn, (132, 8), 128, 4096, p, pdl=True), KernelCall(fn, (132, 8), 128, 4096, p)])
 dg = DecodeGraphs()
-for p in (b"LAYER0" + bytes(8), b"LAYER1" + bytes(8), b"LAYER1" + bytes(8)):
-    dg.replay(Launch(p), s)
+for arg in (b"LAYER0", b"LAYER1", b"LAYER1"):
+    dg.replay(layer(arg), s)
 assert dg.stats["instantiations"] == 1 and dg.stats["param_updates"] == 1 and dg.stats["replays"] == 3, dg.stats
+from rtattn.runtime import libcuda
+libcuda.set_entry("bindings")
+layer(b"BINDNG")(s)
 print("STUB-DRIVE-OK")
 '''
 
@@ -724,6 +679,40 @@ def test_graph_api_against_a_stub_driver(tmp_path):
     assert "setparams 0x2000 func=0x11000 grid=132,8,1 block=128 smem=4096 arg=PARAMS" in out
     assert "setparams 0x1000 func=0x11000 grid=132,8,1 block=128 smem=4096 arg=LAYER1" in out \
         and "setparams 0x2000 func=0x11000 grid=132,8,1 block=128 smem=4096 arg=LAYER1" in out  # both nodes
+    # the ctypes launch structs as cuda.h lays them out: config, PDL attribute, argument pointer
+    pdl = cu_pdl_attribute()
+    assert f"launchex f=0x11000 grid=132,8,1 block=128,1,1 smem=4096 stream=0x5000 attrs=1 attr={pdl}:1 arg=LAYER0" in out
+    assert "launchex f=0x11000 grid=132,8,1 block=128,1,1 smem=4096 stream=0x5000 attrs=0 arg=LAYER0" in out
+    # the cuda.bindings entry makes the same calls
+    assert f"launchex f=0x11000 grid=132,8,1 block=128,1,1 smem=4096 stream=0x5000 attrs=1 attr={pdl}:1 arg=BINDNG" in out
+
+
+def cu_pdl_attribute() -> int:
+    from cuda.bindings import driver as cu
+    return int(cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION)
+
+
+def test_any_launch_pools_by_its_calls_shapes_mixed_families_included(fakes):
+    """DecodeGraphs.replay takes any Launch: calls of two kernels' families in one launch pool by
+    (kernel, grid, block, smem, pdl) per call, and update in place node by node."""
+    from rtattn.codegen.spec import standard
+    from rtattn.runtime.launch import Launch, Params
+    a, b = FakeKernels(standard()), FakeKernels(standard(causal=True))
+    fakes.made.append(SimpleNamespace(kernels=a))
+    fakes.made.append(SimpleNamespace(kernels=b))
+
+    def mixed(tag: bytes):
+        pa, pb = Params(tag + bytes(10)), Params(tag[::-1] + bytes(10))
+        return Launch(a.calls(pa, 33, 8, merge=False) + b.calls(pb, 16, 4, merge=True))
+    g = DG.DecodeGraphs(max_execs=1)
+    for tag in (b"L0", b"L1", b"L1", b"L2"):
+        g.replay(mixed(tag), 0x5000)
+    assert g.stats["instantiations"] == 1 and g.stats["param_updates"] == 2 and g.stats["replays"] == 4
+    (ex,) = next(iter(g._pools.values())).values()
+    assert [p[:2] for p in ex.params] == [b"L2", b"2L", b"2L"]      # node i took call i's arguments
+    other = Launch(a.calls(Params(bytes(12)), 34, 8, merge=False))   # another grid: its own pool
+    g.replay(other, 0x5000)
+    assert g.num_execs == 2 and DG.config_key(other) != DG.config_key(mixed(b"L0"))
 
 
 def test_step_graph_refuses_a_replan_with_another_window(fakes, monkeypatch):

@@ -6,7 +6,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rtattn.plan import fields as F
-from rtattn.plan.inspector import AUTO_IMBALANCE, COST_ALPHA, COST_BETA, COST_GAMMA, Planner
+from rtattn.plan.inspector import AUTO_IMBALANCE, COST_ALPHA, COST_BETA, COST_GAMMA, Planner, invariant_chunk
 from rtattn.plan.layout import indptr_from_lengths, paged_kv
 from rtattn.plan.verify import verify_plan
 
@@ -142,6 +142,81 @@ def test_batch_invariant_request_items_independent_of_batch(seed, batch, ps):
                 out.append((row, [kvs[int(x)] for x in ids]))
         return out
     assert merge_kv(info1) == merge_kv(info2)
+
+
+@pytest.mark.parametrize("hkv, chunk", [(32, 2048), (8, 512), (4, 256), (2, 128), (1, 128)])
+def test_batch_invariant_chunk_comes_from_the_grid_not_the_batch(hkv, chunk):
+    """H200, 32 query heads, d128: 264 resident CTAs over the KV heads; the chunk is the balanced
+    chunk of 16 x 1024 tokens on that grid (a power of two, at least 128), whatever the batch."""
+    p = Planner(256, 256, 65536, 32, hkv, 128, 16, mode="batch-invariant", max_qo_len=1)
+    assert p.num_ctas == 264 // hkv and p.bounds.chunk_tokens == chunk == invariant_chunk(p.num_ctas, 16)
+    for kv in ([5], [1024] * 16, [40000] + [7] * 200):
+        info = p.plan_lengths(np.ones(len(kv), int), kv)
+        assert info.chunk_tokens == chunk
+        n = info.num_items
+        starts = info.views["item_kv_start"][:n]
+        assert (starts % chunk == 0).all() and (info.views["item_kv_end"][:n] - starts <= chunk).all()
+    assert invariant_chunk(5, 16) == 4096 and invariant_chunk(264, 48) == 144   # page multiple
+
+
+def _heavy16(seed):
+    """16 heavy-tailed lengths with mean 1024 (lognormal, as the decode benchmark's rows)."""
+    x = np.random.default_rng(seed).lognormal(0.0, 1.2, 16)
+    return np.maximum(1, np.rint(x * (16 * 1024 / x.sum()))).astype(np.int64)
+
+
+@pytest.mark.parametrize("hkv", [8, 4])
+@pytest.mark.parametrize("seed", range(6))
+def test_batch_invariant_costs_small_skewed_batches_no_tail(hkv, seed):
+    """On 16-request batches (uniform, heavy-tailed) the invariant plan's slowest CTA is within
+    one chunk's fixed cost of balanced mode's: invariance costs them no tail."""
+    for kv in (np.full(16, 1024), _heavy16(seed)):
+        loads = {}
+        for mode in ("balanced", "batch-invariant"):
+            p = Planner(16, 16, 4096, 32, hkv, 128, 16, mode=mode, max_qo_len=1)
+            loads[mode] = p.plan_lengths(np.ones(16, int), kv).max_load
+        assert loads["batch-invariant"] <= loads["balanced"] + COST_ALPHA + COST_GAMMA, (kv, loads)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2**31 - 1), st.integers(1, 48), st.sampled_from([8, 4]), st.sampled_from([1, 16]))
+def test_batch_invariant_default_chunk_splits_a_request_the_same_with_any_companions(seed, batch, hkv, ps):
+    """Default chunk: a request's (kv_start, kv_end) items and its merge order are the same
+    alone, among short requests, and among long ones (the plan half of bitwise invariance)."""
+    rng = np.random.default_rng(seed)
+    mine = int(rng.integers(1, 30000))
+    p = Planner(64, 64, 64 * 40000 // ps, 32, hkv, 128, ps, mode="batch-invariant", max_qo_len=1)
+    seen = []
+    for others in ([], rng.integers(1, 300, batch), rng.integers(5000, 40000, batch)):
+        kv = np.concatenate([[mine], others]).astype(np.int64)
+        info = p.plan_lengths(np.ones(len(kv), int), kv)
+        v, n = info.views, info.num_items
+        sel = v["item_request"][:n] == 0
+        items = sorted(zip(v["item_kv_start"][:n][sel].tolist(), v["item_kv_end"][:n][sel].tolist()))
+        order = None
+        if len(items) > 1:   # request 0 is split: its merge entry lists partials in KV order
+            kv_of = {int(v["item_partial"][i]): int(v["item_kv_start"][i]) for i in range(n) if sel[i]}
+            flat = F.merge_partials(v, info.num_merge_rows)
+            r = int(np.nonzero(v["merge_qo_row"][:info.num_merge_rows] == 0)[0][0])
+            order = [kv_of[int(x)] for x in flat[v["merge_indptr"][r]:v["merge_indptr"][r + 1]]]
+            assert order == sorted(order)
+        seen.append((items, order))
+    assert seen[0] == seen[1] == seen[2]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 80), st.lists(st.integers(1, 60), min_size=1, max_size=400), st.integers(0, 400))
+def test_lpt_deals_like_the_textbook_heap(num_ctas, costs, equal_run):
+    """lpt_assign (leading equal costs dealt round robin, then the heap) == one heap over all items."""
+    import heapq
+    from rtattn.plan.inspector import lpt_assign
+    cs = np.sort(np.array([60] * equal_run + costs, dtype=np.int64))[::-1].copy()
+    heap, want = [(0, c) for c in range(num_ctas)], []
+    for x in cs.tolist():
+        load, c = heapq.heappop(heap)
+        want.append(c)
+        heapq.heappush(heap, (load + x, c))
+    assert lpt_assign(cs, num_ctas, np.arange(len(cs) + num_ctas, dtype=np.int64)).tolist() == want
 
 
 def test_balanced_beats_naive_on_skew():
@@ -385,3 +460,22 @@ def test_cli_window_json(capsys):
     r = json.loads(capsys.readouterr().out)
     assert r["window_left"] == 4096 and r["planned_kv_tokens"] == 4 * (32768 - (32767 - 4096) // 16 * 16)
     assert main(["--window", "-1", "--json"]) == 2
+@pytest.mark.parametrize("seed", range(4))
+def test_batch_invariant_rounds_stay_near_lpt_at_large_batches(seed):
+    """Past ROUNDS_MIN_ITEMS_PER_CTA items per CTA, batch-invariant deals chunks in vectorized
+    rounds: a valid plan whose slowest CTA is within 2% of LPT's (and of the mean + one chunk)."""
+    from rtattn.plan import inspector as I
+    rng = np.random.default_rng(seed)
+    kv = rng.integers(700, 5000, 256)
+    p = Planner(256, 256, 256 * 320, 32, 8, 128, 16, mode="batch-invariant", max_qo_len=1)
+    info = p.plan_lengths(np.ones(256, int), kv)
+    assert info.num_items > I.ROUNDS_MIN_ITEMS_PER_CTA * p.num_ctas
+    verify_plan(info.views, np.ones(256, int), kv, tile_q=p.tile_q, page_size=16)
+    chunk_cost = info.chunk_tokens + COST_ALPHA + COST_GAMMA
+    assert info.max_load <= info.cta_loads.mean() + chunk_cost
+    cs = np.sort(np.concatenate([np.full(int(x // info.chunk_tokens), chunk_cost) for x in kv] +
+                                [np.array([x % info.chunk_tokens + COST_ALPHA + COST_GAMMA for x in kv
+                                           if x % info.chunk_tokens])]))[::-1].astype(np.int64).copy()
+    ar = np.arange(len(cs) + 64, dtype=np.int64)
+    lpt = np.bincount(I.lpt_assign(cs, p.num_ctas, ar), weights=cs, minlength=p.num_ctas).max()
+    assert cs.sum() == info.cta_loads.sum() and info.max_load <= 1.02 * lpt

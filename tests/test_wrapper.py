@@ -26,7 +26,6 @@ def fake_gpu(monkeypatch):
 
     copies = []
     fakes.install(monkeypatch, kernels, memcpy=lambda dst, src, n, stream=None: copies.append((dst, src, n)))
-    monkeypatch.setattr(W, "as_stream", lambda s=None: SimpleNamespace(handle=0))
     return SimpleNamespace(kernels=made, copies=copies)
 
 
@@ -123,27 +122,25 @@ def test_plan_bounds_are_enforced(fake_gpu):
         w.plan(*paged_kv([10, 10, 10], 16))
 
 
-def test_decode_kernels_launch_sequence_without_a_gpu():
-    """DecodeKernels.launch: decode grid (ctas, kv heads), then the merge kernel when asked."""
+def test_decode_kernels_calls_without_a_gpu():
+    """DecodeKernels.calls: decode grid (ctas, kv heads), then the merge kernel when asked, both
+    reading one argument buffer; PDL only where the device has it."""
     from rtattn.codegen.spec import standard
     from rtattn.kernels import DecodeKernels
-    calls = []
-
-    class Fn:
-        def __init__(self, name):
-            self.name = name
-
-        def launch(self, grid, block, params, smem, stream):
-            calls.append((self.name, grid, block, smem))
+    from rtattn.runtime.launch import Params
 
     k = object.__new__(DecodeKernels)
     k.rendered = render(standard())
-    k.decode, k.merge, k.merge_ctas, k.pdl_capable = Fn("decode"), Fn("merge"), 264, False
-    k.launch(b"P", 33, 8, None, merge=True)
-    k.launch(b"P", 33, 8, None, merge=False)
+    k.decode, k.merge = SimpleNamespace(handle=0xD0, name="decode"), SimpleNamespace(handle=0xE0, name="merge")
+    k.merge_ctas, k.pdl_capable = 264, False
+    p = Params(64)
     r = k.rendered
-    assert calls == [("decode", (33, 8, 1), (r.threads, 1, 1), r.smem_bytes), ("merge", (264, 1, 1), (256, 1, 1), 0),
-                     ("decode", (33, 8, 1), (r.threads, 1, 1), r.smem_bytes)]
+    both, one = k.calls(p, 33, 8, merge=True), k.calls(p, 33, 8, merge=False)
+    assert [(c.func, c.grid, c.block, c.smem, c.pdl) for c in both] == [
+        (0xD0, (33, 8, 1), (r.threads, 1, 1), r.smem_bytes, False), (0xE0, (264, 1, 1), (256, 1, 1), 0, False)]
+    assert all(c.params is p for c in both) and [c.func for c in one] == [0xD0]
+    k.pdl_capable = True
+    assert all(c.pdl for c in k.calls(p, 33, 8)) and not any(c.pdl for c in k.calls(p, 33, 8, pdl=False))
 
 
 def test_num_ctas_override_sets_the_grid_and_the_plan(fake_gpu):
@@ -296,3 +293,45 @@ def test_soft_cap_must_be_positive(fake_gpu, cap):
     w.plan(*paged_kv([10], 16))
     with pytest.raises(ValueError, match="soft_cap"):
         w.run(*_args(), out=cuda((1, 32, 128), ptr=1 << 34), params={"soft_cap": cap})
+def test_run_imports_each_tensor_once_and_packs_what_prepare_packs(fake_gpu):
+    w = _wrapper(max_pages=600)
+    w.plan(*paged_kv([100, 20, 300], 16, shuffle_seed=1))
+    q, k, v, o = cuda((3, 32, 128)), cuda((40, 16, 8, 128), ptr=1 << 32), cuda((40, 16, 8, 128), ptr=1 << 33), \
+        cuda((3, 32, 128), ptr=1 << 34)
+    lse = cuda((3, 32), "float32", ptr=1 << 35)
+    for _ in range(3):
+        w.run(q, k, v, out=o, lse=lse, sm_scale=0.5)
+    k_run = fake_gpu.kernels[0]
+    assert w._imports.imports == 5 and w._imports.reuses == 10
+    assert k_run.launches[0] == k_run.launches[2] == w.prepare(q, k, v, out=o, lse=lse, sm_scale=0.5).params
+    st = w.kernels.rendered.params.ctypes_type().from_buffer_copy(k_run.launches[0])
+    assert (st.lse, st.sm_scale) == (lse.ptr, 0.5) and abs(st.sm_scale_log2 - 0.5 / np.log(2)) < 1e-6
+    w.run(q, k, v, out=o)          # the same buffer, other arguments: nothing left from the last call
+    st = w.kernels.rendered.params.ctypes_type().from_buffer_copy(k_run.launches[-1])
+    assert st.lse is None and abs(st.sm_scale - 128 ** -0.5) < 1e-7
+    # what depends on the plan is checked on every call, with the tensors' cached imports
+    w.plan(*paged_kv([100, 20, 300, 8], 16, shuffle_seed=1))
+    with pytest.raises(ValueError, match=r"q has shape \[3, 32, 128\], expected \[4, 32, 128\]"):
+        w.run(q, k, v, out=o)
+    with pytest.raises(ValueError, match="outside the page pool"):    # the pool learnt from the caches
+        w.plan(*paged_kv([3000, 20, 5000], 16, shuffle_seed=1))
+    w.plan(*paged_kv([100, 20, 300], 16, shuffle_seed=1))             # reads pages 0..27
+    n = len(k_run.launches)
+    with pytest.raises(ValueError, match="k_cache holds 20 pages but the plan reads page 27"):
+        w.run(q, cuda((20, 16, 8, 128), ptr=1 << 32), v, out=o)
+    assert len(k_run.launches) == n
+
+
+def test_a_view_changed_in_place_is_validated_again(fake_gpu):
+    w = _wrapper()
+    w.plan(*paged_kv([100, 20, 300], 16))
+    q, k, v, o = cuda((3, 32, 128)), cuda((40, 16, 8, 128), ptr=1 << 32), cuda((40, 16, 8, 128), ptr=1 << 33), \
+        cuda((3, 32, 128), ptr=1 << 34)
+    w.run(q, k, v, out=o)
+    q.ptr += 8                      # misaligned now: the fingerprint changed, the checks run again
+    with pytest.raises(ValueError, match="16-byte aligned"):
+        w.run(q, k, v, out=o)
+    q.ptr += 8
+    w.run(q, k, v, out=o)
+    st = w.kernels.rendered.params.ctypes_type().from_buffer_copy(fake_gpu.kernels[0].launches[-1])
+    assert st.q == q.ptr

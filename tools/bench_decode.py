@@ -219,6 +219,23 @@ def format_summary(rows: list[Row], results: dict) -> str:
     return "\n".join(lines)
 
 
+def format_modes(rows: list[Row], results: dict, modes) -> str:
+    """µs of every --rt-modes config per row, and its ratio to the first (the table's) config."""
+    head = f"{'row':<22}" + "".join(f" {m[:22]:>22}" for m in modes)
+    lines = [f"rtattn configs (µs, and / {modes[0]}):", head]
+    for row in rows:
+        r = results.get(row.name, {})
+        base = (r.get("rt") or {}).get("us")
+        cells = []
+        for i, m in enumerate(modes):
+            us = (r.get("rt" if i == 0 else f"rt:{m}") or {}).get("us")
+            ok = lib_state(r.get("rt" if i == 0 else f"rt:{m}")) == "ok"
+            cell = f"{us:.1f}" + (f" ({us / base:.3f})" if base and i else "") + ("" if ok else " !") if us else "-"
+            cells.append(f" {cell:>22}")
+        lines.append(f"{row.name:<22}" + "".join(cells))
+    return "\n".join(lines)
+
+
 # ---------------------------------------------------------------- GPU inputs and reference
 class Inputs:
     """One row's inputs on the GPU: `copies` identical copies (distinct addresses) of q and the
@@ -342,16 +359,19 @@ def bench_flashinfer(ctx, x: Inputs, tc: bool) -> dict:
 
 
 def rt_config(name: str) -> dict:
-    """'MODE[+nopdl][+fused][+nomerge][+xN][+D<NAME>...]' -> BatchDecodeWrapper keyword
+    """'MODE[+nopdl][+fused][+nomerge][+xN][+cN][+D<NAME>...]' -> BatchDecodeWrapper keyword
     arguments. '+fused' merges split rows inside the decode kernel (fused_merge=True); '+xN'
-    runs N times the default grid (num_ctas); '+nomerge' never launches the merge kernel (wrong
+    runs N times the default grid (num_ctas); '+cN' sets chunk_tokens=N (the batch-invariant
+    chunk; default: from the grid); '+nomerge' never launches the merge kernel (wrong
     output wherever KV is split: a timing probe); '+DX' compiles the
     kernels with -DX (experiments behind a #ifdef, A/B in one run; kernels.py reads
     RTATTN_DEV_DEFINES)."""
     mode, *flags = name.split("+")
     defines = " ".join("-" + f for f in flags if f.startswith("D"))
     waves = [int(f[1:]) for f in flags if f[:1] == "x" and f[1:].isdigit()]
-    unknown = {f for f in flags if not f.startswith("D") and not (f[:1] == "x" and f[1:].isdigit())} - {"nopdl", "nomerge", "fused"}
+    chunks = [int(f[1:]) for f in flags if f[:1] == "c" and f[1:].isdigit()]
+    unknown = {f for f in flags if not f.startswith("D") and not (f[:1] in "xc" and f[1:].isdigit())} \
+        - {"nopdl", "nomerge", "fused"}
     if unknown:
         raise ValueError(f"unknown rtattn config flags {sorted(unknown)} in {name!r}")
     if os.environ.get("RTATTN_DEV_DEFINES", "") != defines:
@@ -359,7 +379,7 @@ def rt_config(name: str) -> dict:
         os.environ["RTATTN_DEV_DEFINES"] = defines
         decode_kernels.cache_clear()
     return dict(mode=mode, pdl="nopdl" not in flags, waves=waves[-1] if waves else 1, merge="nomerge" not in flags,
-                fused_merge="fused" in flags)
+                fused_merge="fused" in flags, chunk_tokens=chunks[-1] if chunks else None)
 
 
 def make_rt_wrapper(row: Row, x: Inputs, config: str):
@@ -474,6 +494,8 @@ class Context:
             print(f"could not write JSON: {e}")
         print("\n" + format_table(self.rows, self.results))
         print(format_summary(self.rows, self.results))
+        if len(self.args.rt_modes) > 1:
+            print(format_modes(self.rows, self.results, self.args.rt_modes))
         print(f"(us: median per call over graph replays; ratio = min(FI cc, FI tc) / rtattn; "
               f"PERF.md: FI best there; {self.meta['elapsed_s']} s)", flush=True)
         return True
@@ -666,6 +688,10 @@ def selftest() -> int:
     r0 = res[ROWS[0].name]
     want = min(r0["fi-cc"]["us"], r0["fi-tc"]["us"]) / r0["rt"]["us"]
     assert f"{want:.2f}" in lines[2]
+    for i, row in enumerate(ROWS):
+        res[row.name]["rt:batch-invariant"] = {"us": 1.01 * (res[row.name].get("rt") or {}).get("us", 1.0), "ok": True}
+    modes = format_modes(ROWS, res, ["auto", "batch-invariant"])
+    assert "(1.010)" in modes and len(modes.splitlines()) == len(ROWS) + 2, modes
     summary = format_summary(ROWS, res)
     assert "geomean" in summary and "256x4096" in summary
     print(table)

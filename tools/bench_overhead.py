@@ -7,12 +7,16 @@ distinct KV cache per layer so nothing stays in L2 between layers):
 
 * plan_us        host time of one plan() (rtattn: fills the pinned plan, issues the H2D copy)
 * h2d_us         device time of rtattn's plan copy (events around one copy of the plan bytes)
-* eager_us       one step = `layers` x run(), wall time enqueue -> stream synchronized, / layers
-* graph_us       the same step replayed from one StepGraph (all layers captured once), / layers
-* layer_graph_us DecodeGraphs.step() per layer (one exec, kernel-node args updated per layer)
-* *_gpu_us       device time of the step (events), / layers: what remains without host overhead
-* FlashInfer's BatchDecodeWithPagedKVCacheWrapper in the same run: plan_us, eager_us and a
-  torch.cuda.CUDAGraph of the step (graph_us), when `import flashinfer` works.
+* eager          one step = `layers` x run() (direct libcuda entry); eager_bindings: the same
+                 through cuda.bindings' cuLaunchKernelEx
+* graph          the same step replayed from one StepGraph (all layers captured once)
+* layer_graph    DecodeGraphs.step() per layer, one exec updated in place per layer (kernel-node
+                 arguments); layer_graphs: one exec per layer (replays only)
+* per path: *_us wall (enqueue -> stream synchronized), *_enqueue_us host time until the last
+  launch returned, *_gpu_us device time (events): all per layer (step / layers)
+* inv: the same for a batch-invariant wrapper (inv_vs_auto_gpu: its step graph's GPU time / auto's)
+* FlashInfer's BatchDecodeWithPagedKVCacheWrapper in the same run: plan_us, eager and a
+  torch.cuda.CUDAGraph of the step (graph), when `import flashinfer` works.
 
 Prints a compact table last; writes $OUT/overhead.json when OUT is set.
 """
@@ -87,12 +91,13 @@ class Bench:
         return med(walls), med(enq), med(gpu)
 
     # ------------------------------------------------------------------ rtattn
-    def rtattn(self, batch, kv):
+    def rtattn(self, batch, kv, mode="auto"):
+        """One wrapper in `mode`: plan, then every way of running a step's layers."""
         from rtattn.graphs import DecodeGraphs, StepGraph
-        from rtattn.runtime import memcpy_htod_async
+        from rtattn.runtime import libcuda, memcpy_htod_async
         from rtattn.wrapper import BatchDecodeWrapper
         L, s, reps = self.L, self.stream, self.args.reps
-        w = BatchDecodeWrapper(H, HK, D, PS, max_batch=batch, max_pages=self.pool)
+        w = BatchDecodeWrapper(H, HK, D, PS, max_batch=batch, max_pages=self.pool, mode=mode)
         plans = []
         for _ in range(reps * 2):
             t0 = time.perf_counter()
@@ -109,30 +114,45 @@ class Bench:
             copies.append(e0.elapsed_time(e1) * 1e3)
         q = [x[:batch] for x in self.q]
         o = [x[:batch] for x in self.o]
+        res = dict(plan_us=med(plans), plan_p90_us=float(np.percentile(plans, 90)), h2d_us=med(copies),
+                   plan_bytes=int(w.layout.plan_bytes), chunk_tokens=int(w.info.chunk_tokens),
+                   items=int(w.info.num_items), merge_rows=int(w.info.num_merge_rows))
+
+        def record(name, fn):
+            wall, enq, gpu = self.time_step(fn, reps)
+            res.update({f"{name}_us": wall / L, f"{name}_enqueue_us": enq / L, f"{name}_gpu_us": gpu / L})
 
         def eager():
             for l in range(L):
                 w.run(q[l], self.k[l], self.v[l], out=o[l], stream=s)
-        e_wall, e_enq, e_gpu = self.time_step(eager, reps)
+        entry = libcuda.ENTRY
+        for name in ("bindings", "ctypes"):      # the direct entry last: it stays in use below
+            try:
+                libcuda.set_entry(name)
+            except RuntimeError as e:
+                res[f"eager_{name}_error"] = str(e)
+                continue
+            record("eager" if name == "ctypes" else "eager_bindings", eager)
+        if "eager_us" not in res:                # no ctypes entry: the bindings numbers are the eager ones
+            libcuda.set_entry(entry or "bindings")
+            record("eager", eager)
         ref = o[0].float().clone()
 
         sg = StepGraph([w.prepare(q[l], self.k[l], self.v[l], out=o[l], stream=s) for l in range(L)], s)
-        g_wall, g_enq, g_gpu = self.time_step(sg.replay, reps)
+        record("graph", sg.replay)
         err = float((o[0].float() - ref).norm() / ref.norm())
-
-        dg = DecodeGraphs(w)
-
-        def per_layer():
-            for l in range(L):
-                dg.step(q[l], self.k[l], self.v[l], out=o[l], stream=s)
-        lg_wall, lg_enq, _ = self.time_step(per_layer, reps)
         sg.close()
-        dg.close()
-        return dict(plan_us=med(plans), plan_p90_us=float(np.percentile(plans, 90)), h2d_us=med(copies),
-                    plan_bytes=int(w.layout.plan_bytes), eager_us=e_wall / L, eager_enqueue_us=e_enq / L,
-                    eager_gpu_us=e_gpu / L, graph_us=g_wall / L, graph_enqueue_us=g_enq / L, graph_gpu_us=g_gpu / L,
-                    layer_graph_us=lg_wall / L, layer_graph_enqueue_us=lg_enq / L,
-                    graph_vs_eager_rel_diff=err, dg_stats=dict(dg.stats), out0=ref)
+        for name, execs in (("layer_graph", 1), ("layer_graphs", L)):
+            dg = DecodeGraphs(w, max_execs=execs)
+
+            def per_layer():
+                for l in range(L):
+                    dg.step(q[l], self.k[l], self.v[l], out=o[l], stream=s)
+            record(name, per_layer)
+            res[f"{name}_stats"] = dict(dg.stats)
+            dg.close()
+        res.update(graph_vs_eager_rel_diff=err, out0=ref)
+        return res
 
     # -------------------------------------------------------------- FlashInfer
     def flashinfer(self, batch, kv, workspace):
@@ -179,6 +199,21 @@ class Bench:
         return res
 
 
+def _table(title, cols, rows, extra=None):
+    print(f"\n{title}")
+    print(f"{'batch':>6s}" + "".join(f"{c[2]:>10s}" for c in cols) + (f"{extra[1]:>10s}" if extra else ""))
+    for r in rows:
+        cells = []
+        for side, key, _ in cols:
+            v = r.get(side, {}).get(key)
+            cells.append(f"{v:10.1f}" if isinstance(v, (int, float)) else f"{'-':>10s}")
+        if extra:
+            v = r.get(extra[0])
+            cells.append(f"{v:10.3f}" if isinstance(v, float) and v > 1e-3 else
+                         (f"{v:10.1e}" if isinstance(v, float) else f"{'-':>10s}"))
+        print(f"{r['batch']:6d}" + "".join(cells))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--batches", type=lambda s: [int(x) for x in s.split(",")], default=[1, 4, 16, 64, 256])
@@ -186,6 +221,7 @@ def main(argv=None) -> int:
     ap.add_argument("--layers", type=int, default=32)
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--no-flashinfer", action="store_true")
+    ap.add_argument("--no-invariant", action="store_true", help="skip the batch-invariant wrapper")
     args = ap.parse_args(argv)
     try:
         import torch
@@ -209,7 +245,14 @@ def main(argv=None) -> int:
         rng = np.random.default_rng(batch)
         kv_lens = rng.integers(int(args.kv * 0.75), b.kv_max + 1, batch)
         kv = page_table(rng, kv_lens, b.pool)
-        row = dict(batch=batch, kv_tokens=int(kv_lens.sum()), rt=b.rtattn(batch, kv))
+        with torch.cuda.stream(b.stream):   # as FlashInfer runs: torch's current stream is the one timed
+            row = dict(batch=batch, kv_tokens=int(kv_lens.sum()), rt=b.rtattn(batch, kv))
+            if not args.no_invariant:
+                row["inv"] = b.rtattn(batch, kv, mode="batch-invariant")
+        if not args.no_invariant:
+            row["inv_vs_auto_gpu"] = row["inv"]["graph_gpu_us"] / row["rt"]["graph_gpu_us"]
+            a, i = row["rt"]["out0"], row["inv"]["out0"]
+            row["inv_vs_auto_rel_diff"] = float((a - i).norm() / a.norm())
         if fi_ok:
             try:
                 row["fi"] = b.flashinfer(batch, kv, workspace)
@@ -217,26 +260,27 @@ def main(argv=None) -> int:
                 row["rt_vs_fi_rel_diff"] = float((a - f).norm() / f.norm())
             except Exception as e:
                 row["fi"] = {"error": f"{type(e).__name__}: {e}"[:300]}
-        for side in ("rt", "fi"):
+        for side in ("rt", "inv", "fi"):
             row.get(side, {}).pop("out0", None)
         rows.append(row)
         print(f"# batch {batch} done at {time.perf_counter() - t_start:.1f} s: {json.dumps(row, default=str)}",
               flush=True)
 
-    cols = [("rt", "plan_us", "rt plan"), ("rt", "h2d_us", "rt h2d"), ("rt", "eager_us", "rt eager"),
-            ("rt", "graph_us", "rt graph"), ("rt", "layer_graph_us", "rt lgraph"), ("rt", "eager_gpu_us", "rt gpu"),
-            ("fi", "plan_us", "FI plan"), ("fi", "eager_us", "FI eager"), ("fi", "graph_us", "FI graph"),
-            ("fi", "eager_gpu_us", "FI gpu")]
-    print(f"\nDecode overhead, {args.layers} layers/step, {H}/{HK} heads, D={D}, page {PS}, KV ~{args.kv}; "
-          f"plan/h2d: µs per step; eager/graph/gpu: µs per layer (step / {args.layers}). {fi_note}")
-    print(f"{'batch':>6s}" + "".join(f"{c[2]:>11s}" for c in cols) + f"{'rt~FI':>9s}")
-    for r in rows:
-        cells = []
-        for side, key, _ in cols:
-            v = r.get(side, {}).get(key)
-            cells.append(f"{v:11.1f}" if isinstance(v, (int, float)) else f"{'-':>11s}")
-        d = r.get("rt_vs_fi_rel_diff")
-        print(f"{r['batch']:6d}" + "".join(cells) + (f"{d:9.1e}" if d is not None else f"{'-':>9s}"))
+    host = [("rt", "eager_enqueue_us", "eager"), ("rt", "eager_bindings_enqueue_us", "eager-b"),
+            ("rt", "layer_graph_enqueue_us", "dg.step"), ("rt", "layer_graphs_enqueue_us", "dg.stepL"),
+            ("rt", "graph_enqueue_us", "stepgr"), ("fi", "eager_enqueue_us", "FI eager"),
+            ("fi", "graph_enqueue_us", "FI graph")]
+    wall = [("rt", "eager_us", "eager"), ("rt", "layer_graph_us", "dg.step"), ("rt", "graph_us", "stepgr"),
+            ("rt", "graph_gpu_us", "rt gpu"), ("inv", "graph_gpu_us", "inv gpu"), ("fi", "eager_us", "FI eager"),
+            ("fi", "graph_us", "FI graph"), ("fi", "graph_gpu_us", "FI gpu")]
+    plan = [("rt", "plan_us", "rt plan"), ("inv", "plan_us", "inv plan"), ("rt", "h2d_us", "rt h2d"),
+            ("fi", "plan_us", "FI plan")]
+    print(f"\nDecode overhead, {args.layers} layers/step, {H}/{HK} heads, D={D}, page {PS}, KV ~{args.kv}. {fi_note}")
+    _table("host µs per layer, enqueue only (eager-b: cuda.bindings entry; dg.step: DecodeGraphs, one exec "
+           "updated per layer; dg.stepL: one exec per layer; stepgr: whole-step graph / layers)", host, rows)
+    _table("µs per layer, wall (enqueue to synchronized) and GPU (events), step / layers; "
+           "inv = batch-invariant mode", wall, rows, extra=("inv_vs_auto_gpu", "inv/auto"))
+    _table("plan() host µs and plan copy device µs, per step", plan, rows, extra=("rt_vs_fi_rel_diff", "rt~FI"))
     print(f"# total {time.perf_counter() - t_start:.1f} s")
     out = os.environ.get("OUT")
     if out:

@@ -99,7 +99,8 @@ def build_parser() -> Parser:
     ap.add_argument("--lengths", help="real workload instead: JSON list of KV lengths, or JSON/NPZ "
                     "with kv_lens and optional qo_lens")
     ap.add_argument("--mode", default=d["mode"], choices=list(MODES), help="planner mode")
-    ap.add_argument("--chunk-tokens", type=int, default=2048, help="batch-invariant chunk")
+    ap.add_argument("--chunk-tokens", type=int, default=None,
+                    help="batch-invariant chunk (default: from the device and the heads)")
     ap.add_argument("--causal", action="store_true", help="clip tiles to the causal horizon")
     ap.add_argument("--window", type=int, default=None, metavar="N",
                     help="sliding window (window_left = N): tiles read only the KV their rows see")

@@ -16,7 +16,8 @@ Modes
   naive            one item per (request, tile), no split, round-robin in order.
   batch-invariant  fixed chunk C at absolute KV positions 0, C, 2C, ...; a
                    request's items and merge order do not depend on the batch.
-                   Assignment as in balanced.
+                   Assignment as in balanced.  C comes from the grid (device and
+                   heads), never from the batch: invariant_chunk().
 
 Cost of an item (integer, so ties and loads are exact):
   COST_ALPHA * query_tokens + COST_BETA * kv_tokens + COST_GAMMA
@@ -51,7 +52,20 @@ COST_GAMMA = 64
 AUTO_IMBALANCE = 1.06  # mode "auto": slowest CTA / mean load above which contiguous is tried
 MIN_CHUNK_TOKENS = 128
 TAIL_FRACTION = 8      # a tile's last chunk of <= L / TAIL_FRACTION tokens joins the one before
-DEFAULT_CHUNK_TOKENS = 2048   # batch-invariant chunk
+# Batch-invariant chunk: the balanced chunk of a small decode batch, 16 requests x 1024 tokens,
+# spread over this grid. A batch that small (or smaller, or skewed: one long request among short
+# ones) is split as finely as balanced mode would split it, so it pays no tail for being
+# invariant; larger batches pay only more items and partial rows, not a longer slowest CTA.
+INVARIANT_REF_TOKENS = 16 * 1024
+
+
+def invariant_chunk(num_ctas: int, page_size: int, min_chunk_tokens: int = MIN_CHUNK_TOKENS) -> int:
+    """The batch-invariant chunk for a grid of `num_ctas` CTAs per KV head (the device's SMs x
+    resident CTAs / KV heads): INVARIANT_REF_TOKENS / num_ctas rounded up to a power of two, at
+    least min_chunk_tokens, a page multiple. Depends on the device and the heads only."""
+    c = max(-(-INVARIANT_REF_TOKENS // max(1, int(num_ctas))), int(min_chunk_tokens), 1)
+    c = 1 << (c - 1).bit_length()
+    return -(-c // page_size) * page_size
 
 
 @dataclass
@@ -145,11 +159,22 @@ def lpt_assign(cost_sorted: np.ndarray, num_ctas: int, ar: np.ndarray) -> np.nda
     and the loop body is two C calls.  The first num_ctas items land on CTAs
     0, 1, ... (all loads are 0 then), so the heap starts from them."""
     n = cost_sorted.shape[0]
-    m = min(n, num_ctas)
+    # A leading run of equal costs (full chunks: batch-invariant's are all C tokens) goes round
+    # robin, exactly as the heap would deal it (all loads equal -> lowest id first); the heap
+    # then starts from those loads and deals only the rest.
+    run = n if cost_sorted[0] == cost_sorted[n - 1] else int((cost_sorted != cost_sorted[0]).argmax())
+    m = max(run, min(n, num_ctas))
     shift = num_ctas.bit_length()
     mask = (1 << shift) - 1
     keys = cost_sorted << shift
-    heap = (keys[:m] | ar[:m]).tolist()
+    cta = ar[:n] % num_ctas
+    if m > num_ctas:   # the run dealt k or k + 1 items to every CTA
+        k, r = divmod(m, num_ctas)
+        loads = np.full(num_ctas, k * cost_sorted.item(0), dtype=np.int64)
+        loads[:r] += cost_sorted.item(0)
+        heap = ((loads << shift) | ar[:num_ctas]).tolist()
+    else:
+        heap = (keys[:m] | ar[:m]).tolist()
     heapq.heapify(heap)
     tops = []
     push = heapq.heapreplace
@@ -158,8 +183,30 @@ def lpt_assign(cost_sorted: np.ndarray, num_ctas: int, ar: np.ndarray) -> np.nda
         top = heap[0]
         push(heap, top + c)
         append(top & mask)
-    cta = ar[:n].copy()
     cta[m:] = tops
+    return cta
+
+
+ROUNDS_MIN_ITEMS_PER_CTA = 8   # batch-invariant: rounds_assign past this many items per CTA, else LPT
+
+
+def rounds_assign(cost_sorted: np.ndarray, num_ctas: int, ar: np.ndarray) -> np.ndarray:
+    """LPT in rounds, vectorized: the leading run of equal costs round robin (as lpt_assign),
+    then each round of num_ctas items (descending) onto the CTAs in ascending load order. Close
+    to LPT when items are small next to the loads (within a round LPT could revisit a CTA), a
+    few numpy calls per round instead of a heap step per item: for batch-invariant plans with
+    many items (hundreds of chunk remainders at large batches)."""
+    n = cost_sorted.shape[0]
+    run = n if cost_sorted[0] == cost_sorted[n - 1] else int((cost_sorted != cost_sorted[0]).argmax())
+    cta = ar[:n] % num_ctas
+    k, r = divmod(run, num_ctas)
+    loads = np.full(num_ctas, k * cost_sorted.item(0), dtype=np.int64)
+    loads[:r] += cost_sorted.item(0)
+    for i in range(run, n, num_ctas):
+        part = cost_sorted[i:i + num_ctas]
+        least = loads.argsort(kind="stable")[:part.shape[0]]
+        cta[i:i + part.shape[0]] = least
+        loads[least] += part
     return cta
 
 
@@ -175,13 +222,14 @@ class Planner:
                  device="h200", mode: str = "auto", causal: bool = False,
                  tile: TileConfig | None = None, kernel: str = "decode",
                  max_rows: int | None = None, max_qo_len: int | None = None,
-                 num_ctas: int | None = None, chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+                 num_ctas: int | None = None, chunk_tokens: int | None = None,
                  min_chunk_tokens: int = MIN_CHUNK_TOKENS, num_pages_pool: int | None = None):
         self.group = check_config(num_qo_heads, num_kv_heads, head_dim, page_size, num_ctas=num_ctas)
         for name, v in (("max_batch", max_batch), ("max_qo_tokens", max_qo_tokens),
-                        ("max_pages", max_pages), ("chunk_tokens", chunk_tokens)):
+                        ("max_pages", max_pages)):
             check_int(name, v)
-        for name, v in (("max_qo_len", max_qo_len), ("num_pages_pool", num_pages_pool)):
+        for name, v in (("max_qo_len", max_qo_len), ("num_pages_pool", num_pages_pool),
+                        ("chunk_tokens", chunk_tokens)):   # chunk_tokens=None: from the grid
             if v is not None:
                 check_int(name, v)
         self.num_qo_heads, self.num_kv_heads, self.head_dim = num_qo_heads, num_kv_heads, head_dim
@@ -197,8 +245,9 @@ class Planner:
                              f"max_rows={self.tile.max_rows}")
         self.num_ctas = int(num_ctas) if num_ctas is not None else num_ctas_for(self.device, self.tile,
                                                                    num_kv_heads)
-        if mode == "batch-invariant":
-            ct = -(-int(chunk_tokens) // self.page_size) * self.page_size
+        if mode == "batch-invariant":   # chunk_tokens=None: from the grid (invariant_chunk)
+            ct = invariant_chunk(self.num_ctas, self.page_size, min_chunk_tokens) if chunk_tokens is None \
+                else -(-int(chunk_tokens) // self.page_size) * self.page_size
         else:
             ct = 0
         self.bounds = F.PlanBounds(int(max_batch), int(max_qo_tokens), int(max_pages),
@@ -378,6 +427,8 @@ class Planner:
                         return _shift(con, t_k0)
             if mode == "naive" or cs[0] == cs[n - 1]:   # round robin (== LPT if all equal)
                 cta = self._ar[:n] % C
+            elif mode == "batch-invariant" and n > ROUNDS_MIN_ITEMS_PER_CTA * C:
+                cta = rounds_assign(cs, C, self._ar)   # the assignment never changes its numerics
             else:
                 cta = lpt_assign(cs, C, self._ar)
             # float64 sums of int costs: exact (< 2**53)

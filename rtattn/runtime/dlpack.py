@@ -244,12 +244,14 @@ def _consumer_stream(stream) -> int:
     return 1 if h == 0 else h
 
 
-def as_tensor(obj, stream=None, *, require: str | None = None) -> TensorView:
+def as_tensor(obj, stream=None, *, require: str | None = None, keep_producer: bool = True) -> TensorView:
     """View ``obj`` (a DLPack producer, a DLPack capsule, or a TensorView).
 
     ``stream``: the consumer stream the data will be read on (CUDA producers
     order their pending writes before it). ``require="cuda"`` refuses memory a
-    kernel cannot read (numpy arrays, pinned host tensors).
+    kernel cannot read (numpy arrays, pinned host tensors). ``keep_producer=False``:
+    the view holds the DLPack import (which keeps the memory alive) but not ``obj``
+    itself, so a cache of views can let ``obj`` die (rtattn.tensors.TensorImports).
     """
     if isinstance(obj, TensorView):
         view = obj
@@ -264,7 +266,7 @@ def as_tensor(obj, stream=None, *, require: str | None = None) -> TensorView:
             cap = obj.__dlpack__(max_version=DLPACK_VERSION, **kwargs)
         except TypeError:  # pre-1.0 producers do not know max_version
             cap = obj.__dlpack__(**kwargs)
-        view = _from_capsule(cap, obj)
+        view = _from_capsule(cap, obj if keep_producer else None)
     else:
         raise TypeError(f"cannot view {type(obj).__name__} as a tensor: it has no __dlpack__ "
                         f"(pass a torch/cupy/jax/numpy array or a TensorView)")

@@ -134,7 +134,12 @@ class Kernel:
         return grid, block
 
     def launch(self, grid, block, params, smem: int = 0, stream=None) -> None:
-        """Launch on ``stream`` (None: legacy default). ``params``: struct bytes or [(value, ctype)]."""
+        """Launch on ``stream`` (None: legacy default). ``params``: struct bytes (through the one
+        launch path, rtattn.runtime.launch) or [(value, ctype)] (cuLaunchKernel)."""
+        if isinstance(params, (bytes, bytearray, memoryview)):
+            from .launch import KernelCall, Params, enqueue
+            enqueue((KernelCall(self, grid, block, smem, Params(params)),), stream, self.module.device)
+            return
         grid, block = self._check_launch(grid, block, smem)
         addr, keep = pack_params(params)
         self.module.device.set_current()

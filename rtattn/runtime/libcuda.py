@@ -1,0 +1,116 @@
+"""Direct ctypes entries into libcuda for the few calls made per layer (kernel launch, graph
+launch, kernel-node argument update), and the C structs they take.
+
+cuda.bindings converts every argument object on every call (a CUlaunchConfig wrapper, the
+CUfunction, the stream, the kernelParams helper); the same call through ctypes with prepared
+structs and plain integer addresses costs a fraction of that (docs/perf-log.md, host path).
+Both entries stay usable: `ENTRY` picks the one launch.py and graphs/ use ("ctypes" when libcuda
+exports the symbols, else "bindings"), so benchmarks can time one against the other.
+
+Results are checked through the one error funnel (driver.check) with the CUresult's name.
+Nothing here loads libcuda until a launch needs it (importing rtattn never needs a GPU).
+"""
+from __future__ import annotations
+
+import ctypes
+from ctypes import POINTER, Structure, Union, c_char, c_int, c_uint, c_void_p
+
+from cuda.bindings import driver as cu
+
+from .driver import check
+
+__all__ = ["LaunchConfig", "LaunchAttribute", "KernelNodeParams", "entry", "set_entry", "fail",
+           "PDL_ATTRIBUTE"]
+
+# CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION (cuda.h); read from the bindings' enum.
+PDL_ATTRIBUTE = int(cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION)
+
+
+class _AttrValue(Union):
+    # CUlaunchAttributeValue: a 64-byte union; PDL uses its first int.
+    _fields_ = [("pad", c_char * 64), ("programmaticStreamSerializationAllowed", c_int)]
+
+
+class LaunchAttribute(Structure):
+    # CUlaunchAttribute: id, 4 bytes of padding (cuda.h spells them), the value union
+    _fields_ = [("id", c_int), ("_pad", c_char * 4), ("value", _AttrValue)]
+
+
+class LaunchConfig(Structure):
+    # CUlaunchConfig (cuda.h)
+    _fields_ = [("gridDimX", c_uint), ("gridDimY", c_uint), ("gridDimZ", c_uint),
+                ("blockDimX", c_uint), ("blockDimY", c_uint), ("blockDimZ", c_uint),
+                ("sharedMemBytes", c_uint), ("hStream", c_void_p),
+                ("attrs", POINTER(LaunchAttribute)), ("numAttrs", c_uint)]
+
+
+class KernelNodeParams(Structure):
+    # CUDA_KERNEL_NODE_PARAMS_v2 (cuda.h)
+    _fields_ = [("func", c_void_p), ("gridDimX", c_uint), ("gridDimY", c_uint), ("gridDimZ", c_uint),
+                ("blockDimX", c_uint), ("blockDimY", c_uint), ("blockDimZ", c_uint),
+                ("sharedMemBytes", c_uint), ("kernelParams", c_void_p), ("extra", c_void_p),
+                ("kern", c_void_p), ("ctx", c_void_p)]
+
+
+class _Entries:
+    """libcuda's functions, resolved on first use; None where the library or a symbol is absent."""
+
+    def __init__(self):
+        self.loaded = False
+        self.launch_kernel_ex = self.graph_launch = self.node_set_params = None
+
+    def load(self) -> "_Entries":
+        if self.loaded:
+            return self
+        self.loaded = True
+        try:
+            lib = ctypes.CDLL("libcuda.so.1")
+        except OSError:
+            return self
+        self.launch_kernel_ex = _fn(lib, "cuLaunchKernelEx", 4)
+        self.graph_launch = _fn(lib, "cuGraphLaunch", 2)
+        self.node_set_params = _fn(lib, "cuGraphExecKernelNodeSetParams_v2", 3)
+        return self
+
+
+def _fn(lib, name: str, nargs: int):
+    f = getattr(lib, name, None)
+    if f is not None:
+        f.argtypes, f.restype = [c_void_p] * nargs, c_int
+    return f
+
+
+_ENTRIES = _Entries()
+ENTRY = None   # "ctypes" or "bindings"; None until first use (then ctypes when libcuda has the symbols)
+
+
+def entry():
+    """The loaded entries when the ctypes path is in use, else None (use cuda.bindings)."""
+    global ENTRY
+    if ENTRY is None:
+        e = _ENTRIES.load()
+        ENTRY = "ctypes" if e.launch_kernel_ex and e.graph_launch and e.node_set_params else "bindings"
+    return _ENTRIES if ENTRY == "ctypes" else None
+
+
+def set_entry(name: str) -> None:
+    """Choose the driver entry: "ctypes" (needs libcuda's symbols) or "bindings"."""
+    global ENTRY
+    if name not in ("ctypes", "bindings"):
+        raise ValueError(f"driver entry must be 'ctypes' or 'bindings', got {name!r}")
+    if name == "ctypes":
+        e = _ENTRIES.load()
+        if not (e.launch_kernel_ex and e.graph_launch and e.node_set_params):
+            raise RuntimeError("the ctypes driver entry needs libcuda.so.1 with cuLaunchKernelEx, "
+                               "cuGraphLaunch and cuGraphExecKernelNodeSetParams_v2")
+    ENTRY = name
+
+
+def fail(result: int, call: str):
+    """Raise the funnel's CudaError for a nonzero CUresult from a ctypes call."""
+    try:
+        res = cu.CUresult(result)
+    except ValueError:   # a code the bindings do not know
+        res = cu.CUresult.CUDA_ERROR_UNKNOWN
+    check((res,), call)
+    raise AssertionError("unreachable: check() raises for every nonzero result")
