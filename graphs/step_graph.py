@@ -38,7 +38,7 @@ class StepGraph:
         return g
 
     def replay(self) -> None:
-        for launch in self._checks:   # a replan that changed the window needs prepare() again
+        for launch in self._checks:   # a replan to another window or more tokens needs prepare() again
             launch.check_plan()
         self.exec.launch(self.stream)
         self.stats["replays"] += 1
@@ -71,6 +71,7 @@ class StepGraph:
 
 
 def _plan_checks(launches) -> list:
-    """One launch per (wrapper, planned window) among `launches` that can check their plan:
-    what replay() checks."""
-    return list({(id(x.wrapper), x.window_left): x for x in launches if hasattr(x, "check_plan")}.values())
+    """One launch per (wrapper, planned window, query tokens) among `launches` that can check
+    their plan: what replay() checks."""
+    return list({(id(x.wrapper), x.window_left, x.tokens): x for x in launches
+                 if hasattr(x, "check_plan")}.values())

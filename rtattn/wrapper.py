@@ -238,6 +238,7 @@ class BatchDecodeWrapper:
         imp.order(h)
         self._write(launch.args.buffer, qa[3:] + ka[3:] + va[3:] + oa[3:] + (lse_ptr,) + scale + extra)
         launch.stream, launch.out, launch.lse, launch.window_left = stream, out, lse, self.window_left
+        launch.tokens = n_tok   # q, out and lse hold exactly this many rows
         launch.keep = (q, k_cache, v_cache, out, lse, params)
         return launch
 
@@ -365,6 +366,7 @@ class DecodeLaunch(Launch):
         self.wrapper, self.args = wrapper, args
         self.out = self.lse = self.keep = None
         self.window_left = None   # packed into the arguments: a replan must keep it
+        self.tokens = 0           # query rows of its q/out/lse: a replan may not read or write more
 
     @property
     def params(self) -> bytes:
@@ -372,13 +374,19 @@ class DecodeLaunch(Launch):
         return bytes(self.args)
 
     def check_plan(self) -> None:
-        """The current plan must be one this launch's packed arguments fit (its window)."""
-        if self.wrapper.window_left != self.window_left:
+        """The current plan must be one this launch's packed arguments fit: its window, and no more
+        query tokens than its q/out/lse hold (a replay would read and write past them)."""
+        w = self.wrapper
+        if w.window_left != self.window_left:
             raise ValueError(f"window_left: this launch was prepared for window {self.window_left}, the "
-                             f"current plan has {self.wrapper.window_left}; prepare() again")
+                             f"current plan has {w.window_left}; prepare() again")
+        if w.info.num_qo_tokens > self.tokens:
+            raise ValueError(f"q: this launch was prepared with {self.tokens} query tokens, the current "
+                             f"plan has {w.info.num_qo_tokens}; prepare() again with tensors that hold them")
 
     def __call__(self, stream=None) -> None:
-        if self.window_left != self.wrapper.window_left:
+        w = self.wrapper
+        if self.window_left != w.window_left or w.info.num_qo_tokens > self.tokens:
             self.check_plan()
         super().__call__(stream)
 

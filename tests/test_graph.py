@@ -730,3 +730,26 @@ def test_step_graph_refuses_a_replan_with_another_window(fakes, monkeypatch):
     with pytest.raises(ValueError, match="prepared for window 32"):
         sg.replay()
     assert sg.stats["replays"] == 2
+
+
+def test_replays_refuse_a_replan_with_more_query_tokens(fakes):
+    """A prepared launch and a StepGraph hold q/out views of the tokens they were prepared with:
+    a replan with more tokens must be refused before the replay (it would read q and write out
+    past them); fewer tokens replay fine."""
+    from rtattn.graphs import StepGraph
+    w = _wrapper(fakes)
+    w.plan(*paged_kv([100, 20, 7], 16))
+    t = _layer(0, 3)
+    launch = w.prepare(t["q"], t["k"], t["v"], out=t["o"], stream=0x5000)
+    sg = StepGraph([launch], 0x5000)
+    w.plan(*paged_kv([101, 21], 16))          # fewer requests: fits
+    sg.replay()
+    launch()
+    w.plan(*paged_kv([102, 22, 8, 5], 16))    # one more token than q holds
+    with pytest.raises(ValueError, match="prepared with 3 query tokens"):
+        sg.replay()
+    with pytest.raises(ValueError, match="prepared with 3 query tokens"):
+        launch()
+    with pytest.raises(ValueError, match="prepared with 3 query tokens"):
+        DG.DecodeGraphs(w).replay(launch, 0x5000)
+    assert sg.stats["replays"] == 1
