@@ -121,8 +121,9 @@ def main(argv=None) -> int:
                 for l in range(L):
                     graphs.step(model.q(l, n), model.k[l], model.v[l], out=model.o(l, n), stream=s)
             else:
-                if step_graph is None:   # capture once; q/out views start at fixed addresses
-                    step_graph = StepGraph([w.prepare(model.q(l, n), model.k[l], model.v[l], out=model.o(l, n),
+                if step_graph is None:   # capture once over max-batch q/out: later plans use up to that
+                    B = model.batch
+                    step_graph = StepGraph([w.prepare(model.q(l, B), model.k[l], model.v[l], out=model.o(l, B),
                                                       stream=s) for l in range(L)], s)
                 step_graph.replay()
             times[f"{mode}_enqueue"].append(_us(t0))

@@ -174,8 +174,12 @@ class BatchDecodeWrapper:
     def prepare(self, q, k_cache, v_cache=None, *, out=None, lse=None, stream=None, sm_scale=None,
                 params: dict | None = None) -> "DecodeLaunch":
         """Validate everything and pack the kernel arguments into a launch of its own; calling it
-        enqueues the kernels. Graph capture calls it once and replays; every pointer is fixed in it."""
-        return self._bind(self._new_launch(), q, k_cache, v_cache, out, lse, stream, sm_scale, params)
+        enqueues the kernels. Graph capture calls it once and replays; every pointer is fixed in it.
+        q, out and lse may hold more rows than the plan's tokens (size them for the largest batch
+        the launch will replay): later plans may use up to that many, and a plan with more is
+        refused before the replay."""
+        return self._bind(self._new_launch(), q, k_cache, v_cache, out, lse, stream, sm_scale, params,
+                          exact=False)
 
     def _new_launch(self) -> "DecodeLaunch":
         args = Params(self._template)
@@ -191,10 +195,12 @@ class BatchDecodeWrapper:
             self._eager, self._eager_key = self._new_launch(), key
         return self._eager
 
-    def _bind(self, launch: "DecodeLaunch", q, k_cache, v_cache, out, lse, stream, sm_scale, params):
+    def _bind(self, launch: "DecodeLaunch", q, k_cache, v_cache, out, lse, stream, sm_scale, params,
+              exact: bool = True):
         """Validate the tensors against the plan and write their pointers into `launch`'s arguments.
         Per tensor object, the DLPack import and the checks that depend on it alone run once
-        (TensorImports); what depends on the plan (token count, pages read) is checked every call."""
+        (TensorImports); what depends on the plan (token count, pages read) is checked every call.
+        `exact`: q/out/lse hold exactly the plan's tokens (run()), else at least (prepare())."""
         info = self.info
         if info is None:
             raise RuntimeError("run() before plan(): call plan() for this step first")
@@ -202,8 +208,8 @@ class BatchDecodeWrapper:
         h = stream_handle(stream)
         imp = self._imports
         qa = imp.get("q", q, h, self._derive_rows)
-        if qa[0] != n_tok:
-            _tokens_mismatch(qa, n_tok)
+        if qa[0] != n_tok and (exact or qa[0] < n_tok):
+            _tokens_mismatch(qa, n_tok, exact)
         if v_cache is None:
             ka, va = imp.get("kv_cache", k_cache, h, self._derive_kv_pair)
         else:
@@ -218,17 +224,18 @@ class BatchDecodeWrapper:
             out = DeviceBuffer(max(n_tok, 1) * self.num_qo_heads * self.head_dim * 2, self.device).as_tensor(
                 self.dtype, (n_tok, self.num_qo_heads, self.head_dim), stream=stream)
         oa = imp.get("out", out, h, self._derive_rows)
-        if oa[0] != n_tok:
-            _tokens_mismatch(oa, n_tok)
+        if oa[0] != n_tok and (exact or oa[0] < n_tok):
+            _tokens_mismatch(oa, n_tok, exact)
+        tokens = min(qa[0], oa[0])
         lse_ptr = 0
         if lse is True:
             lse = DeviceBuffer(max(n_tok, 1) * self.num_qo_heads * 4, self.device).as_tensor(
                 "float32", (n_tok, self.num_qo_heads), stream=stream)
         if lse is not None:
             la = imp.get("lse", lse, h, self._derive_lse)
-            if la[0] != n_tok:
-                _tokens_mismatch(la, n_tok)
-            lse_ptr = la[3]
+            if la[0] != n_tok and (exact or la[0] < n_tok):
+                _tokens_mismatch(la, n_tok, exact)
+            lse_ptr, tokens = la[3], min(tokens, la[0])
         if sm_scale is None:
             scale = self._default_scale
         else:
@@ -238,7 +245,7 @@ class BatchDecodeWrapper:
         imp.order(h)
         self._write(launch.args.buffer, qa[3:] + ka[3:] + va[3:] + oa[3:] + (lse_ptr,) + scale + extra)
         launch.stream, launch.out, launch.lse, launch.window_left = stream, out, lse, self.window_left
-        launch.tokens = n_tok   # q, out and lse hold exactly this many rows
+        launch.tokens = tokens   # rows q, out and lse hold: the most any replayed plan may use
         launch.keep = (q, k_cache, v_cache, out, lse, params)
         return launch
 
@@ -400,10 +407,11 @@ def _checked(name: str, t, dtype: str, ndim: int, device_id: int):
     return t
 
 
-def _tokens_mismatch(derived, n_tok: int):
+def _tokens_mismatch(derived, n_tok: int, exact: bool = True):
     _, name, shape = derived[:3]
     want = [n_tok] + list(shape[1:])
-    raise ValueError(f"{name} has shape {list(shape)}, expected {want} (the plan has {n_tok} query tokens)")
+    least = "" if exact else "at least "
+    raise ValueError(f"{name} has shape {list(shape)}, expected {least}{want} (the plan has {n_tok} query tokens)")
 
 
 def _pointer_of(name, t) -> int:

@@ -753,3 +753,19 @@ def test_replays_refuse_a_replan_with_more_query_tokens(fakes):
     with pytest.raises(ValueError, match="prepared with 3 query tokens"):
         DG.DecodeGraphs(w).replay(launch, 0x5000)
     assert sg.stats["replays"] == 1
+
+
+def test_prepare_takes_max_batch_views_and_run_stays_exact(fakes):
+    """prepare() accepts q/out with more rows than the plan (capacity for later, larger plans);
+    run() wants exactly the plan's tokens, and neither takes fewer."""
+    from rtattn.graphs import StepGraph
+    w = _wrapper(fakes)
+    w.plan(*paged_kv([100, 20], 16))
+    big, small = _layer(0, 4), _layer(1, 1)
+    sg = StepGraph([w.prepare(big["q"], big["k"], big["v"], out=big["o"], stream=0x5000)], 0x5000)
+    w.plan(*paged_kv([101, 21, 5, 9], 16))   # up to the 4 rows prepared
+    sg.replay()
+    with pytest.raises(ValueError, match=r"expected \[4, 32, 128\]"):
+        w.run(_layer(2, 3)["q"], big["k"], big["v"], out=_layer(2, 3)["o"])
+    with pytest.raises(ValueError, match="expected at least"):
+        w.prepare(small["q"], small["k"], small["v"], out=small["o"], stream=0x5000)
