@@ -224,18 +224,22 @@ class CascadeWrapper:
     def run(self, q, k_cache, v_cache=None, *, out=None, lse=None, stream=None, sm_scale=None, params=None):
         """Attention of every planned query over all its levels; arguments as
         BatchDecodeWrapper.run(). Returns out, or (out, lse) when lse was asked for."""
-        launch = self.prepare(q, k_cache, v_cache, out=out, lse=lse, stream=stream, sm_scale=sm_scale, params=params)
+        launch = self._prepare(q, k_cache, v_cache, out, lse, stream, sm_scale, params, exact=True)
         launch()
         return (launch.out, launch.lse) if launch.lse is not None else launch.out
 
     def prepare(self, q, k_cache, v_cache=None, *, out=None, lse=None, stream=None, sm_scale=None,
                 params=None) -> "CascadeLaunch":
         """Validate and pack both kernels' arguments; the returned callable launches them
-        (graph capture calls it once, StepGraph replays it)."""
+        (graph capture calls it once, StepGraph replays it). q/out/lse may be sized for the
+        largest batch it will replay, as BatchDecodeWrapper.prepare()."""
+        return self._prepare(q, k_cache, v_cache, out, lse, stream, sm_scale, params, exact=False)
+
+    def _prepare(self, q, k_cache, v_cache, out, lse, stream, sm_scale, params, exact: bool) -> "CascadeLaunch":
         if self.info is None:
             raise RuntimeError("run() before plan(): call plan() for this step first")
-        levels = self.kernel.prepare(q, k_cache, v_cache, out=out, lse=lse, stream=stream, sm_scale=sm_scale,
-                                     params=params)
+        k = self.kernel
+        levels = k._bind(k._new_launch(), q, k_cache, v_cache, out, lse, stream, sm_scale, params, exact=exact)
         ov = cuda_tensor("out", levels.out, levels.stream)
         lv = cuda_tensor("lse", levels.lse, levels.stream) if levels.lse is not None else None
         ptrs = self.planner.planset.device_ptrs(self.workspace_ptr)
