@@ -92,6 +92,7 @@ def test_pinned_views(device):
 
 
 @pytest.mark.gpu
+@pytest.mark.serial
 def test_no_leak_over_10000_cycles(device):
     DeviceBuffer(1 << 20).free()  # warm up the allocator
     device.synchronize()

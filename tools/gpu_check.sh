@@ -7,12 +7,17 @@
 # synccheck over the smoke set (tools/smoke_decode.py --quick; ~2-3 min in all),
 # and prints a per-file pass/fail table and the sanitizer error counts LAST.
 # --no-sanitize skips the sanitizers; --sanitize-only runs only them.
+# PYTEST_ARGS (e.g. "-n 8", pytest-xdist) is passed to the GPU tier; tests marked `serial`
+# (they read device-wide state such as free memory) then run alone afterwards.
+# SAN_PARALLEL=1 runs the sanitizers beside the GPU tier (both only check correctness), so
+# the extra command (a benchmark) still runs on an otherwise idle GPU.
 # Exit status: nonzero if the GPU tier, the extra command or a sanitizer failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INDEX=1
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
+rm -f "$OUT/junit.xml" "$OUT/junit-serial.xml"
 PY=${PYTHON:-python}
 SANITIZE=yes
 case "${1:-}" in
@@ -32,22 +37,9 @@ if ! "$PY" -m pip install -q --no-deps --no-build-isolation -e . > "$OUT/pip.log
     exit 2
 fi
 
-rc_tests=0
-if [ "$SANITIZE" != only ]; then
-    echo "== pytest -m gpu"
-    "$PY" -m pytest -m gpu -q -rA -p no:cacheprovider --junitxml="$OUT/junit.xml" 2>&1 | tee "$OUT/pytest.log"
-    rc_tests=${PIPESTATUS[0]}
-fi
-
-rc_extra=0
-if [ "$#" -gt 0 ]; then
-    echo "== extra: $*"
-    "$@" 2>&1 | tee "$OUT/extra.log"
-    rc_extra=${PIPESTATUS[0]}
-fi
-
 # compute-sanitizer over the smoke set: one line per tool in $OUT/sanitizer.tsv
 # (tool, exit status, errors from its "ERROR SUMMARY" line or "none" if it printed none).
+sanitize() {
 : > "$OUT/sanitizer.tsv"
 if [ "$SANITIZE" = no ]; then
     echo "== compute-sanitizer: skipped (--no-sanitize)"
@@ -77,6 +69,46 @@ else
         grep -m 5 -E '^========= (Invalid|Error|Race|Uninitialized|Barrier|Warning)' "$log" || true
     done
 fi
+}
+
+san_pid=
+if [ "${SAN_PARALLEL:-0}" = 1 ] && [ "$SANITIZE" = yes ]; then
+    sanitize > "$OUT/sanitize.log" 2>&1 &
+    san_pid=$!
+fi
+
+rc_tests=0
+if [ "$SANITIZE" != only ]; then
+    echo "== pytest -m gpu ${PYTEST_ARGS:-}"
+    if [ -n "${PYTEST_ARGS:-}" ]; then
+        # shellcheck disable=SC2086
+        "$PY" -m pytest -m "gpu and not serial" -q -rfE -p no:cacheprovider ${PYTEST_ARGS} \
+            --junitxml="$OUT/junit.xml" 2>&1 | tee "$OUT/pytest.log"
+        rc_tests=${PIPESTATUS[0]}
+        echo "== pytest -m 'gpu and serial'"
+        "$PY" -m pytest -m "gpu and serial" -q -rfE -p no:cacheprovider \
+            --junitxml="$OUT/junit-serial.xml" 2>&1 | tee -a "$OUT/pytest.log"
+        rc=${PIPESTATUS[0]}
+        [ "$rc" -eq 0 ] || [ "$rc" -eq 5 ] || rc_tests=$rc
+    else
+        "$PY" -m pytest -m gpu -q -rA -p no:cacheprovider --junitxml="$OUT/junit.xml" 2>&1 | tee "$OUT/pytest.log"
+        rc_tests=${PIPESTATUS[0]}
+    fi
+fi
+
+if [ -n "$san_pid" ]; then
+    wait "$san_pid"
+    cat "$OUT/sanitize.log"
+fi
+
+rc_extra=0
+if [ "$#" -gt 0 ]; then
+    echo "== extra: $*"
+    "$@" 2>&1 | tee "$OUT/extra.log"
+    rc_extra=${PIPESTATUS[0]}
+fi
+
+[ -n "$san_pid" ] || sanitize
 
 echo "== summary (GPU tier per test file, then the sanitizers)"
 "$PY" - "$OUT/junit.xml" "$rc_tests" "$rc_extra" "$*" "$OUT/sanitizer.tsv" "$SANITIZE" <<'PY'
@@ -86,11 +118,13 @@ path, rc_tests, rc_extra, extra = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]
 san_path, sanitize = sys.argv[5], sys.argv[6]
 rows = defaultdict(lambda: [0, 0, 0])
 failed = []
-try:
-    cases = [] if sanitize == "only" else ET.parse(path).getroot().iter("testcase")
-except (OSError, ET.ParseError) as e:
-    cases = []
-    print(f"(no junit xml: {e})")
+cases = []
+for p in ([] if sanitize == "only" else [path, path.replace("junit.xml", "junit-serial.xml")]):
+    try:
+        cases += list(ET.parse(p).getroot().iter("testcase"))
+    except (OSError, ET.ParseError) as e:
+        if p == path:
+            print(f"(no junit xml: {e})")
 for tc in cases:
     parts = (tc.get("classname") or "?").split(".")
     while len(parts) > 1 and parts[-1][:1].isupper():  # drop test classes: module path remains
