@@ -77,25 +77,48 @@ class Rendered:
     threads: int
     params: CStruct
 
+    @property
+    def attention_name(self) -> str:
+        """The attention kernel of either family (decode_name holds it for prefill too)."""
+        return self.decode_name
+
+
+def _common(spec: AttentionSpec) -> tuple[CStruct, dict]:
+    """The Params struct and the template values every family's source shares."""
+    params = params_struct(spec)
+    extra = params.members[-1].nested
+    head, body = params.c_source().split("{\n", 1)
+    body = body.rsplit("};", 1)[0]
+    return params, dict(spec=spec, ctype=DTYPES[spec.dtype], plan_struct=plan_fields.c_struct(),
+                        extra_struct=extra.c_source(), params_struct_head=head + "{",
+                        params_struct_body=body, params_size=_sizeof(params),
+                        merge_threads=MERGE_THREADS)
+
 
 @functools.lru_cache(maxsize=None)
 def render(spec: AttentionSpec) -> Rendered:
-    params = params_struct(spec)
-    extra = params.members[-1].nested
-    c_params = params.c_source()
-    head, body = c_params.split("{\n", 1)
-    body = body.rsplit("};", 1)[0]
+    params, common = _common(spec)
     threads = spec.num_warps * 32
     smem = decode_smem_bytes(spec)
     decode_name = f"rtattn_decode_{spec.uri}"
     merge_name = f"rtattn_merge_{spec.uri}"
     source = _ENV.get_template("decode.cu.jinja").render(
-        spec=spec, ctype=DTYPES[spec.dtype], plan_struct=plan_fields.c_struct(),
-        extra_struct=extra.c_source(), params_struct_head=head + "{", params_struct_body=body,
-        smem_bytes=smem, params_size=_sizeof(params), threads=threads,
-        min_blocks=min_blocks_per_sm(spec), decode_name=decode_name, merge_name=merge_name,
-        merge_threads=MERGE_THREADS)
+        **common, smem_bytes=smem, threads=threads, min_blocks=min_blocks_per_sm(spec),
+        decode_name=decode_name, merge_name=merge_name)
     return Rendered(source, decode_name, merge_name, smem, threads, params)
+
+
+@functools.lru_cache(maxsize=None)
+def render_prefill(spec: AttentionSpec, tile) -> Rendered:
+    """Prefill source for a spec and a rtattn.families.prefill.PrefillTile (whose resource model
+    gives the shared memory and the CTAs per SM the kernel is compiled for)."""
+    params, common = _common(spec)
+    name = f"rtattn_prefill_{spec.variant}_{spec.dtype}_d{spec.head_dim}_{tile.tag}"
+    source = _ENV.get_template("prefill.cu.jinja").render(
+        **common, name=name, tile=tile, smem_bytes=tile.smem_bytes(spec.head_dim), threads=tile.threads,
+        min_blocks=tile.min_blocks, prefill_name=name, merge_name=name.replace("_prefill_", "_prefill_merge_"))
+    return Rendered(source, name, name.replace("_prefill_", "_prefill_merge_"), tile.smem_bytes(spec.head_dim),
+                    tile.threads, params)
 
 
 def _sizeof(s: CStruct) -> int:

@@ -50,6 +50,15 @@ struct VariantBase {
   __device__ __forceinline__ float OutputTransform(const P&, float o, int, int) const { return o; }
   template <class P>
   __device__ __forceinline__ float SinkLogit(const P&, int) const { return -INFINITY; }
+
+  // Block skipping (tiled kernels): clip [lo, hi) to the KV positions some query at positions
+  // [q_lo, q_hi] can see -- blocks outside are never loaded; and say whether every query in
+  // [q_lo, q_hi] sees every key in [k0, k1) -- such a block skips LogitsMask. A variant whose
+  // mask has no such structure keeps the defaults (all KV, mask every block).
+  template <class P>
+  __device__ __forceinline__ void VisibleKV(const P&, int, int, int&, int&) const {}
+  template <class P>
+  __device__ __forceinline__ bool BlockUnmasked(const P&, int, int, int, int) const { return false; }
 };
 
 }  // namespace rtattn

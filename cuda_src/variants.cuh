@@ -48,6 +48,18 @@ struct StandardAttention : VariantBase {
     if constexpr (WINDOW) keep = keep && kv_idx >= q_pos(qo_idx) - p.extra.window_left;
     return keep;
   }
+  template <class P>
+  __device__ __forceinline__ void VisibleKV(const P& p, int q_lo, int q_hi, int& lo, int& hi) const {
+    if constexpr (CAUSAL) hi = min(hi, q_hi + 1);
+    if constexpr (WINDOW) lo = max(lo, q_lo - p.extra.window_left);
+  }
+  template <class P>
+  __device__ __forceinline__ bool BlockUnmasked(const P& p, int q_lo, int q_hi, int k0, int k1) const {
+    bool all = true;
+    if constexpr (CAUSAL) all = k1 - 1 <= q_lo;
+    if constexpr (WINDOW) all = all && k0 >= q_hi - p.extra.window_left;
+    return all;
+  }
 };
 
 // FlashSigmoid: weight = sigmoid(logit + p.extra.sigmoid_bias); no normalization, so split partials
@@ -92,6 +104,14 @@ struct RopeAttention : VariantBase {
   template <class P>
   __device__ __forceinline__ bool LogitsMask(const P&, int qo_idx, int kv_idx, int, int) const {
     return kv_idx <= q_pos(qo_idx);
+  }
+  template <class P>
+  __device__ __forceinline__ void VisibleKV(const P&, int, int q_hi, int&, int& hi) const {
+    if constexpr (CAUSAL) hi = min(hi, q_hi + 1);
+  }
+  template <class P>
+  __device__ __forceinline__ bool BlockUnmasked(const P&, int q_lo, int, int, int k1) const {
+    return k1 - 1 <= q_lo;
   }
 };
 

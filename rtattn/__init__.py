@@ -4,6 +4,8 @@
     w = rtattn.BatchDecodeWrapper(32, 8, 128, 16, max_batch=256, max_pages=65536)
     w.plan(kv_indptr, kv_indices, kv_last_page_len)   # host arrays, once per step
     out = w.run(q, k_cache, v_cache)                   # DLPack tensors, once per layer
+    p = rtattn.BatchPrefillWrapper(32, 8, 128, 16, max_batch=16, max_qo_tokens=16384, max_pages=8192)
+    p.plan(qo_indptr, kv_indptr, kv_indices, kv_last_page_len); out = p.run(q, k_cache, v_cache)
 
 Importing rtattn never needs a GPU; asking for a device without one raises NoDeviceError.
 """
@@ -46,7 +48,8 @@ from rtattn.codegen.spec import AttentionSpec, Param, custom_variant  # noqa: E4
 from rtattn.cascade import CascadeWrapper  # noqa: E402
 from rtattn.merge import merge_state, merge_states  # noqa: E402
 from rtattn.runtime import NoDeviceError, has_device  # noqa: E402
+from rtattn.prefill_wrapper import BatchPrefillWrapper  # noqa: E402
 from rtattn.wrapper import BatchDecodeWrapper  # noqa: E402
 
-__all__ = ["BatchDecodeWrapper", "CascadeWrapper", "AttentionSpec", "Param", "custom_variant", "merge_state", "merge_states",
+__all__ = ["BatchDecodeWrapper", "BatchPrefillWrapper", "CascadeWrapper", "AttentionSpec", "Param", "custom_variant", "merge_state", "merge_states",
            "NoDeviceError", "has_device"]

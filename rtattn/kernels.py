@@ -21,6 +21,7 @@ import re
 
 from rtattn.codegen.render import MERGE_THREADS, Rendered, render
 from rtattn.codegen.spec import AttentionSpec
+from rtattn.families import resources
 from rtattn.runtime import Device, Module, compile_to_cubin
 from rtattn.runtime.launch import KernelCall, Params
 
@@ -61,15 +62,12 @@ class DecodeKernels:
         self.decode.set_max_dynamic_smem(self.rendered.smem_bytes)
         self.merge = self.module.function(self.rendered.merge_name)
         self.merge_ctas = self.device.props.sm_count * MERGE_CTAS_PER_SM
-        self.ctas_per_sm = self.decode.occupancy(self.rendered.threads, self.rendered.smem_bytes)
-        if self.ctas_per_sm < 1:
-            raise RuntimeError(f"{self.rendered.decode_name} cannot be resident on {self.device.name} "
-                               f"({self.rendered.smem_bytes} B shared memory, {self.decode.attributes()})")
+        self.ctas_per_sm = resources.resident_ctas(self.decode, self.rendered, self.device)
         self.pdl_capable = self.device.props.cc >= (9, 0)
 
     def num_ctas(self, num_kv_heads: int) -> int:
         """Fixed grid x: every SM busy with `ctas_per_sm` CTAs across the KV heads."""
-        return max(1, self.device.props.sm_count * self.ctas_per_sm // num_kv_heads)
+        return resources.grid_ctas(self.device, self.ctas_per_sm, num_kv_heads)
 
     def calls(self, params: Params, num_ctas: int, grid_y: int, merge: bool = True,
               pdl: bool = True) -> list[KernelCall]:

@@ -15,36 +15,21 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-
-from rtattn.codegen.spec import BUILTINS, AttentionSpec, default_stages
+from rtattn.codegen.cstruct import FieldWriter
+from rtattn.families import decode as decode_family
 from rtattn.kernels import decode_kernels
 from rtattn.plan import devices as plan_devices
-from rtattn.plan.inspector import Planner, PlanInfo, check_window
+from rtattn.plan.inspector import Planner, PlanInfo
 from rtattn.plan.layout import check_config, check_int
-from rtattn.codegen.cstruct import FieldWriter
-from rtattn.runtime import DeviceBuffer, Event, PinnedBuffer, current_device, memcpy_htod_async, memset_d32
-from rtattn.runtime.launch import Launch, Params, stream_handle
-from rtattn.tensors import (TensorImports, cuda_tensor, expect_inner_contiguous, expect_shape, expect_vector_aligned,
-                            same_device)
+from rtattn.runtime import DeviceBuffer, current_device
+from rtattn.runtime.launch import Params, stream_handle
+from rtattn.tensors import TensorImports, expect_inner_contiguous, expect_shape, expect_vector_aligned, same_device
+from rtattn.wrapper_base import KV_LAYOUTS, PlannedLaunch, PlannedWrapper, host_array, paged_strides, select
 
-KV_LAYOUTS = ("NHD", "HND")
-
-
-def _spec_for(variant, dtype: str, head_dim: int, group: int, arch: str) -> AttentionSpec:
-    m_tiles = 1 if group <= 16 else 2
-    if isinstance(variant, AttentionSpec):
-        if variant.head_dim != head_dim or variant.dtype != dtype:
-            raise ValueError(f"variant spec is for head_dim={variant.head_dim}, dtype={variant.dtype}; "
-                             f"the wrapper has head_dim={head_dim}, dtype={dtype}")
-        return variant if variant.rows >= group else variant.with_(m_tiles=m_tiles)
-    if variant not in BUILTINS:
-        raise ValueError(f"unknown variant {variant!r}; built-ins are {sorted(BUILTINS)} "
-                         f"(or pass an AttentionSpec)")
-    return BUILTINS[variant](dtype=dtype, head_dim=head_dim, m_tiles=m_tiles, stages=default_stages(head_dim, arch))
+_host, _select, _paged_strides = host_array, select, paged_strides
 
 
-class BatchDecodeWrapper:
+class BatchDecodeWrapper(PlannedWrapper):
     def __init__(self, num_qo_heads: int, num_kv_heads: int, head_dim: int, page_size: int, *,
                  max_batch: int, max_pages: int, max_qo_tokens: int | None = None,
                  variant="plain", dtype: str = "bfloat16", kv_layout: str = "NHD",
@@ -62,7 +47,7 @@ class BatchDecodeWrapper:
         self.num_qo_heads, self.num_kv_heads, self.head_dim = num_qo_heads, num_kv_heads, head_dim
         self.group = num_qo_heads // num_kv_heads
         self.page_size, self.kv_layout, self.dtype = page_size, kv_layout, dtype
-        self.spec = _spec_for(variant, dtype, head_dim, self.group, self.device.arch)
+        self.spec = decode_family.spec_for(variant, dtype, head_dim, self.group, self.device.arch)
         if self.group > self.spec.rows:
             raise ValueError(f"head group {self.group} exceeds the kernel's {self.spec.rows} rows")
         self.kernels = decode_kernels(self.spec, self.device.ordinal)
@@ -85,20 +70,7 @@ class BatchDecodeWrapper:
                                causal=self.spec.causal, num_pages_pool=num_pages_pool,
                                max_qo_len=1 if one_token else None)
         self._pool_given = num_pages_pool is not None   # else learnt from the caches (_check_pool)
-        self.layout = self.planner.layout
-        # Two pinned plan buffers, used in turn: plan() for step N+1 fills one while step N's
-        # copy (queued behind step N-1's kernels) may still be pending from the other, so the
-        # host only waits on the copy of two steps ago instead of on the GPU's current work.
-        self._pinned = tuple(PinnedBuffer(self.layout.plan_bytes, self.device) for _ in range(2))
-        self._pinned_arrays = tuple(b.array for b in self._pinned)  # stable objects: the planner caches views
-        self._copied = tuple(Event(timing=False) for _ in range(2))
-        self._in_flight = [False, False]
-        self._slot = 0
-        self.pinned = self._pinned[0]   # the buffer holding the latest plan
-        self.workspace = self._workspace(workspace)
-        self._counters = self.workspace_ptr + self.layout.merge_counters_offset(num_qo_heads, head_dim)
-        memset_d32(self._counters, 0, self.layout.merge_counters_bytes(num_qo_heads) // 4)
-        self._fixed = self._fixed_params()
+        self._setup_buffers(workspace)
         self._template, self._write = self._argument_template()
         self._eager, self._eager_key = None, None
         self._imports = TensorImports(self.device.ordinal)
@@ -106,26 +78,6 @@ class BatchDecodeWrapper:
         self._default_scale = (sc, sc * 1.4426950408889634)
         self._per_page = (page_size, num_kv_heads, head_dim) if kv_layout == "NHD" else (num_kv_heads, page_size, head_dim)
         self._param_names = frozenset(p.name for p in self.spec.params)
-        self._may_split = self.planner.bounds.max_merge_rows > 0   # naive plans never need the merge kernel
-        self.info: PlanInfo | None = None
-        self._nnz = 0   # pages the latest plan reads (kv_indptr[-1])
-        self.window_left: int | None = None   # the planned window (sliding-window variants)
-
-    def _workspace(self, workspace):
-        need = self.planner.workspace_bytes()
-        if workspace is None:
-            buf = DeviceBuffer(need, self.device)
-            return buf
-        t = cuda_tensor("workspace", workspace)
-        if t.nbytes < need:
-            raise ValueError(f"workspace has {t.nbytes} bytes, this wrapper needs {need}")
-        if t.ptr % 256:
-            raise ValueError(f"workspace must be 256-byte aligned (got 0x{t.ptr:x})")
-        return t
-
-    @property
-    def workspace_ptr(self) -> int:
-        return self.workspace.ptr
 
     # ------------------------------------------------------------------ plan
     def plan(self, kv_indptr, kv_indices, kv_last_page_len, qo_indptr=None, stream=None, *,
@@ -138,27 +90,10 @@ class BatchDecodeWrapper:
 
         Sliding-window variants need `window_left` here (the plan reads only the window;
         run() takes it from the plan and refuses a params window that disagrees)."""
-        window_left = check_window(window_left)
-        if self.spec.window and window_left is None:
-            raise ValueError(f"window_left: variant {self.spec.variant!r} has a sliding window; pass "
-                             f"plan(..., window_left=N) so the plan reads only the window")
-        if window_left is not None and not self.spec.window:
-            raise ValueError(f"window_left={window_left}: variant {self.spec.variant!r} has no sliding window")
+        window_left = self._check_window(window_left)
         kv_indptr, kv_indices, kv_last_page_len = (_host(a) for a in (kv_indptr, kv_indices, kv_last_page_len))
-        slot = self._slot
-        if self._in_flight[slot]:  # this buffer's copy (two plans ago) may not have run yet
-            self._copied[slot].synchronize()
-        buf = self._pinned[slot]
         qo_indptr = None if qo_indptr is None else _host(qo_indptr)   # None: decode
-        info = self.planner.plan(qo_indptr, kv_indptr, kv_indices, kv_last_page_len, out=self._pinned_arrays[slot],
-                                 window_left=window_left)
-        memcpy_htod_async(self.workspace_ptr, buf.ptr, self.layout.plan_bytes, stream)
-        self._copied[slot].record(stream)
-        self._in_flight[slot] = True
-        self._slot, self.pinned = slot ^ 1, buf
-        self._nnz = int(kv_indptr[-1])
-        self.info, self.window_left = info, window_left
-        return info
+        return self._plan_and_copy(qo_indptr, kv_indptr, kv_indices, kv_last_page_len, stream, window_left)
 
     # ------------------------------------------------------------------ run
     def run(self, q, k_cache, v_cache=None, *, out=None, lse=None, stream=None, sm_scale=None,
@@ -285,30 +220,10 @@ class BatchDecodeWrapper:
         expect_vector_aligned(name, t)
         return (t.shape[0], name, t.shape, t.ptr) + _paged_strides(t, self.kv_layout)
 
-    def _check_pool(self, name: str, pages: int) -> None:
-        """A cache of `pages` pages bounds the pool plan() accepts from now on (every launch
-        prepared on it replays later plans); refuse it if the current plan already reads past."""
-        pool = self.planner.num_pages_pool
-        if pool is not None and pages >= pool:
-            return
-        if self._pool_given:
-            raise ValueError(f"{name} holds {pages} pages, fewer than num_pages_pool={pool} "
-                             f"the wrapper was built with")
-        ids = self.info.views["kv_indices"][:self._nnz]
-        top = int(ids.max()) if self._nnz else -1
-        if pages <= top:
-            raise ValueError(f"{name} holds {pages} pages but the plan reads page {top}")
-
     def _extra(self, params: dict | None, stream_handle: int) -> tuple:
         """Variant parameters in member order: scalars as numbers, tensors as CUDA pointers.
         The window comes from the plan (params may repeat it, not change it)."""
-        params = params or {}
-        if self.spec.window:
-            given = params.get("window_left", self.window_left)
-            if isinstance(given, bool) or not isinstance(given, (int, np.integer)) or given != self.window_left:
-                raise ValueError(f"params['window_left']={given!r} disagrees with the planned "
-                                 f"window_left={self.window_left} (plan(..., window_left=N) sets it)")
-            params = {**params, "window_left": self.window_left}
+        params = self._with_planned_window(params or {})
         names = self._param_names
         if len(params) != len(names) or any(n not in params for n in names):
             unknown = sorted(set(params) - set(names))
@@ -336,19 +251,6 @@ class BatchDecodeWrapper:
             raise ValueError(f"{name} must be contiguous, got strides {t.strides}")
         return t.ptr
 
-    def _fixed_params(self) -> dict:
-        """Kernel arguments that never change for this wrapper (workspace and plan pointers, head
-        layout), computed once instead of on every run()."""
-        ws = self.workspace_ptr
-        return dict(
-            partial_o=ws + self.layout.partial_o_offset(),
-            partial_lse=ws + self.layout.partial_lse_offset(self.num_qo_heads, self.head_dim),
-            merge_counters=self._counters, fused_merge=int(self.fused_merge),
-            plan={name: ws + off for name, off in self.layout.offsets.items()},
-            num_qo_heads=self.num_qo_heads, group_size=self.group,
-            merge_row_capacity=max(1, self.layout.bounds.max_merge_rows),
-            page_shift=self.page_size.bit_length() - 1)
-
     def _argument_template(self):
         """The packed argument struct with every fixed member set and the per-call ones zero, and
         the writer of the per-call members (tensor pointers and strides, scales, variant params)."""
@@ -364,38 +266,8 @@ class BatchDecodeWrapper:
         return template, writer
 
 
-class DecodeLaunch(Launch):
-    """A validated launch of the decode (and merge) kernels: calling it enqueues them.
-    `args` is its argument buffer; `out`/`lse` what run() returns."""
-
-    def __init__(self, wrapper: BatchDecodeWrapper, calls, args: Params):
-        super().__init__(calls, device=wrapper.device)
-        self.wrapper, self.args = wrapper, args
-        self.out = self.lse = self.keep = None
-        self.window_left = None   # packed into the arguments: a replan must keep it
-        self.tokens = 0           # query rows of its q/out/lse: a replan may not read or write more
-
-    @property
-    def params(self) -> bytes:
-        """The argument struct's bytes."""
-        return bytes(self.args)
-
-    def check_plan(self) -> None:
-        """The current plan must be one this launch's packed arguments fit: its window, and no more
-        query tokens than its q/out/lse hold (a replay would read and write past them)."""
-        w = self.wrapper
-        if w.window_left != self.window_left:
-            raise ValueError(f"window_left: this launch was prepared for window {self.window_left}, the "
-                             f"current plan has {w.window_left}; prepare() again")
-        if w.info.num_qo_tokens > self.tokens:
-            raise ValueError(f"q: this launch was prepared with {self.tokens} query tokens, the current "
-                             f"plan has {w.info.num_qo_tokens}; prepare() again with tensors that hold them")
-
-    def __call__(self, stream=None) -> None:
-        w = self.wrapper
-        if self.window_left != w.window_left or w.info.num_qo_tokens > self.tokens:
-            self.check_plan()
-        super().__call__(stream)
+class DecodeLaunch(PlannedLaunch):
+    """A validated launch of the decode (and merge) kernels: calling it enqueues them."""
 
 
 def _checked(name: str, t, dtype: str, ndim: int, device_id: int):
@@ -416,29 +288,3 @@ def _tokens_mismatch(derived, n_tok: int, exact: bool = True):
 
 def _pointer_of(name, t) -> int:
     return t.ptr
-
-
-def _host(a) -> np.ndarray:
-    if isinstance(a, np.ndarray):
-        return a
-    if hasattr(a, "__dlpack__"):
-        dev = a.__dlpack_device__()[0] if hasattr(a, "__dlpack_device__") else 1
-        if int(dev) not in (1, 3):  # kDLCPU, kDLCUDAHost
-            raise ValueError("plan() takes host arrays (the plan is computed on the CPU); got device memory")
-        return np.from_dlpack(a)
-    return np.asarray(a)
-
-
-def _select(t, axis: int, index: int):
-    """View of t with `axis` fixed at `index` (no copy)."""
-    from rtattn.runtime import export
-    shape = t.shape[:axis] + t.shape[axis + 1:]
-    strides = t.strides[:axis] + t.strides[axis + 1:]
-    return export(t.ptr + index * t.strides[axis] * t.itemsize, shape, t.dtype, t.device_id, strides, owner=t)
-
-
-def _paged_strides(t, layout: str) -> tuple[int, int, int]:
-    """(page, token-in-page, head) strides in elements for either cache layout."""
-    if layout == "NHD":
-        return t.strides[0], t.strides[1], t.strides[2]
-    return t.strides[0], t.strides[2], t.strides[1]

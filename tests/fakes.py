@@ -7,6 +7,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from rtattn import wrapper as W
+from rtattn import wrapper_base as B
 from rtattn.codegen.render import render
 from rtattn.runtime import export
 from rtattn.runtime import launch as launch_mod
@@ -75,11 +76,12 @@ def install(monkeypatch, kernels, *, device=None, buffer=FakeBuffer, memcpy=lamb
     dev = device or fake_device()
     monkeypatch.setattr(W, "current_device", lambda d=None: dev)
     monkeypatch.setattr(W, "decode_kernels", lambda spec, ordinal: kernels(spec))
-    monkeypatch.setattr(W, "DeviceBuffer", buffer)
-    monkeypatch.setattr(W, "PinnedBuffer", buffer)
-    monkeypatch.setattr(W, "Event", lambda timing=False: SimpleNamespace(record=lambda s=None: None,
+    monkeypatch.setattr(B, "Event", lambda timing=False: SimpleNamespace(record=lambda s=None: None,
                                                                           synchronize=lambda: None))
-    monkeypatch.setattr(W, "memcpy_htod_async", memcpy)
-    monkeypatch.setattr(W, "memset_d32", lambda ptr, value, count: None)
+    for mod in (W, B):   # the wrapper base holds the shared buffers; the decode wrapper its own outputs
+        for name, fake in (("DeviceBuffer", buffer), ("PinnedBuffer", buffer), ("memcpy_htod_async", memcpy),
+                           ("memset_d32", lambda ptr, value, count: None)):
+            if hasattr(mod, name):
+                monkeypatch.setattr(mod, name, fake)
     monkeypatch.setattr(launch_mod, "enqueue", fake_enqueue)
     return dev

@@ -38,3 +38,12 @@ def test_mapped_subpackages_match_pyproject():
     tomllib = pytest.importorskip("tomllib")
     cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
     assert {k: v for k, v in cfg.items() if k != v} == rtattn.MAPPED_SUBPACKAGES
+
+
+def test_every_rtattn_subpackage_is_listed_in_pyproject():
+    """A subpackage missing from `packages` imports from the checkout but not once installed."""
+    tomllib = pytest.importorskip("tomllib")
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {"rtattn." + ".".join(p.parent.relative_to(ROOT / "rtattn").parts)
+             for p in (ROOT / "rtattn").rglob("__init__.py") if p.parent != ROOT / "rtattn"}
+    assert found <= listed, sorted(found - listed)

@@ -32,6 +32,10 @@ def _compile(kind, key, arch):
         from rtattn.kernels import compile_spec
         spec = next(s for s in shipped_specs(arch) if s.uri == key)
         compile_spec(spec, arch, quiet=True)
+    elif kind == "prefill":
+        from rtattn.families import prefill
+        spec, tile = next((s, t) for s, t in prefill.shipped(arch) if prefill.instance_name(s, t) == key)
+        prefill.compile_prefill(spec, tile, arch, quiet=True)
     else:
         from rtattn import merge
         from rtattn.runtime import compile_to_cubin
@@ -61,7 +65,10 @@ def _main(argv) -> int:
         raise CliError(f"--jobs must be >= 1, got {args.jobs}")
     from rtattn.kernels import check_arch
     arch = check_arch(args.arch or _default_arch())
+    from rtattn.families import prefill
     jobs = [("decode", s.uri, arch) for s in shipped_specs(arch) if args.filter in s.uri]
+    jobs += [("prefill", n, arch) for n in (prefill.instance_name(s, t) for s, t in prefill.shipped(arch))
+             if args.filter in n]
     if args.filter in "merge_states":
         jobs.append(("merge_states", "merge_states", arch))
     if not jobs:

@@ -123,9 +123,10 @@ def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, b: int, q_rows: np.nd
     if var.rope:
         q = rope(q, q_pos + var.rope_offset, var.rope_theta)
         k = rope(k, cols + var.rope_offset, var.rope_theta)
-    kh = np.repeat(k, g, axis=1)   # [m, H, D]: query head h reads kv head h // g
-    vh = np.repeat(v, g, axis=1)
-    s = np.einsum("nhd,mhd->hnm", q, kh) * scale
+    # [H, m, D]: query head h reads kv head h // g; batched matmuls run on BLAS
+    kh = np.repeat(k.transpose(1, 0, 2), g, axis=0)
+    vh = np.repeat(v.transpose(1, 0, 2), g, axis=0)
+    s = (q.transpose(1, 0, 2) @ kh.transpose(0, 2, 1)) * scale   # [H, n, m]
     if var.alibi:
         s = s + alibi_slopes(H)[:, None, None] * (cols[None, :] - q_pos[:, None])[None]
     if var.logits_soft_cap > 0:
@@ -140,7 +141,7 @@ def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, b: int, q_rows: np.nd
     keep = np.broadcast_to(keep[None], s.shape)
     if var.sigmoid:
         w = np.where(keep, 1.0 / (1.0 + np.exp(-(s + var.sigmoid_bias))), 0.0)
-        o = np.einsum("hnm,mhd->nhd", w, vh)
+        o = (w @ vh).transpose(1, 0, 2)
         tot = w.sum(-1).T
         with np.errstate(divide="ignore"):
             lse = np.where(tot > 0, np.log(np.where(tot > 0, tot, 1.0)), -np.inf)
@@ -152,7 +153,7 @@ def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, b: int, q_rows: np.nd
     z = p.sum(-1)
     with np.errstate(divide="ignore", invalid="ignore"):
         lse = np.where(z > 0, safe + np.log(np.where(z > 0, z, 1.0)), -np.inf)
-        o = np.einsum("hnm,mhd->nhd", p / np.where(z > 0, z, 1.0)[..., None], vh)
+        o = ((p / np.where(z > 0, z, 1.0)[..., None]) @ vh).transpose(1, 0, 2)
     return o, lse.T
 
 

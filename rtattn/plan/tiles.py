@@ -4,10 +4,10 @@ Head-group fusion: the g = H_qo / H_kv query heads that share a KV head are
 folded into the row axis (effective rows = query tokens x g), so one K/V load
 serves g heads.  The decode kernel (CUDA cores) handles up to `max_rows`
 effective rows per CTA, hence tile_q = max(1, max_rows // g) query tokens.
-Prefill (tensor cores) picks T_q in {16, 32, 64, 128} rows and the largest
-T_kv in {32, 64, 128} that keeps occupancy.
+Prefill's tile policy and resource model live with its family (rtattn.families.prefill);
+select_tile(kernel="prefill") asks it.
 
-KERNEL_RESOURCES is the one place the kernel author adjusts the resource model.
+KERNEL_RESOURCES is the one place the decode kernel's author adjusts its resource model.
 """
 from __future__ import annotations
 
@@ -26,14 +26,7 @@ KERNEL_RESOURCES = {
         128: dict(threads=128, regs=244, stages=3, tile_kv=64, extra_smem=1536),
         256: dict(threads=128, regs=255, stages=3, tile_kv=64, extra_smem=1536),
     },
-    "prefill": {
-        64: dict(threads=128, regs=168, stages=2, tile_kv=None, extra_smem=1024),
-        128: dict(threads=128, regs=168, stages=2, tile_kv=None, extra_smem=1024),
-        256: dict(threads=128, regs=255, stages=2, tile_kv=None, extra_smem=1024),
-    },
 }
-PREFILL_TILE_Q = (16, 32, 64, 128)
-PREFILL_TILE_KV = (128, 64, 32)   # largest first: take the largest that keeps occupancy
 DEFAULT_MAX_ROWS = 16
 
 
@@ -91,8 +84,18 @@ def select_tile(device, num_qo_heads: int, num_kv_heads: int, head_dim: int,
         raise ValueError(f"num_qo_heads={num_qo_heads} is not a multiple of "
                          f"num_kv_heads={num_kv_heads}")
     g = num_qo_heads // num_kv_heads
-    if kernel not in KERNEL_RESOURCES:
-        raise ValueError(f"kernel must be one of {sorted(KERNEL_RESOURCES)}, got {kernel!r}")
+    if kernel == "prefill":
+        # The prefill family owns its tile policy and resource model (rtattn.families.prefill).
+        from rtattn.families import prefill as family
+        avg = avg_qo_len if avg_qo_len is not None else max_qo_len
+        tile = family.choose_tile(dev, head_dim, g, avg, rows=max_rows if max_rows in family.ROWS else None)
+        cfg = family.tile_config(tile, head_dim, g)
+        if max_qo_len < cfg.tile_q:   # a tile never needs more tokens than the longest query
+            cfg = TileConfig(max(1, max_qo_len), cfg.tile_kv, cfg.max_rows, cfg.stages, cfg.threads,
+                             cfg.smem_bytes, cfg.kernel, cfg.regs, cfg.ctas_per_sm)
+        return cfg
+    if kernel != "decode":
+        raise ValueError(f"kernel must be one of ['decode', 'prefill'], got {kernel!r}")
     res = KERNEL_RESOURCES[kernel][_bucket(head_dim)]
     if kernel == "decode":
         if max_rows is None:
@@ -113,27 +116,3 @@ def select_tile(device, num_qo_heads: int, num_kv_heads: int, head_dim: int,
                              f"{dev.smem_per_block_optin} B on {dev.name}")
         return TileConfig(tile_q, tile_kv, max_rows, stages, res["threads"], smem, "decode",
                           res["regs"], occ)
-    if kernel != "prefill":
-        raise ValueError(f"kernel must be 'decode' or 'prefill', got {kernel!r}")
-    # Smallest T_q (rows) covering the average effective row count.
-    avg_rows = (avg_qo_len if avg_qo_len is not None else max_qo_len) * g
-    rows = next((t for t in PREFILL_TILE_Q if t >= avg_rows), PREFILL_TILE_Q[-1])
-    rows = max(rows, -(-g // 1))
-    if max_rows is not None:
-        rows = min(rows, max_rows)
-    rows = max(rows, g)
-    best = None
-    for tkv in PREFILL_TILE_KV:
-        smem = smem_bytes(res["stages"], tkv, head_dim, dtype_bytes, res["extra_smem"], rows)
-        occ = occupancy(dev, res["threads"], res["regs"], smem)
-        if occ >= 1 and (best is None or occ > best[1]):
-            best = (tkv, occ, smem)
-        if occ >= 2:   # enough to hide latency; take the largest T_kv reaching it
-            best = (tkv, occ, smem)
-            break
-    if best is None:
-        raise ValueError(f"no prefill tile fits {dev.name} for head_dim={head_dim}")
-    tkv, occ, smem = best
-    tile_q = max(1, min(rows // g, max(1, max_qo_len)))
-    return TileConfig(tile_q, tkv, rows, res["stages"], res["threads"], smem, "prefill",
-                      res["regs"], occ)

@@ -1,0 +1,78 @@
+// Online softmax over one thread's rows of an mma.sync m16n8 accumulator tile (the prefill
+// kernel's per-warp state; decode's per-warp loop is the same arithmetic and can adopt it).
+// A thread holds rows lane/4 (h = 0) and lane/4 + 8 (h = 1) of a 16-row tile; the 4 lanes of a
+// quad hold the row's columns. Logits arrive in log2 units with masked entries at -inf; the
+// state keeps the running max m (log2) and the running weight sum l of this thread's columns
+// (the quad's sums are added once, at the end). SOFTMAX = false (FlashSigmoid): weights are
+// sigmoid(logit), nothing is rescaled, O and l are plain sums.
+#pragma once
+#include "ptx.cuh"
+
+namespace rtattn {
+
+constexpr float kLog2eF = 1.4426950408889634f;
+constexpr float kLn2F = 0.6931471805599453f;
+
+template <bool SOFTMAX, int NT, int DT>  // NT n-tiles of logits, DT n-tiles (8 columns) of O
+struct RowSoftmax {
+  float m[2], l[2];
+
+  __device__ __forceinline__ void reset() {
+    m[0] = m[1] = -INFINITY;
+    l[0] = l[1] = 0.f;
+  }
+  // Logits s (times `scale`: they reach the exponent as one fused multiply-add) -> weights, in
+  // place; O rows rescaled to the new max. scale > 0 (log2 units after scaling).
+  __device__ __forceinline__ void update(float (&s)[NT][4], float (&o)[DT][4], float scale) {
+    if constexpr (SOFTMAX) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int n = 0; n < NT; ++n) mx = fmaxf(mx, fmaxf(s[n][2 * h], s[n][2 * h + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
+        const float m_new = fmaxf(m[h], mx * scale);
+        const float base = m_new == -INFINITY ? 0.f : m_new;  // nothing visible yet: no NaN
+        const float corr = fast_exp2(m[h] - base);
+        m[h] = m_new;
+        float sum = 0.f;
+#pragma unroll
+        for (int n = 0; n < NT; ++n) {
+          s[n][2 * h] = fast_exp2(fmaf(s[n][2 * h], scale, -base));
+          s[n][2 * h + 1] = fast_exp2(fmaf(s[n][2 * h + 1], scale, -base));
+          sum += s[n][2 * h] + s[n][2 * h + 1];
+        }
+        l[h] = l[h] * corr + sum;
+#pragma unroll
+        for (int dn = 0; dn < DT; ++dn) {
+          o[dn][2 * h] *= corr;
+          o[dn][2 * h + 1] *= corr;
+        }
+      }
+    } else {
+#pragma unroll
+      for (int n = 0; n < NT; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float x = s[n][e] * scale;  // log2 units: sigmoid(x ln2) = 1 / (1 + 2^-x)
+          s[n][e] = x == -INFINITY ? 0.f : 1.f / (1.f + fast_exp2(-x));
+          l[e / 2] += s[n][e];
+        }
+    }
+  }
+  // The quad's total weight of row h (every lane of the quad gets it).
+  __device__ __forceinline__ float total(int h) const {
+    float x = l[h];
+    x += __shfl_xor_sync(0xffffffff, x, 1);
+    x += __shfl_xor_sync(0xffffffff, x, 2);
+    return x;
+  }
+  // Natural-log LSE of a row from its total weight.
+  __device__ __forceinline__ float lse(int h, float l_total) const {
+    const float base = (!SOFTMAX || m[h] == -INFINITY) ? 0.f : m[h];
+    return l_total > 0.f ? (base + __log2f(l_total)) * kLn2F : -INFINITY;
+  }
+};
+
+}  // namespace rtattn

@@ -1,0 +1,25 @@
+// XOR-swizzled shared-memory tiles of 16-bit rows (q, K, V), shared by the kernel families.
+//
+// A tile row of HEAD_DIM elements is stored unpadded, so every row starts on a 128-byte line as it
+// does in global memory (whole-sector cp.async copies); the 16-byte chunk index is XOR-ed with
+// row % 8 inside its line, so the 8 rows one ldmatrix reads hit 8 distinct bank groups.
+// (decode.cuh's DecodeShape::at/kstep are the same two functions; it can include this header.)
+#pragma once
+#include "types.cuh"
+
+namespace rtattn {
+
+template <int HEAD_DIM>
+struct SwizzledRows {
+  static_assert(HEAD_DIM % 64 == 0, "the swizzle spans 8 chunks of 8 elements: head_dim % 64 == 0");
+  // Element offset of 16-byte chunk `chunk` of row `row`.
+  static __device__ __forceinline__ int at(int row, int chunk) { return row * HEAD_DIM + ((chunk ^ (row & 7)) << 3); }
+  // Shared address of chunk + 2*kk of a row, from addr0 = the address of (row, chunk) with chunk 0
+  // or 1: the tile starts on a 128-byte line, so bits 4-6 of addr0 are the swizzled chunk; XOR-ing
+  // 2*kk's low bits in and adding its high bits as an immediate costs one instruction, no register.
+  static __device__ __forceinline__ uint32_t kstep(uint32_t addr0, int kk) {
+    return (addr0 ^ (((2 * kk) & 7) << 4)) + (((2 * kk) & ~7) << 4);
+  }
+};
+
+}  // namespace rtattn

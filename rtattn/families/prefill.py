@@ -1,0 +1,173 @@
+"""The prefill family: tile policy, resource model and the kernels a launch enqueues, in one place.
+
+A tile is ROWS = 16 * mma_q * num_warps fused query rows (tokens x head group) against TILE_KV
+KV tokens per pipeline stage. Its shared memory (q tile + stages x (K + V) tiles) and the CTAs
+per SM it is compiled for (__launch_bounds__) come from `PrefillTile` alone, from the device's
+real limits: the renderer spells the same numbers into the source (a static_assert checks the
+shared memory), the planner sizes its grid with them, and the loaded kernel's occupancy is
+checked against them.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+from rtattn.codegen.render import MERGE_THREADS, Rendered, render_prefill
+from rtattn.codegen.spec import BUILTINS, DTYPES, AttentionSpec
+from rtattn.plan import devices as plan_devices
+from rtattn.plan.tiles import TileConfig
+
+from . import resources
+
+ROWS = (16, 32, 64, 128)
+TILE_KV = (32, 64, 128)
+MAX_CTAS_PER_SM = 2   # register budget: 255 per thread at 128 threads leaves room for 2
+
+
+@dataclass(frozen=True)
+class PrefillTile:
+    rows: int            # fused query rows per CTA (tile_q tokens x g heads fit in it)
+    tile_kv: int         # KV tokens per pipeline stage
+    num_warps: int
+    stages: int
+    paged: bool = True   # False: ragged KV (rows of a [tokens, H, D] tensor)
+    min_blocks: int = 1  # CTAs per SM the kernel is compiled for (resource model)
+
+    def __post_init__(self):
+        if self.rows not in ROWS:
+            raise ValueError(f"prefill rows={self.rows}: use one of {ROWS}")
+        if self.tile_kv not in TILE_KV:
+            raise ValueError(f"prefill tile_kv={self.tile_kv}: use one of {TILE_KV}")
+        if self.num_warps < 1 or self.rows % (16 * self.num_warps):
+            raise ValueError(f"rows={self.rows} is not a multiple of 16 x num_warps={self.num_warps}")
+        if self.stages < 2:
+            raise ValueError(f"stages={self.stages}: the pipeline needs at least 2")
+
+    @property
+    def mma_q(self) -> int:
+        return self.rows // (16 * self.num_warps)
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.num_warps
+
+    def smem_bytes(self, head_dim: int, elem_bytes: int = 2) -> int:
+        """Mirror of rtattn::PrefillShape::smem_bytes: q tile + stages x (K tile + V tile)."""
+        return (self.rows + self.stages * 2 * self.tile_kv) * head_dim * elem_bytes
+
+    @property
+    def tag(self) -> str:
+        return (f"q{self.rows}_kv{self.tile_kv}_w{self.num_warps}_s{self.stages}"
+                f"{'' if self.paged else '_ragged'}_b{self.min_blocks}")
+
+
+def spec_for(variant, dtype: str, head_dim: int) -> AttentionSpec:
+    """A built-in variant's name or an AttentionSpec -> the spec (prefill has no per-spec tile)."""
+    return resources.variant_spec(variant, dtype, head_dim)
+
+
+def choose_tile(device, head_dim: int, group: int, avg_qo_len: float = 1024, *, paged: bool = True,
+                rows: int | None = None, tile_kv: int | None = None, num_warps: int | None = None,
+                stages: int | None = None) -> PrefillTile:
+    """The tile for a workload: the smallest ROWS covering the average fused rows (avg query length
+    x g), at least the head group; head_dim 256 at most 64 rows (O alone is 128 registers per
+    thread there). KV tile and stages: the largest that keep MAX_CTAS_PER_SM resident where the
+    shared memory allows it. Any argument given explicitly overrides the policy (A/B tests)."""
+    dev = plan_devices.get_device(device)
+    if group > ROWS[-1]:
+        raise ValueError(f"head group {group} exceeds the prefill kernel's {ROWS[-1]} rows")
+    if rows is None:
+        need = max(group, avg_qo_len * group)
+        rows = next((r for r in ROWS if r >= need), ROWS[-1])
+        if head_dim > 128:
+            rows = min(rows, 64)
+        rows = max(rows, next(r for r in ROWS if r >= group))
+    if num_warps is None:
+        num_warps = min(4, rows // 16)
+    # Measured on the H200 (docs/perf-log.md, prefill v1): d128 at 128 rows, 32-token tiles in 3
+    # stages beat 64-token tiles in 2 (+8% at 16 x 1024, +5% at 1 x 16384; same 2 CTAs/SM).
+    if tile_kv is None:
+        tile_kv = {64: 64, 128: 32, 256: 32}[head_dim]
+    if stages is None:
+        stages = 2 if head_dim > 128 else 3
+    tile = PrefillTile(rows, tile_kv, num_warps, stages, paged)
+    smem = tile.smem_bytes(head_dim)
+    if smem > dev.smem_per_block_optin:
+        raise ValueError(f"prefill tile {tile.tag} needs {smem} B of shared memory, more than the "
+                         f"{dev.smem_per_block_optin} B one block may use on {dev.name}")
+    blocks = resources.blocks_by_smem(dev, smem, MAX_CTAS_PER_SM)
+    return PrefillTile(rows, tile_kv, num_warps, stages, paged, blocks)
+
+
+def tile_config(tile: PrefillTile, head_dim: int, group: int, ctas_per_sm: int | None = None) -> TileConfig:
+    """The planner's view of a tile: tile_q query tokens per work item (rows // g)."""
+    return TileConfig(tile_q=tile.rows // group, tile_kv=tile.tile_kv, max_rows=tile.rows, stages=tile.stages,
+                      threads=tile.threads, smem_bytes=tile.smem_bytes(head_dim), kernel="prefill",
+                      ctas_per_sm=ctas_per_sm or tile.min_blocks)
+
+
+def shipped(arch: str = "sm_90") -> list[tuple[AttentionSpec, PrefillTile]]:
+    """The prefill instances rtattn-compile warms: every built-in variant at head_dim 128 in both
+    dtypes with the long-prompt tile (128 rows, paged), plus plain and causal at head_dims 64 and
+    256. Other tiles compile on first use (about 2-3 s each)."""
+    dev = resources.device_for_arch(arch)
+    out = []
+    for dtype in DTYPES:
+        for make in BUILTINS.values():
+            out.append((make(dtype=dtype, head_dim=128), choose_tile(dev, 128, 4)))
+        for d in (64, 256):
+            for name in ("plain", "causal"):
+                out.append((BUILTINS[name](dtype=dtype, head_dim=d), choose_tile(dev, d, 4)))
+    return out
+
+
+def instance_name(spec: AttentionSpec, tile: PrefillTile) -> str:
+    return f"prefill_{spec.variant}_{spec.dtype}_d{spec.head_dim}_{tile.tag}"
+
+
+def compile_prefill(spec: AttentionSpec, tile: PrefillTile, arch: str, quiet: bool | None = None) -> tuple[Rendered, bytes]:
+    """Render and compile to CUBIN (through the on-disk cache); needs no GPU."""
+    from rtattn.kernels import COMPILE_OPTIONS
+    from rtattn.runtime import compile_to_cubin
+    rendered = render_prefill(spec, tile)
+    cubin = compile_to_cubin(rendered.source, name=instance_name(spec, tile), arch=arch,
+                             options=COMPILE_OPTIONS, quiet=quiet)
+    return rendered, bytes(cubin)
+
+
+class PrefillKernels:
+    """The prefill (+ merge) kernels of one (spec, tile), loaded on one device."""
+
+    def __init__(self, spec: AttentionSpec, tile: PrefillTile, device=None):
+        from rtattn.runtime import Device, Module
+        self.spec, self.tile = spec, tile
+        self.device = device or Device()
+        self.rendered, cubin = compile_prefill(spec, tile, self.device.arch)
+        self.module = Module.load(cubin, self.device)
+        self.attention = self.module.function(self.rendered.attention_name)
+        self.attention.set_max_dynamic_smem(self.rendered.smem_bytes)
+        self.merge = self.module.function(self.rendered.merge_name)
+        self.merge_ctas = self.device.props.sm_count * resources.MERGE_CTAS_PER_SM
+        self.ctas_per_sm = resources.resident_ctas(self.attention, self.rendered, self.device)
+        self.pdl_capable = self.device.props.cc >= (9, 0)
+
+    def num_ctas(self, num_kv_heads: int) -> int:
+        return resources.grid_ctas(self.device, self.ctas_per_sm, num_kv_heads)
+
+    def calls(self, params, num_ctas: int, grid_y: int, merge: bool = True, pdl: bool = True) -> list:
+        """The launch as kernel calls (rtattn.runtime.launch): prefill, then (when the plan may
+        split KV) the merge, both reading `params` (a runtime.launch.Params)."""
+        from rtattn.runtime.launch import KernelCall
+        r = self.rendered
+        pdl = pdl and self.pdl_capable
+        out = [KernelCall(self.attention, (num_ctas, grid_y, 1), (r.threads, 1, 1), r.smem_bytes, params, pdl)]
+        if merge:
+            out.append(KernelCall(self.merge, (self.merge_ctas, 1, 1), (MERGE_THREADS, 1, 1), 0, params, pdl))
+        return out
+
+
+@functools.lru_cache(maxsize=None)
+def prefill_kernels(spec: AttentionSpec, tile: PrefillTile, device_ordinal: int = 0) -> PrefillKernels:
+    """One loaded module per (spec, tile, device) per process."""
+    from rtattn.runtime import Device
+    return PrefillKernels(spec, tile, Device(device_ordinal))

@@ -1,0 +1,150 @@
+"""BatchPrefillWrapper: ragged query batches (prompt prefill, chunked prefill over cached
+prefixes, multi-token verification) on the tensor-core prefill kernel, with the decode
+wrapper's conventions: plan() once per step on the host (one pinned buffer of two, one async
+copy), run() per layer with fixed grids and pointers (CUDA-graph capturable: rtattn.graphs'
+DecodeGraphs replays it like decode).
+
+KV is paged (kv_layout "NHD" [pages, page_size, H_kv, D] or "HND" [pages, H_kv, page_size, D],
+page sizes 1..128, powers of two) or ragged ("ragged": K and V are [kv_tokens, H_kv, D] and
+kv_indptr counts tokens). Query token i of a request with lengths (q_len, kv_len) sits at
+position kv_len - q_len + i: causal variants need kv_len >= q_len (a cached prefix of
+kv_len - q_len tokens, then the new ones).
+
+LSE convention: natural logarithm (base e), as BatchDecodeWrapper.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from rtattn.families import prefill as family
+from rtattn.plan import devices as plan_devices
+from rtattn.plan.inspector import Planner, PlanInfo
+from rtattn.plan.layout import check_config, check_int
+from rtattn.runtime import as_stream, current_device
+from rtattn.runtime.launch import Params
+from rtattn.tensors import cuda_tensor, expect_inner_contiguous, expect_shape, expect_vector_aligned
+from rtattn.wrapper_base import KV_LAYOUTS, PlannedLaunch, PlannedWrapper, host_array, paged_strides
+
+PREFILL_KV_LAYOUTS = KV_LAYOUTS + ("ragged",)
+
+
+class BatchPrefillWrapper(PlannedWrapper):
+    def __init__(self, num_qo_heads: int, num_kv_heads: int, head_dim: int, page_size: int = 16, *,
+                 max_batch: int, max_qo_tokens: int, max_pages: int | None = None,
+                 max_kv_tokens: int | None = None, max_qo_len: int | None = None,
+                 avg_qo_len: float | None = None, variant="causal", dtype: str = "bfloat16",
+                 kv_layout: str = "NHD", mode: str = "auto", chunk_tokens: int = 2048, pdl: bool = True,
+                 num_ctas: int | None = None, tile: dict | None = None, device=None, workspace=None,
+                 num_pages_pool: int | None = None):
+        """`max_pages` bounds the pages of one step (paged KV); `max_kv_tokens` the KV tokens
+        (ragged KV). `avg_qo_len` (default: max_qo_len or 1024, whichever is smaller) picks
+        the query tile: the smallest of 16..128 fused rows covering avg_qo_len x group.
+        `tile`: overrides of the tile policy (rows, tile_kv, num_warps, stages), for A/B runs.
+        `num_pages_pool` (paged KV): as BatchDecodeWrapper's: plan() refuses page ids >= it."""
+        if kv_layout not in PREFILL_KV_LAYOUTS:
+            raise ValueError(f"kv_layout must be one of {PREFILL_KV_LAYOUTS}, got {kv_layout!r}")
+        self.ragged = kv_layout == "ragged"
+        if self.ragged:
+            page_size = 1
+            if max_kv_tokens is None:
+                raise ValueError("ragged KV needs max_kv_tokens (the bound on a step's KV tokens)")
+            max_pages = int(max_kv_tokens)
+        elif max_pages is None:
+            raise ValueError("paged KV needs max_pages (the bound on a step's KV pages)")
+        check_config(num_qo_heads, num_kv_heads, head_dim, page_size, num_ctas=num_ctas)
+        if page_size > 128:
+            raise ValueError(f"page_size={page_size}: the prefill kernel takes powers of two up to 128")
+        if num_pages_pool is not None:
+            check_int("num_pages_pool", num_pages_pool)
+        self.device = current_device(device)
+        self.num_qo_heads, self.num_kv_heads, self.head_dim = num_qo_heads, num_kv_heads, head_dim
+        self.group = num_qo_heads // num_kv_heads
+        self.page_size, self.kv_layout, self.dtype = page_size, kv_layout, dtype
+        self.spec = family.spec_for(variant, dtype, head_dim)
+        if self.spec.sinks:
+            raise ValueError(f"variant {self.spec.variant!r}: attention sinks are not in the prefill kernel yet "
+                             f"(use BatchDecodeWrapper, whose kernel folds the sink once per row)")
+        dev = plan_devices.from_props(self.device.props)
+        mql = int(max_qo_len or max_qo_tokens)
+        avg = float(avg_qo_len) if avg_qo_len is not None else float(min(mql, 1024))
+        self.tile = family.choose_tile(dev, head_dim, self.group, avg, paged=not self.ragged, **(tile or {}))
+        self.kernels = family.prefill_kernels(self.spec, self.tile, self.device.ordinal)
+        self.pdl = pdl
+        self.num_ctas = int(num_ctas) if num_ctas is not None else self.kernels.num_ctas(num_kv_heads)
+        self.planner = Planner(max_batch, max_qo_tokens, max_pages, num_qo_heads, num_kv_heads, head_dim,
+                               page_size, device=dev, mode=mode, num_ctas=self.num_ctas,
+                               tile=family.tile_config(self.tile, head_dim, self.group, self.kernels.ctas_per_sm),
+                               max_qo_len=mql, chunk_tokens=chunk_tokens,
+                               causal=self.spec.causal,
+                               num_pages_pool=None if self.ragged else num_pages_pool)
+        self._pool_given = num_pages_pool is not None and not self.ragged
+        self._ragged_ids = np.arange(max_pages if self.ragged else 0, dtype=np.int32)
+        self._setup_buffers(workspace)
+
+    # ------------------------------------------------------------------ plan
+    def plan(self, qo_indptr, kv_indptr, kv_indices=None, kv_last_page_len=None, stream=None, *,
+             window_left: int | None = None) -> PlanInfo:
+        """Plan one step from host arrays (numpy or host DLPack tensors). Paged KV: kv_indptr over
+        pages, kv_indices, kv_last_page_len; ragged KV: kv_indptr over tokens only. The plan's
+        copy is queued on `stream`: run() on the same stream (or order the two yourself).
+        Sliding-window variants take `window_left` here, as BatchDecodeWrapper.plan()."""
+        window_left = self._check_window(window_left)
+        qo_indptr, kv_indptr = host_array(qo_indptr), host_array(kv_indptr)
+        if self.ragged:
+            if kv_indices is not None or kv_last_page_len is not None:
+                raise ValueError("ragged KV: pass only qo_indptr and kv_indptr (token offsets)")
+            kv_len = np.diff(np.asarray(kv_indptr, dtype=np.int64))
+            nnz = int(kv_indptr[-1]) if len(kv_indptr) else 0
+            if nnz > self._ragged_ids.shape[0]:
+                raise ValueError(f"{nnz} KV tokens (kv_indptr[-1]) exceed max_kv_tokens={self._ragged_ids.shape[0]}")
+            kv_indices = self._ragged_ids[:max(nnz, 0)]
+            kv_last_page_len = np.ones(kv_len.shape[0], dtype=np.int32)
+        elif kv_indices is None or kv_last_page_len is None:
+            raise ValueError("paged KV: plan() needs kv_indices and kv_last_page_len")
+        else:
+            kv_indices, kv_last_page_len = host_array(kv_indices), host_array(kv_last_page_len)
+        return self._plan_and_copy(qo_indptr, kv_indptr, kv_indices, kv_last_page_len, stream, window_left)
+
+    # ------------------------------------------------------------------ run
+    def prepare(self, q, k_cache, v_cache=None, *, out=None, lse=None, stream=None, sm_scale=None,
+                params: dict | None = None) -> "PrefillLaunch":
+        """Validate everything and pack the kernel arguments; the returned callable launches."""
+        if self.info is None:
+            raise RuntimeError("run() before plan(): call plan() for this step first")
+        stream = as_stream(stream)
+        qv = self._check_q(q, stream)
+        if self.ragged:
+            kv = self._ragged_caches(k_cache, v_cache, stream)
+            strides = tuple((t.strides[0], 0, t.strides[1]) for t in kv)
+        else:
+            kv = self._paged_caches(k_cache, v_cache, stream)
+            strides = (paged_strides(kv[0], self.kv_layout), paged_strides(kv[1], self.kv_layout))
+        out, ov, lse, lv = self._outputs(out, lse, stream)
+        self._same_device({"q": qv, "k_cache": kv[0], "v_cache": kv[1], "out": ov, "lse": lv})
+        args = Params(self._pack(qv, strides, (kv[0].ptr, kv[1].ptr), ov, lv, sm_scale,
+                                 self._extra_values(params or {}, stream)))
+        launch = PrefillLaunch(self, self.kernels.calls(args, self.num_ctas, self.num_kv_heads,
+                                                        merge=self._may_split, pdl=self.pdl), args)
+        launch.stream, launch.out, launch.lse, launch.window_left = stream, out, lse, self.window_left
+        launch.tokens = self.info.num_qo_tokens   # q/out/lse hold exactly the plan's tokens
+        launch.keep = (qv, kv, ov, lv, params)
+        return launch
+
+    def _ragged_caches(self, k, v, stream):
+        if v is None:
+            raise ValueError("ragged KV needs both k and v tensors [kv_tokens, H_kv, D]")
+        need = int(self.info.views["req_kv_len"][:self.info.batch].sum()) if self.info.batch else 0
+        out = []
+        for name, t in (("k", k), ("v", v)):
+            tv = cuda_tensor(name, t, stream, dtype=self.dtype, ndim=3)
+            expect_shape(name, tv, (None, self.num_kv_heads, self.head_dim))
+            expect_inner_contiguous(name, tv)
+            expect_vector_aligned(name, tv)
+            if tv.shape[0] < need:
+                raise ValueError(f"{name} has {tv.shape[0]} tokens but the plan reads {need} (kv_indptr[-1])")
+            out.append(tv)
+        return tuple(out)
+
+
+class PrefillLaunch(PlannedLaunch):
+    """A validated launch of the prefill (and merge) kernels: calling it enqueues them."""

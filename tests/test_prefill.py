@@ -1,0 +1,202 @@
+"""The prefill family: tile policy and resource model, codegen (CPU tier: instances compile for
+sm_80 and sm_90), plans the float64 executor checks, wrapper refusals; and the kernel against
+the float64 reference (GPU tier)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rtattn.families import prefill as P
+from rtattn.families.resources import blocks_by_smem, device_for_arch
+from rtattn.plan import reference as ref
+from rtattn.plan.executor import execute_plan
+from rtattn.plan.inspector import Planner
+from rtattn.plan.layout import indptr_from_lengths, paged_kv
+from rtattn.plan.verify import verify_plan
+
+H200 = device_for_arch("sm_90")
+A100 = device_for_arch("sm_80")
+
+
+# ----------------------------------------------------------------------------- CPU tier
+@pytest.mark.parametrize("avg,group,rows", [(1024, 4, 128), (4, 4, 16), (8, 4, 32), (1, 16, 16), (3, 16, 64),
+                                            (1, 32, 32), (2000, 1, 128)])
+def test_rows_cover_the_fused_rows(avg, group, rows):
+    assert P.choose_tile(H200, 128, group, avg).rows == rows
+
+
+def test_head_dim_256_caps_rows_and_the_resource_model_reads_the_device():
+    t = P.choose_tile(H200, 256, 4, 4096)
+    assert t.rows == 64 and t.tile_kv == 32
+    assert t.smem_bytes(256) == (64 + 2 * 2 * 32) * 256 * 2
+    # H200: 2 CTAs of 96 KiB fit 228 KiB; A100's 164 KiB holds one
+    assert P.choose_tile(H200, 256, 4).min_blocks == 2
+    assert P.choose_tile(A100, 256, 4).min_blocks == 1
+    assert P.choose_tile(A100, 128, 4).min_blocks == 2   # 80 KiB
+    assert blocks_by_smem(H200, 200 * 1024, 2) == 1
+
+
+def test_bad_tiles_are_refused():
+    with pytest.raises(ValueError, match="rows"):
+        P.PrefillTile(48, 64, 1, 2)
+    with pytest.raises(ValueError, match="tile_kv"):
+        P.PrefillTile(64, 16, 4, 2)
+    with pytest.raises(ValueError, match="head group"):
+        P.choose_tile(H200, 128, 256)
+    with pytest.raises(ValueError, match="shared memory"):
+        P.choose_tile(A100, 256, 4, rows=128, tile_kv=128, stages=3)
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_prefill_instance_compiles(arch, isolated_cache):
+    spec, tile = P.shipped(arch)[1]   # causal bf16 d128
+    rendered, cubin = P.compile_prefill(spec, tile, arch, quiet=True)
+    assert cubin[:4] == b"\x7fELF" and "prefill" in rendered.attention_name
+    assert f"PrefillShape<128, {tile.num_warps}, {tile.mma_q}, {tile.tile_kv}" in rendered.source
+
+
+def test_shipped_set_is_modest_and_named():
+    names = [P.instance_name(s, t) for s, t in P.shipped("sm_90")]
+    assert len(names) == len(set(names)) <= 32
+    assert all("prefill" in n for n in names)
+
+
+def _plan(qo, kv, group=4, causal=True, page=16, mode="auto", num_ctas=None):
+    tile = P.choose_tile(H200, 128, group, float(np.mean(qo)))
+    pl = Planner(len(qo) + 1, int(sum(qo)) + 5, int(sum(-(-np.asarray(kv) // page))) + 3, 2 * group, 2, 128, page,
+                 device="h200", mode=mode, causal=causal, tile=P.tile_config(tile, 128, group),
+                 num_ctas=num_ctas, chunk_tokens=256)
+    ip, idx, last = paged_kv(kv, page, shuffle_seed=1)
+    return pl, pl.plan(indptr_from_lengths(qo), ip, idx, last), (ip, idx, last)
+
+
+@pytest.mark.parametrize("mode", ["auto", "naive", "batch-invariant"])
+def test_prefill_plans_execute_to_the_reference(mode):
+    """The plan the prefill kernel reads (tiles of rows // g tokens, causal KV clipped, split
+    chunks merged) gives the reference's attention in float64."""
+    rng = np.random.default_rng(3)
+    qo, kv = [90, 1, 200, 16], [90, 2000, 450, 16]
+    pl, info, (ip, idx, last) = _plan(qo, kv, num_ctas=5, mode=mode)
+    if mode != "naive":
+        assert info.num_merge_rows > 0
+    verify_plan(info.views, qo, kv, tile_q=pl.tile_q, page_size=16, causal=True)
+    pages = int(idx.max()) + 1
+    q = rng.standard_normal((sum(qo), 8, 128))
+    k = rng.standard_normal((pages, 16, 2, 128))
+    v = rng.standard_normal((pages, 16, 2, 128))
+    var = ref.Variant(causal=True)
+    o, lse = execute_plan(info.views, q, k, v, var)
+    want_o, want_lse = ref.reference_attention(q, k, v, indptr_from_lengths(qo), ip, idx, last, 16, var)
+    assert np.allclose(o, want_o, atol=1e-10) and np.allclose(lse, want_lse)
+
+
+def test_causal_plans_skip_hidden_blocks():
+    """No item reaches past its tile's causal horizon: a 4096-token causal prompt plans about
+    half the square's KV (the kernel clips every tile to its last row, VisibleKV)."""
+    pl, info, _ = _plan([4096], [4096])
+    n = info.num_items
+    kv = (info.views["item_kv_end"][:n] - info.views["item_kv_start"][:n]).sum()
+    assert kv < 0.52 * (4096 // pl.tile_q) * 4096
+
+
+# ----------------------------------------------------------------------------- GPU tier
+GQA_PAGE_CASES = [((32, 32), 16, True), ((32, 8), 1, True), ((32, 8), 16, True), ((32, 8), 64, True),
+                  ((32, 4), 16, True), ((32, 2), 16, True), ((32, 8), 16, False), ((32, 2), 64, False)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("heads,page_size,causal", GQA_PAGE_CASES,
+                         ids=lambda x: f"{x[0]}/{x[1]}" if isinstance(x, tuple) else str(x))
+def test_prefill_matches_reference(heads, page_size, causal):
+    from prefill_cases import TOL, errors, make_case, run_prefill
+    rng = np.random.default_rng(hash((heads, page_size, causal)) % 2**32)
+    kv = rng.integers(1, 600, 5)
+    qo = np.minimum(kv, rng.integers(1, 400, 5))
+    case = make_case(kv, *heads, 128, page_size, qo_lens=qo, seed=int(rng.integers(1 << 30)))
+    o, lse, _ = run_prefill(case, "causal" if causal else "plain")
+    eo, el = errors(case, o, lse, ref.Variant(causal=causal))
+    assert eo < TOL["bfloat16"] and el < 2e-2, (eo, el)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("kv_layout", ["NHD", "HND", "ragged"])
+def test_head_dims_dtypes_layouts(head_dim, dtype, kv_layout):
+    from prefill_cases import TOL, errors, make_case, run_prefill
+    kv, qo = [700, 129, 1, 2000], [700, 64, 1, 333]
+    ps = 1 if kv_layout == "ragged" else 16
+    case = make_case(kv, 16, 4, head_dim, ps, dtype=dtype, kv_layout="NHD" if kv_layout == "ragged" else kv_layout,
+                     qo_lens=qo, seed=head_dim)
+    o, lse, _ = run_prefill(case, "causal", dtype, ragged=kv_layout == "ragged")
+    eo, el = errors(case, o, lse, ref.Variant(causal=True))
+    assert eo < TOL[dtype] and el < 2e-2, (eo, el)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", ["sliding_window", "soft_cap", "alibi", "sigmoid", "rope", "custom_mask"])
+def test_variants(variant):
+    from prefill_cases import TOL, errors, make_case, run_prefill, variant_args
+    rng = np.random.default_rng(7)
+    kv, qo = np.array([900, 300, 1500]), np.array([900, 100, 37])
+    case = make_case(kv, 16, 4, 128, 16, qo_lens=qo, seed=7)
+    params, var = variant_args(variant, 16, qo, kv, rng)
+    o, lse, _ = run_prefill(case, variant, params=params)
+    eo, el = errors(case, o, lse, var)
+    assert eo < TOL["bfloat16"] and el < 2e-2, (eo, el)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["auto", "naive", "batch-invariant"])
+def test_split_kv_merge_modes_and_determinism(mode):
+    """Few CTAs force split KV (merged by the shared merge kernel); a second run of the same plan
+    gives the same bits."""
+    import torch
+    from prefill_cases import TOL, errors, make_case, run_prefill
+    case = make_case([2048, 300, 2500], 8, 2, 128, 16, qo_lens=[2048, 20, 700], seed=5)
+    o, lse, w = run_prefill(case, "causal", mode=mode, num_ctas=7, chunk_tokens=1024)
+    if mode != "naive":
+        assert w.info.num_merge_rows > 0
+    eo, el = errors(case, o, lse, ref.Variant(causal=True))
+    assert eo < TOL["bfloat16"] and el < 2e-2, (eo, el)
+    again = torch.full_like(case.q, float("nan"))
+    w.run(case.q, case.k_cache, case.v_cache, out=again)
+    torch.cuda.synchronize()
+    assert np.array_equal(again.float().cpu().numpy(), o)
+
+
+@pytest.mark.gpu
+def test_long_prompt_and_multi_token_decode():
+    from prefill_cases import TOL, errors, make_case, run_prefill
+    case = make_case([4096, 6000], 4, 1, 128, 16, qo_lens=[4096, 3], seed=9)
+    o, lse, _ = run_prefill(case, "causal")
+    eo, el = errors(case, o, lse, ref.Variant(causal=True))
+    assert eo < TOL["bfloat16"] and el < 2e-2, (eo, el)
+    case = make_case([1000, 2000, 1], 32, 8, 128, 16, qo_lens=[4, 2, 1], seed=10)
+    o, lse, w = run_prefill(case, "causal", avg_qo_len=4)
+    assert w.tile.rows == 16
+    eo, el = errors(case, o, lse, ref.Variant(causal=True))
+    assert eo < TOL["bfloat16"] and el < 2e-2, (eo, el)
+
+
+@pytest.mark.gpu
+def test_bad_input_is_refused_before_launch():
+    import torch
+    from prefill_cases import make_case
+    from rtattn.prefill_wrapper import BatchPrefillWrapper
+    case = make_case([100, 50], 8, 2, 128, 16, qo_lens=[100, 50], seed=1)
+    w = BatchPrefillWrapper(8, 2, 128, 16, max_batch=4, max_qo_tokens=200, max_pages=20)
+    with pytest.raises(ValueError, match="qo_len"):   # causal: q longer than its KV
+        w.plan(indptr_from_lengths([101, 50]), case.kv_indptr, case.kv_indices, case.kv_last_page_len)
+    with pytest.raises(ValueError, match="kv_last_page_len"):
+        w.plan(case.qo_indptr, case.kv_indptr, case.kv_indices, case.kv_last_page_len[:1])
+    w.plan(case.qo_indptr, case.kv_indptr, case.kv_indices, case.kv_last_page_len)
+    with pytest.raises(ValueError, match="q"):
+        w.run(case.q[:10], case.k_cache, case.v_cache)
+    with pytest.raises(TypeError, match="dtype|q"):
+        w.run(case.q.float(), case.k_cache, case.v_cache)
+    with pytest.raises(ValueError, match="k_cache"):
+        w.run(case.q, case.k_cache[:, :, :1], case.v_cache)
+    with pytest.raises(ValueError, match="ragged"):
+        BatchPrefillWrapper(8, 2, 128, kv_layout="ragged", max_batch=4, max_qo_tokens=200)
+    del torch

@@ -1,0 +1,155 @@
+"""BatchPrefillWrapper logic on the CPU (fake device, kernels and memory, as tests/test_wrapper.py
+does for decode): refusals before launch, the launch as a list of kernel calls, argument packing
+for paged and ragged KV; and (GPU tier) graph replay while the plan changes underneath."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from rtattn import prefill_wrapper as PW
+from rtattn.codegen.render import render_prefill
+from rtattn.plan.layout import indptr_from_lengths, paged_kv
+from rtattn.runtime import export
+from rtattn.runtime.launch import KernelCall
+
+import fakes
+
+
+class FakePrefillKernels:
+    """Records every enqueued launch as (kernel names, grid of the first, argument bytes)."""
+
+    def __init__(self, spec, tile):
+        self.rendered = render_prefill(spec, tile)
+        self.ctas_per_sm, self.pdl_capable = 2, True
+        self.attention = SimpleNamespace(handle=0xA0, name="attention", owner=self)
+        self.merge = SimpleNamespace(handle=0xA1, name="merge", owner=self)
+        self.enqueued = []
+
+    def num_ctas(self, num_kv_heads):
+        return max(1, 132 * 2 // num_kv_heads)
+
+    def calls(self, params, num_ctas, grid_y, merge=True, pdl=True):
+        r = self.rendered
+        out = [KernelCall(self.attention, (num_ctas, grid_y, 1), (r.threads, 1, 1), r.smem_bytes, params, pdl)]
+        if merge:
+            out.append(KernelCall(self.merge, (264, 1, 1), (256, 1, 1), 0, params, pdl))
+        return out
+
+    def record(self, calls, stream):
+        self.enqueued.append(([c.name for c in calls], calls[0].grid, bytes(calls[0].params)))
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    fakes.install(monkeypatch, lambda spec: None)
+    made = []
+
+    def kernels(spec, tile, ordinal):
+        made.append(FakePrefillKernels(spec, tile))
+        return made[-1]
+    monkeypatch.setattr(PW, "current_device", lambda d=None: fakes.fake_device())
+    monkeypatch.setattr(PW.family, "prefill_kernels", kernels)
+    monkeypatch.setattr(PW, "as_stream", lambda s=None: SimpleNamespace(handle=0))
+    return SimpleNamespace(kernels=made)
+
+
+def cuda(shape, dtype="bfloat16", ptr=1 << 30):
+    return export(ptr, shape, dtype, 0)
+
+
+def test_paged_run_packs_pointers_and_enqueues_attention_then_merge(fake_gpu):
+    w = PW.BatchPrefillWrapper(32, 8, 128, 16, max_batch=4, max_qo_tokens=2048, max_pages=200)
+    qo, kv = [700, 300], [700, 1300]
+    ip, idx, last = paged_kv(kv, 16, shuffle_seed=1)
+    info = w.plan(indptr_from_lengths(qo), ip, idx, last)
+    assert info.tile_q == w.tile.rows // 4 and w.tile.rows == 128
+    q, k, v, o = (cuda((1000, 32, 128)), cuda((130, 16, 8, 128), ptr=1 << 32), cuda((130, 16, 8, 128), ptr=1 << 33),
+                  cuda((1000, 32, 128), ptr=1 << 34))
+    w.run(q, k, v, out=o)
+    names, grid, params = w.kernels.enqueued[-1]
+    assert names == ["attention", "merge"] and grid == (w.num_ctas, 8, 1)
+    st = w.kernels.rendered.params.ctypes_type().from_buffer_copy(params)
+    assert (st.q, st.k_cache, st.v_cache, st.o) == (q.ptr, k.ptr, v.ptr, o.ptr)
+    assert (st.group_size, st.page_shift, st.k_stride_page, st.k_stride_tok) == (4, 4, 16 * 8 * 128, 8 * 128)
+
+
+def test_ragged_kv_is_rows_of_one_tensor(fake_gpu):
+    w = PW.BatchPrefillWrapper(16, 4, 64, kv_layout="ragged", max_batch=4, max_qo_tokens=512, max_kv_tokens=4096)
+    assert w.page_size == 1 and not w.tile.paged
+    w.plan(indptr_from_lengths([100, 28]), indptr_from_lengths([1000, 28]))
+    q, k, v = cuda((128, 16, 64)), cuda((1028, 4, 64), ptr=1 << 32), cuda((1028, 4, 64), ptr=1 << 33)
+    w.run(q, k, v)
+    st = w.kernels.rendered.params.ctypes_type().from_buffer_copy(w.kernels.enqueued[-1][2])
+    assert (st.k_stride_page, st.k_stride_tok, st.k_stride_head) == (4 * 64, 0, 64)
+    with pytest.raises(ValueError, match="k has 1000 tokens"):
+        w.run(q, cuda((1000, 4, 64), ptr=1 << 32), v)
+    with pytest.raises(ValueError, match="only qo_indptr and kv_indptr"):
+        w.plan(indptr_from_lengths([1]), indptr_from_lengths([5]), np.arange(5))
+    with pytest.raises(ValueError, match="max_kv_tokens"):
+        w.plan(indptr_from_lengths([1]), indptr_from_lengths([5000]))
+
+
+def test_bad_input_is_refused_naming_the_argument(fake_gpu):
+    with pytest.raises(ValueError, match="page_size"):
+        PW.BatchPrefillWrapper(32, 8, 128, 256, max_batch=4, max_qo_tokens=64, max_pages=8)
+    with pytest.raises(ValueError, match="max_pages"):
+        PW.BatchPrefillWrapper(32, 8, 128, 16, max_batch=4, max_qo_tokens=64)
+    with pytest.raises(ValueError, match="kv_layout"):
+        PW.BatchPrefillWrapper(32, 8, 128, 16, kv_layout="NDH", max_batch=4, max_qo_tokens=64, max_pages=8)
+    with pytest.raises(ValueError, match="multiple"):
+        PW.BatchPrefillWrapper(30, 8, 128, 16, max_batch=4, max_qo_tokens=64, max_pages=8)
+    w = PW.BatchPrefillWrapper(32, 8, 128, 16, max_batch=4, max_qo_tokens=64, max_pages=8)
+    ip, idx, last = paged_kv([20, 30], 16)
+    with pytest.raises(ValueError, match="causal: request 0 has qo_len 21"):
+        w.plan(indptr_from_lengths([21, 30]), ip, idx, last)
+    with pytest.raises(ValueError, match="kv_indices and kv_last_page_len"):
+        w.plan(indptr_from_lengths([20, 30]), ip)
+    with pytest.raises(RuntimeError, match="before plan"):
+        w.run(cuda((50, 32, 128)), cuda((8, 16, 8, 128)), cuda((8, 16, 8, 128)))
+    w.plan(indptr_from_lengths([20, 30]), ip, idx, last)
+    with pytest.raises(ValueError, match="q"):
+        w.run(cuda((49, 32, 128)), cuda((8, 16, 8, 128)), cuda((8, 16, 8, 128)))
+    with pytest.raises(TypeError, match="q"):
+        w.run(cuda((50, 32, 128), "float16"), cuda((8, 16, 8, 128)), cuda((8, 16, 8, 128)))
+    with pytest.raises(ValueError, match="v_cache"):
+        w.run(cuda((50, 32, 128)), cuda((8, 16, 8, 128)), cuda((8, 16, 4, 128)))
+    with pytest.raises(ValueError, match="k_cache holds 2 pages"):
+        w.run(cuda((50, 32, 128)), cuda((2, 16, 8, 128)), cuda((2, 16, 8, 128)))
+    with pytest.raises(ValueError, match="variant 'causal' takes parameters"):
+        w.run(cuda((50, 32, 128)), cuda((8, 16, 8, 128)), cuda((8, 16, 8, 128)), params={"soft_cap": 1.0})
+
+
+# ----------------------------------------------------------------------------- GPU tier
+@pytest.mark.gpu
+def test_graph_replay_follows_the_plan():
+    """One captured launch (DecodeGraphs.replay takes any prepared Launch) replays correctly
+    after plan() changes lengths and page tables underneath: same buffers, same kernel arguments,
+    one capture."""
+    import torch
+    from decode_cases import rel_error
+    from rtattn.graphs.decode_graphs import DecodeGraphs
+    from rtattn.plan import reference as ref
+    H, Hk, D, ps, pool = 16, 4, 128, 16, 200
+    gen = torch.Generator(device="cuda").manual_seed(8)
+    k = torch.randn(pool, ps, Hk, D, generator=gen, device="cuda").to(torch.bfloat16)
+    v = torch.randn(pool, ps, Hk, D, generator=gen, device="cuda").to(torch.bfloat16)
+    q = torch.randn(1024, H, D, generator=gen, device="cuda").to(torch.bfloat16)
+    out = torch.empty(1024, H, D, dtype=torch.bfloat16, device="cuda")
+    w = PW.BatchPrefillWrapper(H, Hk, D, ps, max_batch=8, max_qo_tokens=1024, max_pages=pool)
+    g = DecodeGraphs(w)
+    stream = torch.cuda.Stream()
+    rng = np.random.default_rng(8)
+    for qo, kv in (([900, 40, 12], [900, 40, 300]), ([200, 3, 77, 5], [200, 1000, 77, 5])):
+        ip, _, last = paged_kv(kv, ps)
+        idx = rng.permutation(pool)[: int(ip[-1])].astype(np.int32)
+        qi, T = indptr_from_lengths(qo), sum(qo)
+        w.plan(qi, ip, idx, last, stream=stream)
+        out.fill_(float("nan"))
+        g.replay(w.prepare(q[:T], k, v, out=out[:T], stream=stream), stream)
+        stream.synchronize()
+        f64 = lambda t: t.float().cpu().numpy().astype(np.float64)  # noqa: E731
+        want, _ = ref.reference_attention(f64(q[:T]), f64(k), f64(v), qi, ip, idx, last, ps, ref.Variant(causal=True))
+        assert rel_error(out[:T].float().cpu().numpy(), want) < 2e-2
+    assert g.stats["captures"] == 1 and g.stats["replays"] == 2

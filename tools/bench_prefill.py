@@ -1,0 +1,317 @@
+"""Prefill benchmark: rtattn's tensor-core prefill vs FlashInfer (fa2, fa3) and torch SDPA on
+the prefill rows of shared/PERF.md, one process, the same inputs for every library.
+
+    python tools/bench_prefill.py                      # every row, rtattn + FlashInfer fa2
+    python tools/bench_prefill.py --rows 16x1024 2x8192 --libs rt fa2 fa3 sdpa
+    python tools/bench_prefill.py --rt-tiles q128_kv64_w4_s2 q128_kv32_w4_s2   # tile A/B
+
+32/8 heads, D = 128, bf16, page 16, pages scattered. TFLOP/s = 4 * H * D * attended (q, k)
+pairs / time (causal: L(L+1)/2 per square request; a window of 1024 attends <= 1025 keys).
+Every library's output is checked against a float32 reference on sampled query rows before it
+is timed; a wrong output is reported, not timed. Timing: CUDA-graph replays (tools/bench_common).
+"""
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import json
+import math
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_common as bc  # noqa: E402
+
+HQ, HKV, D, PAGE = 32, 8, 128, 16
+TOL = 2e-2
+SAMPLE_ROWS = 192
+
+
+@dataclass(frozen=True)
+class Row:
+    name: str
+    batch: int
+    dist: str            # "const:N" | "uniform:A:B" | "heavy:MEAN"
+    cached: int = 0      # cached prefix tokens per request (chunked prefill)
+    variant: str = "causal"   # causal | softcap | alibi | window
+
+    def lengths(self) -> np.ndarray:
+        rng = bc.rng_for(self.name)
+        kind, *a = self.dist.split(":")
+        if kind == "const":
+            return np.full(self.batch, int(a[0]), np.int64)
+        if kind == "uniform":
+            return bc.lengths_uniform(rng, self.batch, int(a[0]), int(a[1]))
+        return bc.lengths_heavy(rng, self.batch, int(a[0]))
+
+
+def _rows() -> list[Row]:
+    base = [Row("16x1024", 16, "const:1024"), Row("16xU512-1024", 16, "uniform:512:1024"),
+            Row("16xheavy1024", 16, "heavy:1024"), Row("4x4096", 4, "const:4096"),
+            Row("32x512", 32, "const:512"), Row("8x2048", 8, "const:2048"), Row("2x8192", 2, "const:8192"),
+            Row("1x16384", 1, "const:16384"), Row("chunk16x4096+512", 16, "const:512", cached=4096)]
+    var = [Row(f"{n}-{v}", b, d, variant=v) for v in ("softcap", "alibi", "window")
+           for n, b, d in (("32x512", 32, "const:512"), ("8x2048", 8, "const:2048"), ("2x8192", 2, "const:8192"),
+                           ("1x16384", 1, "const:16384"))]
+    return base + var
+
+
+WINDOW, SOFTCAP = 1024, 50.0
+
+
+def attended_pairs(qo, kv, variant: str) -> int:
+    total = 0
+    for lq, lk in zip(qo, kv):
+        pos = np.arange(lk - lq, lk, dtype=np.int64)   # query positions
+        seen = pos + 1
+        if variant == "window":
+            seen = np.minimum(seen, WINDOW + 1)
+        total += int(seen.sum())
+    return total
+
+
+class Inputs:
+    def __init__(self, row: Row):
+        import torch
+        self.row = row
+        self.qo = row.lengths()
+        self.kv = self.qo + row.cached
+        self.qo_indptr = np.concatenate([[0], np.cumsum(self.qo)]).astype(np.int32)
+        self.indptr, self.indices, self.last = bc.page_table(bc.rng_for(row.name, 1), self.kv, PAGE)
+        T, N = int(self.qo.sum()), int(self.indptr[-1])
+        self.tokens, self.pages = T, N
+        self.flops = 4 * HQ * D * attended_pairs(self.qo, self.kv, row.variant)
+        nbytes = (N * PAGE * HKV * 2 + 2 * T * HQ) * D * 2
+        self.copies = min(4, bc.rotation_copies(nbytes))
+        g = torch.Generator(device="cuda").manual_seed(int(bc.rng_for(row.name, 2).integers(2**31)))
+        dt = torch.bfloat16
+        self.q = [torch.randn(T, HQ, D, device="cuda", dtype=dt, generator=g) for _ in range(self.copies)]
+        self.k = [torch.randn(N, PAGE, HKV, D, device="cuda", dtype=dt, generator=g) for _ in range(self.copies)]
+        self.v = [torch.randn(N, PAGE, HKV, D, device="cuda", dtype=dt, generator=g) for _ in range(self.copies)]
+        self.slopes = torch.tensor([2.0 ** (-8.0 * (h + 1) / HQ) for h in range(HQ)], device="cuda")
+        self._sample = np.random.default_rng(5).choice(T, size=min(T, SAMPLE_ROWS), replace=False)
+        self.ref = [self._reference(c) for c in range(self.copies)]
+
+    def _reference(self, c: int):
+        """float32 attention of the sampled query rows (all heads)."""
+        import torch
+        out = torch.empty(len(self._sample), HQ, D, device="cuda")
+        req = np.searchsorted(self.qo_indptr, self._sample, side="right") - 1
+        pages = torch.from_numpy(self.indices.astype(np.int64)).cuda()
+        g, scale = HQ // HKV, 1.0 / math.sqrt(D)
+        for b in np.unique(req):
+            p = pages[int(self.indptr[b]):int(self.indptr[b + 1])]
+            L = int(self.kv[b])
+            k = self.k[c][p].reshape(-1, HKV, D)[:L].float().repeat_interleave(g, 1)
+            v = self.v[c][p].reshape(-1, HKV, D)[:L].float().repeat_interleave(g, 1)
+            sel = np.nonzero(req == b)[0]
+            rows = self._sample[sel]
+            qpos = torch.from_numpy(rows - self.qo_indptr[b] + L - self.qo[b]).cuda()
+            qb = self.q[c][torch.from_numpy(rows).cuda()].float()
+            s = torch.einsum("nhd,lhd->hnl", qb, k) * scale
+            j = torch.arange(L, device="cuda")
+            if self.row.variant == "alibi":
+                s = s + self.slopes[:, None, None] * (j[None, None, :] - qpos[None, :, None])
+            if self.row.variant == "softcap":
+                s = SOFTCAP * torch.tanh(s / SOFTCAP)
+            keep = j[None, :] <= qpos[:, None]
+            if self.row.variant == "window":
+                keep &= j[None, :] >= qpos[:, None] - WINDOW
+            s = s.masked_fill(~keep[None], float("-inf"))
+            out[torch.from_numpy(sel).cuda()] = torch.einsum("hnl,lhd->nhd", torch.softmax(s, -1), v)
+        return out
+
+    def rel_err(self, outs) -> float:
+        import torch
+        worst = 0.0
+        idx = torch.from_numpy(self._sample).cuda()
+        for o, r in zip(outs, self.ref):
+            o = o[idx].float()
+            if not torch.isfinite(o).all():
+                return float("inf")
+            worst = max(worst, float((o - r).norm() / r.norm()))
+        return worst
+
+    def new_outs(self):
+        import torch
+        return [torch.full_like(q, float("nan")) for q in self.q]
+
+
+def _measure(ctx, x: Inputs, calls, outs) -> dict:
+    import torch
+    for c in calls:
+        c()
+    torch.cuda.synchronize()
+    err = x.rel_err(outs)
+    if not err < TOL:
+        return {"ok": False, "rel_err": err}
+    for o in outs:
+        o.fill_(float("nan"))
+    est = x.flops / 300e12 * 1e6
+    n = max(x.copies, int(math.ceil(min(64, max(1, 4000 / est)) / x.copies)) * x.copies)
+    t = bc.time_graph(calls, ctx.stream, n, samples=ctx.samples)
+    err = max(err, x.rel_err(outs))
+    us = t["median"]
+    return {"ok": err < TOL, "rel_err": err, "us": us, "tflops": x.flops / us / 1e6}
+
+
+def rt_spec(variant: str):
+    from rtattn.codegen import spec as S
+    return {"causal": S.standard(causal=True), "softcap": S.standard(causal=True, soft_cap=True),
+            "alibi": S.standard(causal=True, alibi=True), "window": S.standard(causal=True, window=True)}[variant]
+
+
+def rt_params(x: Inputs) -> dict | None:
+    v = x.row.variant
+    return {"soft_cap": SOFTCAP} if v == "softcap" else {"alibi_slopes": x.slopes} if v == "alibi" else \
+        {"window_left": WINDOW} if v == "window" else None
+
+
+def parse_tile(tag: str) -> dict:
+    """'q128_kv64_w4_s2' -> tile overrides."""
+    out = {}
+    for part in tag.split("_"):
+        for key, name in (("kv", "tile_kv"), ("q", "rows"), ("w", "num_warps"), ("s", "stages")):
+            if part.startswith(key) and part[len(key):].isdigit():
+                out[name] = int(part[len(key):])
+                break
+    return out
+
+
+def bench_rtattn(ctx, x: Inputs, tile: str | None) -> dict:
+    import torch
+    from rtattn.prefill_wrapper import BatchPrefillWrapper
+    w = BatchPrefillWrapper(HQ, HKV, D, PAGE, max_batch=len(x.qo), max_qo_tokens=x.tokens, max_pages=x.pages,
+                            max_qo_len=int(x.qo.max()), variant=rt_spec(x.row.variant),
+                            tile=parse_tile(tile) if tile else None)
+    t0 = time.perf_counter()
+    w.plan(x.qo_indptr, x.indptr, x.indices, x.last)
+    plan_us = (time.perf_counter() - t0) * 1e6
+    outs = x.new_outs()
+    launches = [w.prepare(x.q[c], x.k[c], x.v[c], out=outs[c], stream=ctx.stream, params=rt_params(x))
+                for c in range(x.copies)]
+    calls = [lambda l=l: l(torch.cuda.current_stream()) for l in launches]
+    res = _measure(ctx, x, calls, outs)
+    res.update(plan_us=plan_us, tile=w.tile.tag, num_ctas=w.num_ctas, items=w.info.num_items,
+               merge_rows=w.info.num_merge_rows, regs=w.kernels.attention.attributes()["num_regs"],
+               ctas_per_sm=w.kernels.ctas_per_sm)
+    return res
+
+
+def bench_flashinfer(ctx, x: Inputs, backend: str) -> dict:
+    import flashinfer
+    import torch
+    if ctx.fi_ws is None:
+        ctx.fi_ws = torch.zeros(256 * 2**20, dtype=torch.uint8, device="cuda")
+    w = flashinfer.BatchPrefillWithPagedKVCacheWrapper(ctx.fi_ws, kv_layout="NHD", backend=backend)
+    v = x.row.variant
+    if v == "alibi" and backend == "fa3":
+        return {"ok": False, "rel_err": float("nan"), "note": "fa3 has no ALiBi"}
+    kw = dict(causal=True, q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16)
+    if v == "softcap":
+        kw["logits_soft_cap"] = SOFTCAP
+    if v == "window":
+        kw["window_left"] = WINDOW
+    if v == "alibi":
+        kw["pos_encoding_mode"] = "ALIBI"
+    t = lambda a: torch.from_numpy(a.astype(np.int32)).cuda()  # noqa: E731
+    w.plan(t(x.qo_indptr), t(x.indptr), t(x.indices), t(x.last), HQ, HKV, D, PAGE, **kw)
+    outs = x.new_outs()
+    calls = [lambda c=c: w.run(x.q[c], (x.k[c], x.v[c]), out=outs[c]) for c in range(x.copies)]
+    return _measure(ctx, x, calls, outs)
+
+
+def bench_sdpa(ctx, x: Inputs) -> dict:
+    """torch SDPA (cuDNN) on dense [B, H, L, D] copies of the same q/K/V (square causal rows)."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    if x.row.variant != "causal" or x.row.cached or len(set(x.qo.tolist())) != 1:
+        return {"ok": False, "rel_err": float("nan"), "note": "dense equal-length causal rows only"}
+    B, L = len(x.qo), int(x.qo[0])
+    pages = torch.from_numpy(x.indices.astype(np.int64)).cuda()
+    dense = []
+    for c in range(x.copies):
+        q = x.q[c].view(B, L, HQ, D).transpose(1, 2).contiguous()
+        k = x.k[c][pages].view(B, -1, HKV, D)[:, :L].transpose(1, 2).repeat_interleave(HQ // HKV, 1).contiguous()
+        vv = x.v[c][pages].view(B, -1, HKV, D)[:, :L].transpose(1, 2).repeat_interleave(HQ // HKV, 1).contiguous()
+        dense.append((q, k, vv))
+    outs = x.new_outs()
+
+    def call(c):
+        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+            o = F.scaled_dot_product_attention(*dense[c], is_causal=True)
+        outs[c].view(B, L, HQ, D).copy_(o.transpose(1, 2))
+    return _measure(ctx, x, [lambda c=c: call(c) for c in range(x.copies)], outs)
+
+
+class Ctx:
+    def __init__(self, samples):
+        import torch
+        self.stream = torch.cuda.Stream()
+        self.samples, self.fi_ws = samples, None
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", nargs="*", default=["*"], help="row names or glob patterns")
+    ap.add_argument("--libs", nargs="*", default=["rt", "fa2"], help="rt fa2 fa3 sdpa")
+    ap.add_argument("--rt-tiles", nargs="*", default=[None], help="tile overrides to A/B, e.g. q128_kv32_w4_s2")
+    ap.add_argument("--samples", type=int, default=20)
+    ap.add_argument("--budget-s", type=float, default=400, help="stop starting rows after this many seconds")
+    ap.add_argument("--json", help="write the results here")
+    args = ap.parse_args(argv)
+    rows = [r for r in _rows() if any(fnmatch.fnmatch(r.name, p) for p in args.rows)]
+    import torch
+    t0 = time.perf_counter()
+    print(f"clocks: {bc.warm_clocks(3.0):.0f} TFLOP/s bf16 matmul", flush=True)
+    ctx = Ctx(args.samples)
+    results = {}
+    for row in rows:
+        if time.perf_counter() - t0 > args.budget_s:
+            print(f"budget reached: {row.name} and later rows skipped", flush=True)
+            break
+        x = Inputs(row)
+        res = {}
+        for lib in args.libs:
+            for tile in (args.rt_tiles if lib == "rt" else [None]):
+                key = lib if tile is None else f"rt:{tile}"
+                try:
+                    with torch.cuda.stream(ctx.stream):
+                        if lib == "rt":
+                            res[key] = bench_rtattn(ctx, x, tile)
+                        elif lib in ("fa2", "fa3"):
+                            res[key] = bench_flashinfer(ctx, x, lib)
+                        elif lib == "sdpa":
+                            res[key] = bench_sdpa(ctx, x)
+                except Exception as e:  # report and go on: one failing peer must not hide the rest
+                    res[key] = {"ok": False, "error": f"{type(e).__name__}: {str(e)[:300]}"}
+        results[row.name] = res
+        cells = []
+        for key, r in res.items():
+            cells.append(f"{key} {r['tflops']:.0f}" if r.get("ok") and "tflops" in r else
+                         f"{key} {'ERR' if 'error' in r else 'WRONG' if r.get('rel_err') == r.get('rel_err') else '-'}")
+        rt = next((r for k, r in res.items() if k.startswith("rt") and r.get("ok")), None)
+        fa2 = res.get("fa2", {})
+        ratio = f" ratio vs fa2 {rt['tflops'] / fa2['tflops']:.2f}" if rt and fa2.get("ok") else ""
+        print(f"{row.name:22s} " + " | ".join(cells) + ratio, flush=True)
+        for key, r in res.items():
+            if not r.get("ok"):
+                print(f"    {key}: {r}", flush=True)
+        del x
+        torch.cuda.empty_cache()
+    ratios = [r["rt"]["tflops"] / r["fa2"]["tflops"] for r in results.values()
+              if r.get("rt", {}).get("ok") and r.get("fa2", {}).get("ok")]
+    if ratios:
+        print(f"rt/fa2: geomean {bc.geomean(ratios):.2f}, min {min(ratios):.2f} over {len(ratios)} rows")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
