@@ -47,6 +47,7 @@ __device__ __forceinline__ void prefill_persistent(const P& p, char* smem) {
   constexpr int DT = D / 8;        // n-tiles of O
   // q fragments stay in registers when they are few; otherwise ldmatrix re-reads them per tile
   constexpr bool kQRegs = MMA_Q * KT * 4 <= 32 && NUM_WARPS <= 4;
+  static_assert(!Variant::has_sink, "attention sinks are not in the prefill kernel yet (the decode kernel has them)");
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int kv_head = blockIdx.y;

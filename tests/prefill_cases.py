@@ -30,15 +30,16 @@ def run_prefill(case, variant="causal", dtype="bfloat16", params=None, ragged=Fa
     Hk = case.k_cache.shape[2] if case.kv_layout == "NHD" else case.k_cache.shape[1]
     B = len(case.kv_lens)
     common = dict(max_batch=B + 2, max_qo_tokens=T + 8, variant=variant, dtype=dtype, **kw)
+    window = {"window_left": params["window_left"]} if params and "window_left" in params else {}
     if ragged:
         k, v, kv_indptr = ragged_kv(case)
         w = BatchPrefillWrapper(H, Hk, D, kv_layout="ragged", max_kv_tokens=int(kv_indptr[-1]) + 7, **common)
-        w.plan(case.qo_indptr, kv_indptr)
+        w.plan(case.qo_indptr, kv_indptr, **window)
     else:
         k, v = case.k_cache, case.v_cache
         w = BatchPrefillWrapper(H, Hk, D, case.page_size, kv_layout=case.kv_layout,
                                 max_pages=int(case.kv_indptr[-1]) + 5, **common)
-        w.plan(case.qo_indptr, case.kv_indptr, case.kv_indices, case.kv_last_page_len)
+        w.plan(case.qo_indptr, case.kv_indptr, case.kv_indices, case.kv_last_page_len, **window)
     out = torch.full_like(case.q, float("nan"))
     lse_t = torch.full((T, H), float("nan"), device="cuda") if lse else None
     w.run(case.q, k, v, out=out, lse=lse_t, params=params)

@@ -189,7 +189,7 @@ def bench_rtattn(ctx, x: Inputs, tile: str | None) -> dict:
                             max_qo_len=int(x.qo.max()), variant=rt_spec(x.row.variant),
                             tile=parse_tile(tile) if tile else None)
     t0 = time.perf_counter()
-    w.plan(x.qo_indptr, x.indptr, x.indices, x.last)
+    w.plan(x.qo_indptr, x.indptr, x.indices, x.last, window_left=WINDOW if x.row.variant == "window" else None)
     plan_us = (time.perf_counter() - t0) * 1e6
     outs = x.new_outs()
     launches = [w.prepare(x.q[c], x.k[c], x.v[c], out=outs[c], stream=ctx.stream, params=rt_params(x))
