@@ -153,3 +153,49 @@ def test_graph_replay_follows_the_plan():
         want, _ = ref.reference_attention(f64(q[:T]), f64(k), f64(v), qi, ip, idx, last, ps, ref.Variant(causal=True))
         assert rel_error(out[:T].float().cpu().numpy(), want) < 2e-2
     assert g.stats["captures"] == 1 and g.stats["replays"] == 2
+
+
+@pytest.mark.gpu
+def test_step_graph_mixing_decode_and_prefill():
+    """One StepGraph holds a decode launch and a prefill launch on the same caches; both
+    wrappers replan with new lengths and the replayed graph gives both right answers."""
+    import torch
+    from decode_cases import rel_error
+    from rtattn.graphs.step_graph import StepGraph
+    from rtattn.plan import reference as ref
+    from rtattn.wrapper import BatchDecodeWrapper
+    H, Hk, D, ps, pool = 16, 4, 128, 16, 300
+    gen = torch.Generator(device="cuda").manual_seed(9)
+    k = torch.randn(pool, ps, Hk, D, generator=gen, device="cuda").to(torch.bfloat16)
+    v = torch.randn(pool, ps, Hk, D, generator=gen, device="cuda").to(torch.bfloat16)
+    q_dec = torch.randn(8, H, D, generator=gen, device="cuda").to(torch.bfloat16)
+    q_pre = torch.randn(1024, H, D, generator=gen, device="cuda").to(torch.bfloat16)
+    o_dec, o_pre = torch.empty_like(q_dec), torch.empty_like(q_pre)
+    dec = BatchDecodeWrapper(H, Hk, D, ps, max_batch=8, max_pages=pool, num_pages_pool=pool)
+    pre = BatchPrefillWrapper(H, Hk, D, ps, max_batch=8, max_qo_tokens=1024, max_pages=pool, num_pages_pool=pool)
+    stream = torch.cuda.Stream()
+    rng = np.random.default_rng(9)
+    f64 = lambda t: t.float().cpu().numpy().astype(np.float64)  # noqa: E731
+    graph = None
+    for dec_kv, pre_qo, pre_kv in (([700, 33, 2000], [500, 7], [500, 900]), ([90, 1500], [300, 60, 1], [300, 800, 40])):
+        dip, _, dlast = paged_kv(dec_kv, ps)
+        didx = rng.permutation(pool)[: int(dip[-1])].astype(np.int32)
+        pip, _, plast = paged_kv(pre_kv, ps)
+        pidx = rng.permutation(pool)[: int(pip[-1])].astype(np.int32)
+        B, T = len(dec_kv), sum(pre_qo)
+        dec.plan(dip, didx, dlast, stream=stream)
+        pre.plan(indptr_from_lengths(pre_qo), pip, pidx, plast, stream=stream)
+        if graph is None:   # the tensors' shapes follow the batch; their pointers do not
+            graph = StepGraph([dec.prepare(q_dec[:B], k, v, out=o_dec[:B], stream=stream),
+                               pre.prepare(q_pre[:T], k, v, out=o_pre[:T], stream=stream)], stream)
+        o_dec.fill_(float("nan"))
+        o_pre.fill_(float("nan"))
+        graph.replay()
+        stream.synchronize()
+        want, _ = ref.reference_attention(f64(q_dec[:B]), f64(k), f64(v), np.arange(B + 1, dtype=np.int32), dip,
+                                          didx, dlast, ps)
+        assert rel_error(o_dec[:B].float().cpu().numpy(), want) < 2e-2
+        want, _ = ref.reference_attention(f64(q_pre[:T]), f64(k), f64(v), indptr_from_lengths(pre_qo), pip, pidx,
+                                          plast, ps, ref.Variant(causal=True))
+        assert rel_error(o_pre[:T].float().cpu().numpy(), want) < 2e-2
+    graph.close()
