@@ -11,7 +11,8 @@
 // The variant clips the KV loop to what the tile's queries can see (VisibleKV: causal and window
 // blocks outside are never loaded) and says which blocks need no mask (BlockUnmasked: only the
 // diagonal / window-edge blocks evaluate LogitsMask). Output: final O/LSE (writethrough) or
-// float32 partial rows folded afterwards by the shared merge kernel (merge.cuh).
+// float32 partial rows folded afterwards by the shared merge kernel (merge.cuh), which also joins
+// an attention sink to a split row.
 #pragma once
 #include "epilogue.cuh"
 #include "online_softmax.cuh"
@@ -47,7 +48,6 @@ __device__ __forceinline__ void prefill_persistent(const P& p, char* smem) {
   constexpr int DT = D / 8;        // n-tiles of O
   // q fragments stay in registers when they are few; otherwise ldmatrix re-reads them per tile
   constexpr bool kQRegs = MMA_Q * KT * 4 <= 32 && NUM_WARPS <= 4;
-  static_assert(!Variant::has_sink, "attention sinks are not in the prefill kernel yet (the decode kernel has them)");
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int kv_head = blockIdx.y;
@@ -274,7 +274,9 @@ __device__ __forceinline__ void prefill_persistent(const P& p, char* smem) {
     }
     cp_async_wait<0>();  // only empty groups can remain; the next item refills every stage
 
-    // ---- Epilogue: each row's quad sums its weights; rows past the item are not written.
+    // ---- Epilogue: each row's quad sums its weights; rows past the item are not written. A
+    // sink joins a row's softmax once, where its state is final: here for writethrough rows,
+    // in the merge kernel for split ones.
 #pragma unroll
     for (int mi = 0; mi < MMA_Q; ++mi)
 #pragma unroll
@@ -283,8 +285,20 @@ __device__ __forceinline__ void prefill_persistent(const P& p, char* smem) {
         const int r = warp_row0 + mi * 16 + lane / 4 + 8 * h;
         if (r < rows_valid) {
           const int t = r / heads, qo_head = first_qo_head + r % heads;
-          store_row(p, var, o[mi], h, l_total, sm[mi].lse(h, l_total), q_row0 + t, qo_head,
-                    partial_row < 0 ? -1 : partial_row + t, lane);
+          float norm = (Variant::use_softmax && l_total > 0.f) ? 1.f / l_total : 1.f;
+          float lse = sm[mi].lse(h, l_total);
+          if constexpr (Variant::has_sink) {
+            if (partial_row < 0) {
+              const float sink = var.SinkLogit(p, qo_head) * kLog2eF, m = sm[mi].m[h];
+              float top = fmaxf(l_total > 0.f ? m : -INFINITY, sink);
+              top = top == -INFINITY ? 0.f : top;
+              const float scale = l_total > 0.f ? fast_exp2(m - top) : 0.f;
+              const float l = l_total * scale + fast_exp2(sink - top);
+              norm = l > 0.f ? scale / l : 0.f;
+              lse = l > 0.f ? (top + __log2f(l)) * kLn2F : -INFINITY;
+            }
+          }
+          store_row(p, var, o[mi], h, norm, lse, q_row0 + t, qo_head, partial_row < 0 ? -1 : partial_row + t, lane);
         }
       }
   }

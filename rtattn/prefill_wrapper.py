@@ -61,9 +61,6 @@ class BatchPrefillWrapper(PlannedWrapper):
         self.group = num_qo_heads // num_kv_heads
         self.page_size, self.kv_layout, self.dtype = page_size, kv_layout, dtype
         self.spec = family.spec_for(variant, dtype, head_dim)
-        if self.spec.sinks:
-            raise ValueError(f"variant {self.spec.variant!r}: attention sinks are not in the prefill kernel yet "
-                             f"(use BatchDecodeWrapper, whose kernel folds the sink once per row)")
         dev = plan_devices.from_props(self.device.props)
         mql = int(max_qo_len or max_qo_tokens)
         avg = float(avg_qo_len) if avg_qo_len is not None else float(min(mql, 1024))

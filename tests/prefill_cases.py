@@ -66,6 +66,9 @@ def variant_args(variant, num_qo_heads, qo_lens, kv_lens, rng):
     if variant == "alibi":
         slopes = torch.tensor(ref.alibi_slopes(num_qo_heads), dtype=torch.float32, device="cuda")
         return {"alibi_slopes": slopes}, ref.Variant(alibi=True)
+    if variant == "sinks":
+        sinks = rng.normal(0.0, 2.0, num_qo_heads).astype(np.float32)
+        return {"sinks": torch.from_numpy(sinks).cuda()}, ref.Variant(sinks=sinks.astype(np.float64))
     if variant == "sigmoid":
         return {"sigmoid_bias": -1.5}, ref.Variant(sigmoid=True, sigmoid_bias=-1.5)
     if variant == "rope":

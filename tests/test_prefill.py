@@ -134,7 +134,7 @@ def test_head_dims_dtypes_layouts(head_dim, dtype, kv_layout):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("variant", ["sliding_window", "soft_cap", "alibi", "sigmoid", "rope", "custom_mask"])
+@pytest.mark.parametrize("variant", ["sliding_window", "soft_cap", "alibi", "sigmoid", "rope", "custom_mask", "sinks"])
 def test_variants(variant):
     from prefill_cases import TOL, errors, make_case, run_prefill, variant_args
     rng = np.random.default_rng(7)

@@ -38,6 +38,7 @@ CASES = [  # (name, kv_lens, qo_lens, heads, head_dim, page, variant, dtype, ext
     ("d64 fp16 2 stages", [700, 129], None, (16, 4), 64, 16, "causal", "float16", {"tile": {"stages": 2}}),
     ("d128 3 stages kv32", [700, 129], None, (16, 4), 128, 16, "causal", "bfloat16",
      {"tile": {"stages": 3, "tile_kv": 32}}),
+    ("sinks (split rows too)", [2000, 300], [64, 300], (16, 4), 128, 16, "sinks", "bfloat16", {"num_ctas": 5}),
 ]
 
 
