@@ -171,16 +171,22 @@ class PlannedWrapper:
     def _same_device(self, tensors: dict) -> None:
         same_device(tensors, self.device.ordinal)
 
+    def _with_planned_window(self, params: dict) -> dict:
+        """A sliding-window variant's params with the plan's window (params may repeat it, not
+        change it)."""
+        if not self.spec.window:
+            return params
+        given = params.get("window_left", self.window_left)
+        if isinstance(given, bool) or not isinstance(given, (int, np.integer)) or given != self.window_left:
+            raise ValueError(f"params['window_left']={given!r} disagrees with the planned "
+                             f"window_left={self.window_left} (plan(..., window_left=N) sets it)")
+        return {**params, "window_left": self.window_left}
+
     def _extra_values(self, params: dict, stream) -> dict:
         """Variant parameters by name (the struct packer's form): scalars as numbers, tensor
         parameters as CUDA DLPack tensors' pointers.
         The window comes from the plan (params may repeat it, not change it)."""
-        if self.spec.window:
-            given = params.get("window_left", self.window_left)
-            if isinstance(given, bool) or not isinstance(given, (int, np.integer)) or given != self.window_left:
-                raise ValueError(f"params['window_left']={given!r} disagrees with the planned "
-                                 f"window_left={self.window_left} (plan(..., window_left=N) sets it)")
-            params = {**params, "window_left": self.window_left}
+        params = self._with_planned_window(params)
         names = {p.name for p in self.spec.params}
         unknown = set(params) - names
         missing = names - set(params)
