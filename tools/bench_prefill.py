@@ -4,6 +4,7 @@ the prefill rows of shared/PERF.md, one process, the same inputs for every libra
     python tools/bench_prefill.py                      # every row, rtattn + FlashInfer fa2
     python tools/bench_prefill.py --rows 16x1024 2x8192 --libs rt fa2 fa3 sdpa
     python tools/bench_prefill.py --rt-tiles q128_kv64_w4_s2 q128_kv32_w4_s2   # tile A/B
+    python tools/bench_prefill.py --rows 'mtd*' --libs rt rtdec fa2        # multi-token decode
 
 32/8 heads, D = 128, bf16, page 16, pages scattered. TFLOP/s = 4 * H * D * attended (q, k)
 pairs / time (causal: L(L+1)/2 per square request; a window of 1024 attends <= 1025 keys).
@@ -53,7 +54,9 @@ def _rows() -> list[Row]:
     base = [Row("16x1024", 16, "const:1024"), Row("16xU512-1024", 16, "uniform:512:1024"),
             Row("16xheavy1024", 16, "heavy:1024"), Row("4x4096", 4, "const:4096"),
             Row("32x512", 32, "const:512"), Row("8x2048", 8, "const:2048"), Row("2x8192", 2, "const:8192"),
-            Row("1x16384", 1, "const:16384"), Row("chunk16x4096+512", 16, "const:512", cached=4096)]
+            Row("1x16384", 1, "const:16384"), Row("chunk16x4096+512", 16, "const:512", cached=4096),
+            # multi-token decode (speculative verification): q_len 4 over a 4092-token prefix
+            Row("mtd64x4096-q4", 64, "const:4", cached=4092), Row("mtd64x4096-q1", 64, "const:1", cached=4095)]
     var = [Row(f"{n}-{v}", b, d, variant=v) for v in ("softcap", "alibi", "window")
            for n, b, d in (("32x512", 32, "const:512"), ("8x2048", 8, "const:2048"), ("2x8192", 2, "const:8192"),
                            ("1x16384", 1, "const:16384"))]
@@ -202,6 +205,24 @@ def bench_rtattn(ctx, x: Inputs, tile: str | None) -> dict:
     return res
 
 
+def bench_rt_decode(ctx, x: Inputs) -> dict:
+    """The decode family on the same batch (multi-token decode: q_len x g <= 32 rows)."""
+    import torch
+    from rtattn.codegen.spec import AttentionSpec
+    from rtattn.wrapper import BatchDecodeWrapper
+    if int(x.qo.max()) * (HQ // HKV) > 32 or x.row.variant != "causal":
+        return {"ok": False, "rel_err": float("nan"), "note": "causal rows of <= 32 fused rows only"}
+    spec: AttentionSpec = rt_spec("causal").with_(m_tiles=1 if int(x.qo.max()) * (HQ // HKV) <= 16 else 2)
+    w = BatchDecodeWrapper(HQ, HKV, D, PAGE, max_batch=len(x.qo), max_pages=x.pages, max_qo_tokens=x.tokens,
+                           variant=spec)
+    w.plan(x.indptr, x.indices, x.last, qo_indptr=x.qo_indptr)
+    outs = x.new_outs()
+    launches = [w.prepare(x.q[c], x.k[c], x.v[c], out=outs[c], stream=ctx.stream) for c in range(x.copies)]
+    res = _measure(ctx, x, [lambda l=l: l(torch.cuda.current_stream()) for l in launches], outs)
+    res.update(items=w.info.num_items, merge_rows=w.info.num_merge_rows)
+    return res
+
+
 def bench_flashinfer(ctx, x: Inputs, backend: str) -> dict:
     import flashinfer
     import torch
@@ -259,7 +280,8 @@ class Ctx:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", nargs="*", default=["*"], help="row names or glob patterns")
-    ap.add_argument("--libs", nargs="*", default=["rt", "fa2"], help="rt fa2 fa3 sdpa")
+    ap.add_argument("--libs", nargs="*", default=["rt", "fa2"],
+                    help="rt (prefill family), rtdec (decode family, <= 32 fused rows), fa2, fa3, sdpa")
     ap.add_argument("--rt-tiles", nargs="*", default=[None], help="tile overrides to A/B, e.g. q128_kv32_w4_s2")
     ap.add_argument("--samples", type=int, default=20)
     ap.add_argument("--budget-s", type=float, default=400, help="stop starting rows after this many seconds")
@@ -288,12 +310,14 @@ def main(argv=None) -> int:
                             res[key] = bench_flashinfer(ctx, x, lib)
                         elif lib == "sdpa":
                             res[key] = bench_sdpa(ctx, x)
+                        elif lib == "rtdec":
+                            res[key] = bench_rt_decode(ctx, x)
                 except Exception as e:  # report and go on: one failing peer must not hide the rest
                     res[key] = {"ok": False, "error": f"{type(e).__name__}: {str(e)[:300]}"}
         results[row.name] = res
         cells = []
         for key, r in res.items():
-            cells.append(f"{key} {r['tflops']:.0f}" if r.get("ok") and "tflops" in r else
+            cells.append(f"{key} {r['tflops']:.0f} ({r['us']:.0f} us)" if r.get("ok") and "tflops" in r else
                          f"{key} {'ERR' if 'error' in r else 'WRONG' if r.get('rel_err') == r.get('rel_err') else '-'}")
         rt = next((r for k, r in res.items() if k.startswith("rt") and r.get("ok")), None)
         fa2 = res.get("fa2", {})
