@@ -1,6 +1,9 @@
 """What every planned attention wrapper shares (decode, prefill): the device workspace, the two
-pinned plan buffers and their async copy, validation of q/out/lse/caches/variant parameters,
-and packing the kernels' one Params struct (the same struct for every family).
+pinned plan buffers and their async copy, the window and KV-pool checks, the fixed kernel
+arguments, and launches (rtattn.runtime.launch) that check their plan. Per-call validation and
+packing of the one Params struct come in two forms: BatchDecodeWrapper's fast path (tensor
+imports remembered, members written in place: rtattn/wrapper.py) and the plain one here, which
+BatchPrefillWrapper uses (moving prefill onto the fast path is the next step).
 
 A subclass builds `self.planner` and `self.kernels` (anything with `.rendered.params`), sets the
 head/page/dtype attributes and `_pool_given` (num_pages_pool known up front), then calls
