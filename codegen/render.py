@@ -10,7 +10,7 @@ import jinja2
 from rtattn.plan import fields as plan_fields
 
 from .cstruct import CStruct, Member
-from .spec import DTYPES, AttentionSpec
+from .spec import DTYPES, KV_DTYPES, AttentionSpec
 
 MERGE_THREADS = 256  # 8 warps, one (merge row, head) each per turn
 _ENV = jinja2.Environment(loader=jinja2.PackageLoader("rtattn.codegen", "templates"),
@@ -22,26 +22,32 @@ def _plan_struct() -> CStruct:
 
 
 def params_struct(spec: AttentionSpec) -> CStruct:
-    """The kernel's single argument. Strides are in elements; `lse` may be null."""
-    t = "DType"
+    """The kernel's single argument. Strides are in elements; `lse` may be null. An fp8 cache adds
+    its scales: k_scale_f * k_scale[kv_head * k_scale_stride] (pointer null: 1; stride 0: one
+    per tensor), the same for v."""
+    t, kv = "DType", "KVType"
     i64 = "int64_t"
     extra = CStruct("ExtraParams", tuple(Member(p.name, p.c_type) for p in spec.params)
                     or (Member("unused_", "int"),))  # C++ has no empty structs of size 0
     members = [
         Member("q", f"const {t}*"), Member("q_stride_tok", i64), Member("q_stride_head", i64),
-        Member("k_cache", f"const {t}*"), Member("k_stride_page", i64), Member("k_stride_tok", i64),
+        Member("k_cache", f"const {kv}*"), Member("k_stride_page", i64), Member("k_stride_tok", i64),
         Member("k_stride_head", i64),
-        Member("v_cache", f"const {t}*"), Member("v_stride_page", i64), Member("v_stride_tok", i64),
+        Member("v_cache", f"const {kv}*"), Member("v_stride_page", i64), Member("v_stride_tok", i64),
         Member("v_stride_head", i64),
-        Member("o", f"{t}*"), Member("o_stride_tok", i64), Member("o_stride_head", i64),
+        Member("o", "OType*"), Member("o_stride_tok", i64), Member("o_stride_head", i64),
         Member("lse", "float*"), Member("partial_o", "float*"), Member("partial_lse", "float*"),
         Member("merge_counters", "int*"),
         Member("plan", "PlanPtrs", _plan_struct()),
         Member("num_qo_heads", "int"), Member("group_size", "int"),
         Member("merge_row_capacity", "int"), Member("page_shift", "int"),
         Member("sm_scale", "float"), Member("sm_scale_log2", "float"), Member("fused_merge", "int"),
-        Member("extra", "ExtraParams", extra),
     ]
+    if spec.kv_is_fp8:
+        members += [Member("k_scale", "const float*"), Member("v_scale", "const float*"),
+                    Member("k_scale_stride", "int"), Member("v_scale_stride", "int"),
+                    Member("k_scale_f", "float"), Member("v_scale_f", "float")]
+    members.append(Member("extra", "ExtraParams", extra))
     return CStruct("Params", tuple(members))
 
 
@@ -54,10 +60,14 @@ def _q_bytes(spec: AttentionSpec) -> int:
     return spec.rows * spec.head_dim * 2
 
 
+def kv_elem_bytes(spec: AttentionSpec) -> int:
+    return 1 if spec.kv_is_fp8 else 2
+
+
 def decode_scratch_bytes(spec: AttentionSpec) -> int:
     """The KV stages; each also fits the warps' combine (float32 rows + m, l), which reuses the
     one stage that is free at an item's end."""
-    kv = 2 * spec.num_warps * 16 * spec.head_dim * 2
+    kv = 2 * spec.num_warps * 16 * spec.head_dim * kv_elem_bytes(spec)
     combine = spec.num_warps * 16 * (spec.head_dim + 2) * 4
     return spec.stages * max(kv, combine)
 
@@ -89,7 +99,8 @@ def _common(spec: AttentionSpec) -> tuple[CStruct, dict]:
     extra = params.members[-1].nested
     head, body = params.c_source().split("{\n", 1)
     body = body.rsplit("};", 1)[0]
-    return params, dict(spec=spec, ctype=DTYPES[spec.dtype], plan_struct=plan_fields.c_struct(),
+    return params, dict(spec=spec, ctype=DTYPES[spec.q_dtype], kv_ctype=KV_DTYPES[spec.kv_dtype],
+                        o_ctype=DTYPES[spec.o_dtype], plan_struct=plan_fields.c_struct(),
                         extra_struct=extra.c_source(), params_struct_head=head + "{",
                         params_struct_body=body, params_size=_sizeof(params),
                         merge_threads=MERGE_THREADS)

@@ -11,7 +11,10 @@ from dataclasses import dataclass, field, replace
 
 from rtattn.plan.layout import HEAD_DIMS
 
-DTYPES = {"bfloat16": "__nv_bfloat16", "float16": "__half"}
+DTYPES = {"bfloat16": "__nv_bfloat16", "float16": "__half"}   # q and output element types
+FP8_DTYPES = {"float8_e4m3fn": "rtattn::Fp8E4M3", "float8_e5m2": "rtattn::Fp8E5M2"}
+KV_DTYPES = {**DTYPES, **FP8_DTYPES}                              # KV cache element types
+_SHORT = {"float8_e4m3fn": "e4m3", "float8_e5m2": "e5m2"}         # as spelled in kernel names
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -36,7 +39,8 @@ class AttentionSpec:
     variant_type: str            # C++ type of the variant struct
     params: tuple[Param, ...] = ()
     variant_source: str = ""     # C++ defining variant_type (empty for built-ins)
-    dtype: str = "bfloat16"      # q, k, v and o element type
+    # Shorthand for every element type not given below (default bfloat16); reads back as q_dtype.
+    dtype: str | None = None
     head_dim: int = 128
     paged: bool = True           # False: dense/ragged KV, handled as page size 1 by the plan
     m_tiles: int = 1             # 16-row query tiles per CTA (rows = query tokens x fused heads)
@@ -46,12 +50,14 @@ class AttentionSpec:
     causal: bool = False         # query token i sees KV positions <= q_pos(i): plans clip each tile there
     window: bool = False         # sliding window p.extra.window_left, given to plan(): plans read only it
     sinks: bool = False          # a per-query-head logit p.extra.sinks[h] joins each row's softmax once
+    q_dtype: str | None = None   # q: bfloat16 | float16
+    kv_dtype: str | None = None  # K and V caches: q's type, float8_e4m3fn or float8_e5m2
+    o_dtype: str | None = None   # output: bfloat16 | float16 (default q's)
 
     def __post_init__(self):
         if not _IDENT.match(self.variant):
             raise ValueError(f"variant name {self.variant!r} must be a C identifier")
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype {self.dtype!r} not supported; use one of {sorted(DTYPES)}")
+        self._resolve_dtypes()
         if self.head_dim not in HEAD_DIMS:
             raise ValueError(f"head_dim {self.head_dim} not supported; use one of {HEAD_DIMS}")
         if self.m_tiles not in (1, 2) or (self.m_tiles == 2 and self.head_dim > 128):
@@ -64,17 +70,53 @@ class AttentionSpec:
             if getattr(self, flag) and param not in names:
                 raise ValueError(f"{flag}=True needs the parameter {param!r} (the kernel reads p.extra.{param})")
 
+    def _resolve_dtypes(self) -> None:
+        """Every element type spelled out (aliases such as 'e4m3' or 'bf16' accepted)."""
+        from rtattn.runtime.dlpack import normalize_dtype
+
+        def name(field: str, value, allowed) -> str:
+            try:
+                n = normalize_dtype(value)
+            except TypeError:
+                n = value
+            if n not in allowed:
+                raise ValueError(f"{field} {value!r} not supported; use one of {sorted(allowed)}")
+            return n
+
+        given = name("dtype", self.dtype, DTYPES) if self.dtype is not None else None
+        q = name("q_dtype", self.q_dtype, DTYPES) if self.q_dtype is not None else given or "bfloat16"
+        if given is not None and given != q:
+            raise ValueError(f"dtype={self.dtype!r} and q_dtype={self.q_dtype!r} disagree (dtype is q's type)")
+        kv = name("kv_dtype", self.kv_dtype, KV_DTYPES) if self.kv_dtype is not None else q
+        o = name("o_dtype", self.o_dtype, DTYPES) if self.o_dtype is not None else q
+        for f, v in (("dtype", q), ("q_dtype", q), ("kv_dtype", kv), ("o_dtype", o)):
+            object.__setattr__(self, f, v)
+
+    @property
+    def kv_is_fp8(self) -> bool:
+        return self.kv_dtype in FP8_DTYPES
+
     @property
     def rows(self) -> int:
         return 16 * self.m_tiles
 
     @property
     def uri(self) -> str:
-        """Readable name of the specialization; kernel symbols derive from it."""
-        return (f"{self.variant}_{self.dtype}_d{self.head_dim}_m{self.m_tiles}"
+        """Readable name of the specialization; kernel symbols derive from it. The KV and output
+        types are spelled only where they differ from q's (plain_bfloat16_kve4m3_d128_...)."""
+        kv = "" if self.kv_dtype == self.q_dtype else f"_kv{_SHORT.get(self.kv_dtype, self.kv_dtype)}"
+        o = "" if self.o_dtype == self.q_dtype else f"_o{self.o_dtype}"
+        return (f"{self.variant}_{self.q_dtype}{kv}{o}_d{self.head_dim}_m{self.m_tiles}"
                 f"_w{self.num_warps}_s{self.stages}")
 
     def with_(self, **changes) -> "AttentionSpec":
+        """replace(); `dtype=` sets q's type, and the KV and output types that followed it."""
+        if "dtype" in changes and changes["dtype"] is not None:
+            new = changes["dtype"]
+            changes.setdefault("q_dtype", new)
+            for f in ("kv_dtype", "o_dtype"):
+                if getattr(self, f) == self.q_dtype:
+                    changes.setdefault(f, new)
         return replace(self, **changes)
 
 
@@ -143,7 +185,10 @@ def default_stages(head_dim: int, arch: str) -> int:
 
 
 def shipped_specs(arch: str = "sm_90") -> list[AttentionSpec]:
-    """Every kernel instance the package ships for `arch` (what rtattn-compile warms)."""
+    """Every kernel instance the package ships for `arch` (what rtattn-compile warms): every
+    built-in at every 16-bit type, head dim and row tile; with an fp8 cache, bf16 q and 16 fused
+    rows: every built-in and head dim for e4m3, plain attention for e5m2 (the rest compile on
+    first use, ~1 s each: CI compiles every shipped instance for two archs on 2 cores)."""
     out = []
     for make in BUILTINS.values():
         for dtype in DTYPES:
@@ -151,4 +196,8 @@ def shipped_specs(arch: str = "sm_90") -> list[AttentionSpec]:
                 for m_tiles in ((1, 2) if head_dim <= 128 else (1,)):
                     out.append(make(dtype=dtype, head_dim=head_dim, m_tiles=m_tiles,
                                     stages=default_stages(head_dim, arch)))
+        for kv_dtype in FP8_DTYPES if make is BUILTINS["plain"] else ("float8_e4m3fn",):
+            for head_dim in HEAD_DIMS:
+                out.append(make(dtype="bfloat16", kv_dtype=kv_dtype, head_dim=head_dim,
+                                stages=default_stages(head_dim, arch)))
     return out

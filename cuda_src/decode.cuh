@@ -14,25 +14,29 @@
 // flight while this item is combined and written. The page ids of the loader's next block are
 // read one block ahead, so issuing a block never waits on an L2 round trip.
 #pragma once
+#include "fp8.cuh"
 #include "ptx.cuh"
 #include "state_fold.cuh"
 
 namespace rtattn {
 
-template <int HEAD_DIM, int M_TILES, int NUM_WARPS, int STAGES, int ELEM_BYTES>
+template <int HEAD_DIM, int M_TILES, int NUM_WARPS, int STAGES, int KV_BYTES>
 struct DecodeShape {
   static constexpr int rows = 16 * M_TILES;
   static constexpr int threads = NUM_WARPS * 32;
   static constexpr int block_tokens = NUM_WARPS * 16;
-  static constexpr int vecs_per_row = HEAD_DIM / 8;                 // 16-byte chunks per row
+  static constexpr int kv_chunk = 16 / KV_BYTES;                    // KV elements per 16-byte chunk
+  static constexpr int vecs_per_row = HEAD_DIM / kv_chunk;          // 16-byte chunks per KV row
   static constexpr int token_step = threads / vecs_per_row;         // threads per 16-byte column
   static constexpr int load_iters = block_tokens / token_step;      // consecutive tokens a thread copies per block
   static constexpr int stage_elems = block_tokens * HEAD_DIM;       // K, then V, of one block
   static constexpr int combine_bytes = NUM_WARPS * 16 * (HEAD_DIM + 2) * 4;  // one 16-row tile
-  // A stage also holds the warps' combine at an item's end: 512 bytes more than K and V.
-  static constexpr int stage_bytes = combine_bytes > 2 * stage_elems * ELEM_BYTES ? combine_bytes : 2 * stage_elems * ELEM_BYTES;
+  // A stage also holds the warps' combine at an item's end: 512 bytes more than 16-bit K and V.
+  static constexpr int stage_bytes = combine_bytes > 2 * stage_elems * KV_BYTES ? combine_bytes : 2 * stage_elems * KV_BYTES;
   static constexpr int kv_bytes = STAGES * stage_bytes;
-  static constexpr int q_bytes = rows * HEAD_DIM * ELEM_BYTES;
+  static constexpr int q_bytes = rows * HEAD_DIM * 2;               // q is 16-bit
+  // fp8 K widened for a KeyTransform lives after the stage's fp8 K and V (the combine's room).
+  static constexpr int widened_k_offset = 2 * stage_elems * KV_BYTES;
   static constexpr int smem_bytes = q_bytes + kv_bytes;
 
   // Element offset of 16-byte chunk `chunk` of row `row` in a q/K/V tile. Rows are not padded,
@@ -42,6 +46,25 @@ struct DecodeShape {
   // the chunk index is XOR-swizzled with row % 8 inside its 128-byte line, so the 8 rows one
   // ldmatrix reads hit 8 distinct bank groups.
   static __device__ __forceinline__ int at(int row, int chunk) { return row * HEAD_DIM + ((chunk ^ (row & 7)) << 3); }
+  // The same swizzle for the KV tiles, in KV elements. fp8 rows of 64 bytes (d64) hold only 4
+  // chunks: unswizzled (two rows share a line; the K reads below stay conflict-free, the V reads
+  // are 4-way: d64 moves the fewest bytes).
+  static constexpr int kv_swizzle = vecs_per_row >= 8 ? 7 : 0;
+  static __device__ __forceinline__ int kv_at(int row, int chunk) {
+    return row * HEAD_DIM + (chunk ^ (row & kv_swizzle)) * kv_chunk;
+  }
+  // fp8 fragments are read from the tiles with 16-byte loads, not ldmatrix, in a column order
+  // that the products do not see (see decode_persistent). K: thread t (lane % 4) of a row holds
+  // the D/4 elements of its chunks k_chunk(t, c) (two adjacent chunks per 128-byte line), whose
+  // 4-byte words are the fragments of k-steps 4c .. 4c+3. V: lane/4 = n reads chunk(s) v_chunk(n,
+  // s) of rows 2t, 2t+1, 2t+8, 2t+9; byte j is output n-tile 16s + j, so O's column n of n-tile
+  // dn is element o_col(dn, n) (d64: 8 bytes per row, n-tile j, column 8n + j).
+  static __device__ __forceinline__ int k_chunk(int t, int c) {
+    return HEAD_DIM == 64 ? t : (c / 2) * 8 + 2 * t + c % 2;
+  }
+  static __device__ __forceinline__ int o_col(int dn, int n) {
+    return HEAD_DIM == 64 ? n * 8 + dn : (dn / 16) * 128 + n * 16 + dn % 16;
+  }
   // Shared address of chunk + 2*kk of a row, from addr0 = the address of (row, chunk), chunk
   // even or odd alike: the tile starts on a 128-byte line, so bits 4-6 of addr0 are the swizzled
   // chunk; XOR-ing 2*kk's low bits in and adding its high bits as an immediate costs one
@@ -55,6 +78,7 @@ struct DecodeShape {
   static_assert(threads % vecs_per_row == 0 && block_tokens % token_step == 0, "threads must cover whole rows");
   static_assert(STAGES >= 2, "the pipeline needs a stage to compute and one in flight");
   static_assert(stage_bytes % 128 == 0 && q_bytes % 128 == 0, "tiles start on 128-byte lines");
+  static_assert(KV_BYTES == 2 || widened_k_offset + stage_elems * 2 <= stage_bytes, "widened K fits the stage");
 };
 
 constexpr float kLog2e = 1.4426950408889634f;
@@ -67,7 +91,7 @@ constexpr float kLn2 = 0.6931471805599453f;
 template <class Variant, class P>
 __device__ __forceinline__ void merge_tile(const P& p, Variant& var, int entry0, int q_tokens, int head0, int heads,
                                            int tid) {
-  using T = typename P::DType;
+  using O = typename P::OType;
   constexpr int D = P::head_dim, C4 = D / 4, KU = 16;
   const int H = p.num_qo_heads, units = q_tokens * heads * C4;
   int S = 1;
@@ -97,12 +121,12 @@ __device__ __forceinline__ void merge_tile(const P& p, Variant& var, int entry0,
     if (!active || part != 0) continue;
     if constexpr (Variant::has_sink) fold.add_sink(var.SinkLogit(p, head));  // once per row: here
     const int q_row = p.plan.merge_qo_row[e];
-    T* op = p.o + int64_t(q_row) * p.o_stride_tok + int64_t(head) * p.o_stride_head + c;
+    O* op = p.o + int64_t(q_row) * p.o_stride_tok + int64_t(head) * p.o_stride_head + c;
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       float x = fold.out(j);
       if constexpr (Variant::has_output_transform) x = var.OutputTransform(p, x, head, c + j);
-      op[j] = from_float<T>(x);
+      op[j] = from_float<O>(x);
     }
     if (p.lse != nullptr && c == 0) p.lse[int64_t(q_row) * H + head] = fold.lse();
   }
@@ -110,11 +134,17 @@ __device__ __forceinline__ void merge_tile(const P& p, Variant& var, int entry0,
 
 template <class Variant, class P, int M_TILES, int NUM_WARPS, int STAGES>
 __device__ __forceinline__ void decode_persistent(const P& p, char* smem) {
-  using T = typename P::DType;
+  using T = typename P::DType;    // q
+  using KV = typename P::KVType;  // the cache: T, or an fp8 tag
+  using M = typename MmaType<T, KV>::type;  // tensor-core operands (fp16 for an fp8 cache)
   constexpr int D = P::head_dim;
-  using S = DecodeShape<D, M_TILES, NUM_WARPS, STAGES, sizeof(T)>;
+  using S = DecodeShape<D, M_TILES, NUM_WARPS, STAGES, sizeof(KV)>;
   constexpr int KT = D / 16;  // k-steps of the QK product, also 16-wide column pairs of PV
   constexpr int BT = S::block_tokens;
+  // An fp8 cache is widened in registers from 16-byte shared loads (K fragments, V fragments).
+  // A KeyTransform needs K in 16-bit first: that block is widened in shared memory instead.
+  constexpr bool kFp8 = IsFp8<KV>::value;
+  constexpr bool kFp8K = kFp8 && !Variant::has_key_transform;
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int kv_head = blockIdx.y;
@@ -122,7 +152,7 @@ __device__ __forceinline__ void decode_persistent(const P& p, char* smem) {
   const int first_qo_head = kv_head * heads;
 
   T* q_smem = reinterpret_cast<T*>(smem);
-  auto stage_at = [&](int stage) { return reinterpret_cast<T*>(smem + S::q_bytes + stage * S::stage_bytes); };
+  auto stage_at = [&](int stage) { return reinterpret_cast<KV*>(smem + S::q_bytes + stage * S::stage_bytes); };
 
   // Programmatic dependent launch: the plan (written by a host-to-device copy, which every
   // kernel waits for in full) may be read before the previous kernel finishes; q, the KV cache
@@ -144,11 +174,11 @@ __device__ __forceinline__ void decode_persistent(const P& p, char* smem) {
   const int* ld_pages = p.plan.kv_indices;
   int ld_page[RUN];
   const int ld_vec = tid % S::vecs_per_row, ld_row = tid / S::vecs_per_row * RUN;
-  const T* k_head = p.k_cache + kv_head * p.k_stride_head + ld_vec * 8;
-  const T* v_head = p.v_cache + kv_head * p.v_stride_head + ld_vec * 8;
-  // Offset of the run's first row in a tile; row ld_row + i is at (that ^ (i % 8) << 3) + i rows
-  // (ld_row is a multiple of RUN, so row % 8 == (ld_row % 8) ^ (i % 8): the swizzle of at()).
-  const int ld_dst = S::at(ld_row, ld_vec);
+  const KV* k_head = p.k_cache + kv_head * p.k_stride_head + ld_vec * S::kv_chunk;
+  const KV* v_head = p.v_cache + kv_head * p.v_stride_head + ld_vec * S::kv_chunk;
+  // Offset of the run's first row in a tile; row ld_row + i is at (that ^ (i % 8) * chunk) + i
+  // rows (ld_row is a multiple of RUN, so row % 8 == (ld_row % 8) ^ (i % 8): the swizzle of kv_at()).
+  const int ld_dst = S::kv_at(ld_row, ld_vec);
   const uint64_t kv_policy = evict_first_policy();
   // This lane's ldmatrix rows in a stage at k-step 0: matrix lane/8 of K's x4 is (rows +8*(m/2),
   // chunk m%2) (two n-tiles x two k-halves); of V's transposed x4, (rows +8*(m%2), chunk m/2).
@@ -183,8 +213,8 @@ __device__ __forceinline__ void decode_persistent(const P& p, char* smem) {
         ld_page[i] = (ld_item < item_end && pos0 + i < ld_kv1) ? ld_pages[(pos0 + i) >> p.page_shift] : 0;
     }
   };
-  auto copy_token = [&](T* ks, int i, const T* kp, const T* vp, bool valid) {
-    T* dst = ks + ((ld_dst ^ ((i % 8) << 3)) + i * D);
+  auto copy_token = [&](KV* ks, int i, const KV* kp, const KV* vp, bool valid) {
+    KV* dst = ks + ((ld_dst ^ ((i & S::kv_swizzle) * S::kv_chunk)) + i * D);
 #ifdef RTATTN_DEV_NO_KV  // timing probe (RTATTN_DEV_DEFINES): everything but the KV reads
     valid = false;
 #endif
@@ -193,12 +223,12 @@ __device__ __forceinline__ void decode_persistent(const P& p, char* smem) {
   };
   auto issue_block = [&](int stage) {  // one commit group per call, empty once the stream ends
     if (ld_item < item_end) {
-      T* ks = stage_at(stage);
+      KV* ks = stage_at(stage);
       const int pos0 = ld_kv0 + ld_blk * BT + ld_row;
       if (page_runs) {
         const int64_t page = ld_page[0], slot = pos0 & slot_mask;
-        const T* kp = k_head + page * p.k_stride_page + slot * p.k_stride_tok;
-        const T* vp = v_head + page * p.v_stride_page + slot * p.v_stride_tok;
+        const KV* kp = k_head + page * p.k_stride_page + slot * p.k_stride_tok;
+        const KV* vp = v_head + page * p.v_stride_page + slot * p.v_stride_tok;
 #pragma unroll
         for (int i = 0; i < RUN; ++i) copy_token(ks, i, kp + i * p.k_stride_tok, vp + i * p.v_stride_tok, pos0 + i < ld_kv1);
       } else {
@@ -257,6 +287,15 @@ __device__ __forceinline__ void decode_persistent(const P& p, char* smem) {
   allow_next_grid();  // a dependent kernel waits for this grid's completion anyway: launch it now
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) issue_block(s);
+  // fp8 scales (per tensor, or this CTA's KV head): k_scale folds into the logits' scale (into K
+  // itself where a KeyTransform widens K first), v_scale into O at the warps' combine.
+  float k_scale = 1.f, v_scale = 1.f;
+  if constexpr (kFp8) {
+    k_scale = p.k_scale_f * (p.k_scale != nullptr ? p.k_scale[kv_head * p.k_scale_stride] : 1.f);
+    v_scale = p.v_scale_f * (p.v_scale != nullptr ? p.v_scale[kv_head * p.v_scale_stride] : 1.f);
+  }
+  const float logit_fold = kFp8K ? k_scale : 1.f;
+  const float sm_scale = p.sm_scale * logit_fold, sm_scale_log2 = p.sm_scale_log2 * logit_fold;
   if (kPrefetch && item_begin < item_end) load_q(next_item);
   int blocks_done = 0;  // compute position in the stream: stage blocks_done % STAGES is next
 
@@ -304,15 +343,35 @@ __device__ __forceinline__ void decode_persistent(const P& p, char* smem) {
     __syncthreads();
     // One row tile keeps its q fragments in registers for the whole item; two read them from the
     // q tile at every k-step (in registers, their 64 spilled the accumulators: 88 B of stack).
-    constexpr bool kQInRegs = M_TILES == 1;
+    constexpr bool kQInRegs = M_TILES == 1 || kFp8K;  // fp8: q in the K fragments' column order
     uint32_t q_base[M_TILES];
     uint32_t qa[M_TILES][KT][4];  // (unused, and gone, with two tiles)
 #pragma unroll
     for (int mi = 0; mi < M_TILES; ++mi) {
       q_base[mi] = smem_addr(q_smem) + S::at(mi * 16 + (lane / 8 % 2) * 8 + lane % 8, lane / 16) * sizeof(T);
-      if constexpr (kQInRegs) {
+      if constexpr (kFp8K) {  // q in the fp8 K fragments' column order (DecodeShape::k_chunk)
 #pragma unroll
-        for (int kk = 0; kk < KT; ++kk) ldmatrix_x4(qa[mi][kk], S::kstep(q_base[mi], kk));
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int c = 0; c < D / 64; ++c) {
+            const int r = mi * 16 + lane / 4 + 8 * h, ch = 2 * S::k_chunk(lane % 4, c);
+            const uint4 lo = *reinterpret_cast<const uint4*>(q_smem + S::at(r, ch));
+            const uint4 hi = *reinterpret_cast<const uint4*>(q_smem + S::at(r, ch + 1));
+            const uint32_t w[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+              qa[mi][4 * c + j][h] = to_half2<T>(w[2 * j]);
+              qa[mi][4 * c + j][h + 2] = to_half2<T>(w[2 * j + 1]);
+            }
+          }
+      } else if constexpr (kQInRegs) {
+#pragma unroll
+        for (int kk = 0; kk < KT; ++kk) {
+          ldmatrix_x4(qa[mi][kk], S::kstep(q_base[mi], kk));
+          if constexpr (!SameType<M, T>::value)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) qa[mi][kk][e] = to_half2<T>(qa[mi][kk][e]);
+        }
       }
     }
 
@@ -345,17 +404,29 @@ __device__ __forceinline__ void decode_persistent(const P& p, char* smem) {
       cp_async_wait<STAGES - 2>();
       __syncthreads();  // block blocks_done landed for everyone; everyone is past the previous one
       issue_block((blocks_done + STAGES - 1) % STAGES);
-      T* ks = stage_at(blocks_done % STAGES);
-      T* vs = ks + S::stage_elems;
+      KV* ks = stage_at(blocks_done % STAGES);
+      KV* vs = ks + S::stage_elems;
+      // K as 16-bit elements in the at() layout: the tile itself, or (fp8) its widened copy.
+      M* k16;
+      if constexpr (kFp8) k16 = reinterpret_cast<M*>(reinterpret_cast<char*>(ks) + S::widened_k_offset);
+      else k16 = ks;
       const int blk_pos0 = kv_begin + blk * BT;
       if constexpr (Variant::has_key_transform) {
         for (int i = tid; i < BT * (D / 2); i += S::threads) {
           const int tok = i / (D / 2), d = i % (D / 2);
           const int lo_at = S::at(tok, d / 8) + d % 8, hi_at = S::at(tok, (d + D / 2) / 8) + d % 8;
-          float lo = to_float(ks[lo_at]), hi = to_float(ks[hi_at]);
+          float lo, hi;
+          if constexpr (kFp8) {  // dequantized, so the transform sees the true K
+            const int c = S::kv_chunk;
+            lo = fp8_to_float(ks[S::kv_at(tok, d / c) + d % c]) * k_scale;
+            hi = fp8_to_float(ks[S::kv_at(tok, (d + D / 2) / c) + d % c]) * k_scale;
+          } else {
+            lo = to_float(ks[lo_at]);
+            hi = to_float(ks[hi_at]);
+          }
           var.KeyTransform(p, lo, hi, d, blk_pos0 + tok, kv_head);
-          ks[lo_at] = from_float<T>(lo);
-          ks[hi_at] = from_float<T>(hi);
+          k16[lo_at] = from_float<M>(lo);
+          k16[hi_at] = from_float<M>(hi);
         }
         __syncthreads();
       }
@@ -368,17 +439,43 @@ __device__ __forceinline__ void decode_persistent(const P& p, char* smem) {
         for (int n = 0; n < 2; ++n)
 #pragma unroll
           for (int e = 0; e < 4; ++e) s[mi][n][e] = 0.f;
+      if constexpr (kFp8K) {  // rows of the warp's tokens 0-7 and 8-15: four k-steps per 16-byte load
 #pragma unroll
-      for (int kk = 0; kk < KT; ++kk) {
-        uint32_t kb[4];
-        ldmatrix_x4(kb, S::kstep(smem_addr(ks) + k_lane, kk));
+        for (int c = 0; c < D / 64; ++c) {
+          const int r = warp * 16 + lane / 4, ch = S::k_chunk(lane % 4, c);
+          const uint4 n0 = *reinterpret_cast<const uint4*>(ks + S::kv_at(r, ch));
+          const uint4 n1 = *reinterpret_cast<const uint4*>(ks + S::kv_at(r + 8, ch));
+          const uint32_t w0[4] = {n0.x, n0.y, n0.z, n0.w}, w1[4] = {n1.x, n1.y, n1.z, n1.w};
 #pragma unroll
-        for (int mi = 0; mi < M_TILES; ++mi) {
-          uint32_t qf[4];
-          if constexpr (!kQInRegs) ldmatrix_x4(qf, S::kstep(q_base[mi], kk));
-          const uint32_t (&a)[4] = kQInRegs ? qa[mi][kk] : qf;
-          MmaOp<T>::run(s[mi][0], a, kb[0], kb[1]);
-          MmaOp<T>::run(s[mi][1], a, kb[2], kb[3]);
+          for (int j = 0; j < 4; ++j) {
+            uint32_t kb[4];
+            fp8x4_to_half<KV>(w0[j], kb[0], kb[1]);
+            fp8x4_to_half<KV>(w1[j], kb[2], kb[3]);
+#pragma unroll
+            for (int mi = 0; mi < M_TILES; ++mi) {
+              MmaOp<M>::run(s[mi][0], qa[mi][4 * c + j], kb[0], kb[1]);
+              MmaOp<M>::run(s[mi][1], qa[mi][4 * c + j], kb[2], kb[3]);
+            }
+          }
+        }
+      } else {
+#pragma unroll
+        for (int kk = 0; kk < KT; ++kk) {
+          uint32_t kb[4];
+          ldmatrix_x4(kb, S::kstep(smem_addr(k16) + k_lane, kk));
+#pragma unroll
+          for (int mi = 0; mi < M_TILES; ++mi) {
+            uint32_t qf[4];
+            if constexpr (!kQInRegs) {
+              ldmatrix_x4(qf, S::kstep(q_base[mi], kk));
+              if constexpr (!SameType<M, T>::value)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) qf[e] = to_half2<T>(qf[e]);
+            }
+            const uint32_t (&a)[4] = kQInRegs ? qa[mi][kk] : qf;
+            MmaOp<M>::run(s[mi][0], a, kb[0], kb[1]);
+            MmaOp<M>::run(s[mi][1], a, kb[2], kb[3]);
+          }
         }
       }
 
@@ -395,9 +492,9 @@ __device__ __forceinline__ void decode_persistent(const P& p, char* smem) {
             const int kv_pos = blk_pos0 + warp * 16 + n * 8 + (lane % 4) * 2 + (e & 1);
             float x = s[mi][n][e];
             if constexpr (Variant::has_logits_transform) {
-              x = var.LogitsTransform(p, x * p.sm_scale, row_qo_idx[mi][h], kv_pos, row_qo_head[mi][h], kv_head) * kLog2e;
+              x = var.LogitsTransform(p, x * sm_scale, row_qo_idx[mi][h], kv_pos, row_qo_head[mi][h], kv_head) * kLog2e;
             } else {
-              x *= p.sm_scale_log2;
+              x *= sm_scale_log2;
             }
             bool keep = kv_pos < kv_end;
             if constexpr (Variant::has_logits_mask)
@@ -439,21 +536,54 @@ __device__ __forceinline__ void decode_persistent(const P& p, char* smem) {
               l_run[mi][e / 2] += s[mi][n][e];
             }
         }
-        pa[mi][0] = pack2<T>(s[mi][0][0], s[mi][0][1]);
-        pa[mi][1] = pack2<T>(s[mi][0][2], s[mi][0][3]);
-        pa[mi][2] = pack2<T>(s[mi][1][0], s[mi][1][1]);
-        pa[mi][3] = pack2<T>(s[mi][1][2], s[mi][1][3]);
+        pa[mi][0] = pack2<M>(s[mi][0][0], s[mi][0][1]);
+        pa[mi][1] = pack2<M>(s[mi][0][2], s[mi][0][3]);
+        pa[mi][2] = pack2<M>(s[mi][1][0], s[mi][1][1]);
+        pa[mi][3] = pack2<M>(s[mi][1][2], s[mi][1][3]);
       }
 
       // O += P V for this warp's 16 tokens.
+      if constexpr (kFp8) {  // B fragments of rows 2t, 2t+1 (b0) and 2t+8, 2t+9 (b1), byte by byte
+        constexpr int SEGS = D == 64 ? 1 : D / 128, WORDS = D == 64 ? 2 : 4;
+        const int r = warp * 16 + 2 * (lane % 4), n = lane / 4;
 #pragma unroll
-      for (int dp = 0; dp < KT; ++dp) {
-        uint32_t vb[4];
-        ldmatrix_x4_trans(vb, S::kstep(smem_addr(vs) + v_lane, dp));
+        for (int sg = 0; sg < SEGS; ++sg) {
+          uint32_t w[4][WORDS];  // rows r, r + 1, r + 8, r + 9
 #pragma unroll
-        for (int mi = 0; mi < M_TILES; ++mi) {
-          MmaOp<T>::run(o[mi][2 * dp], pa[mi], vb[0], vb[1]);
-          MmaOp<T>::run(o[mi][2 * dp + 1], pa[mi], vb[2], vb[3]);
+          for (int k = 0; k < 4; ++k) {
+            const int row = r + (k & 1) + (k & 2) * 4;
+            if constexpr (D == 64) {
+              const uint2 x = *reinterpret_cast<const uint2*>(vs + S::kv_at(row, 0) + n * 8);
+              w[k][0] = x.x, w[k][1] = x.y;
+            } else {
+              const uint4 x = *reinterpret_cast<const uint4*>(vs + S::kv_at(row, sg * 8 + n));
+              w[k][0] = x.x, w[k][1] = x.y, w[k][2] = x.z, w[k][3] = x.w;
+            }
+          }
+#pragma unroll
+          for (int j = 0; j < WORDS; ++j)
+#pragma unroll
+            for (int hb = 0; hb < 2; ++hb) {  // bytes 2hb, 2hb + 1 of word j: n-tiles 16sg + 4j + 2hb + e
+              const uint32_t sel = hb ? 0x7362u : 0x5140u;  // interleave two rows' bytes into pairs
+              uint32_t b0[2], b1[2];
+              fp8x4_to_half<KV>(prmt(w[0][j], w[1][j], sel), b0[0], b0[1]);
+              fp8x4_to_half<KV>(prmt(w[2][j], w[3][j], sel), b1[0], b1[1]);
+#pragma unroll
+              for (int e = 0; e < 2; ++e)
+#pragma unroll
+                for (int mi = 0; mi < M_TILES; ++mi) MmaOp<M>::run(o[mi][sg * 16 + 4 * j + 2 * hb + e], pa[mi], b0[e], b1[e]);
+            }
+        }
+      } else {
+#pragma unroll
+        for (int dp = 0; dp < KT; ++dp) {
+          uint32_t vb[4];
+          ldmatrix_x4_trans(vb, S::kstep(smem_addr(vs) + v_lane, dp));
+#pragma unroll
+          for (int mi = 0; mi < M_TILES; ++mi) {
+            MmaOp<M>::run(o[mi][2 * dp], pa[mi], vb[0], vb[1]);
+            MmaOp<M>::run(o[mi][2 * dp + 1], pa[mi], vb[2], vb[3]);
+          }
         }
       }
     }
@@ -474,9 +604,14 @@ __device__ __forceinline__ void decode_persistent(const P& p, char* smem) {
         float* dst = combine + (warp * 16 + lane / 4 + 8 * h) * (D + 2);
 #pragma unroll
         for (int dn = 0; dn < D / 8; ++dn) {
-          const int d = dn * 8 + (lane % 4) * 2;
-          dst[d] = o[mi][dn][2 * h];
-          dst[d + 1] = o[mi][dn][2 * h + 1];
+          if constexpr (kFp8) {  // fp8 V fragments permute O's columns (DecodeShape::o_col)
+            dst[S::o_col(dn, (lane % 4) * 2)] = o[mi][dn][2 * h] * v_scale;
+            dst[S::o_col(dn, (lane % 4) * 2 + 1)] = o[mi][dn][2 * h + 1] * v_scale;
+          } else {
+            const int d = dn * 8 + (lane % 4) * 2;
+            dst[d] = o[mi][dn][2 * h];
+            dst[d + 1] = o[mi][dn][2 * h + 1];
+          }
         }
         if (lane % 4 == 0) {
           dst[D] = Variant::use_softmax ? m_run[mi][h] : 0.f;
@@ -527,9 +662,10 @@ __device__ __forceinline__ void decode_persistent(const P& p, char* smem) {
             o0 = var.OutputTransform(p, o0, qo_head, d);
             o1 = var.OutputTransform(p, o1, qo_head, d + 1);
           }
-          T* op = p.o + int64_t(q_row0 + t) * p.o_stride_tok + int64_t(qo_head) * p.o_stride_head + d;
-          op[0] = from_float<T>(o0);
-          op[1] = from_float<T>(o1);
+          using O = typename P::OType;
+          O* op = p.o + int64_t(q_row0 + t) * p.o_stride_tok + int64_t(qo_head) * p.o_stride_head + d;
+          op[0] = from_float<O>(o0);
+          op[1] = from_float<O>(o1);
           if (p.lse != nullptr && d == 0) p.lse[int64_t(q_row0 + t) * p.num_qo_heads + qo_head] = lse;
         } else {
           const int64_t prow = int64_t(partial_row + t) * p.num_qo_heads + qo_head;

@@ -31,7 +31,7 @@ __device__ __forceinline__ void load_cols(float (&v)[W], const float* p) {
 // round trip.
 template <class Variant, class P, int W, int KU>
 __device__ __forceinline__ void merge_jobs(const P& p, int num_rows, int warp, int num_warps, int lane) {
-  using T = typename P::DType;
+  using O = typename P::OType;
   constexpr int D = P::head_dim, JOBS = D / (32 * W);  // jobs per (row, head)
   static_assert(JOBS >= 1 && D % (32 * W) == 0, "a job covers whole 32-lane column groups");
   const int H = p.num_qo_heads;
@@ -60,12 +60,12 @@ __device__ __forceinline__ void merge_jobs(const P& p, int num_rows, int warp, i
       fold.round(l, v);
     }
     if constexpr (Variant::has_sink) fold.add_sink(var.SinkLogit(p, head));  // once per row: here
-    T* op = p.o + int64_t(q_row) * p.o_stride_tok + int64_t(head) * p.o_stride_head + d;
+    O* op = p.o + int64_t(q_row) * p.o_stride_tok + int64_t(head) * p.o_stride_head + d;
 #pragma unroll
     for (int j = 0; j < W; ++j) {
       float x = fold.out(j);
       if constexpr (Variant::has_output_transform) x = var.OutputTransform(p, x, head, d + j);
-      op[j] = from_float<T>(x);
+      op[j] = from_float<O>(x);
     }
     if (p.lse != nullptr && d == 0) p.lse[int64_t(q_row) * H + head] = fold.lse();
   }

@@ -54,14 +54,14 @@ class DecodeGraphs:
 
     # ----------------------------------------------------------------- the step
     def step(self, q, k_cache, v_cache=None, *, out=None, lse=None, stream=None, sm_scale=None,
-             params=None, wrapper=None):
+             params=None, wrapper=None, k_scale=None, v_scale=None):
         """Like wrapper.run(), but replayed from a graph. `stream` must not be the legacy
         default stream. Validation is the wrapper's, done before anything is launched."""
         w = wrapper or self.wrapper
         if w is None:
             raise ValueError("no wrapper: pass DecodeGraphs(wrapper) or step(..., wrapper=w)")
         s = self._capturable(stream)
-        launch = w._bind(w._reusable(), q, k_cache, v_cache, out, lse, s, sm_scale, params)
+        launch = w._bind(w._reusable(), q, k_cache, v_cache, out, lse, s, sm_scale, params, k_scale, v_scale)
         self._replay(launch, s)
         return (launch.out, launch.lse) if launch.lse is not None else launch.out
 

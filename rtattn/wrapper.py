@@ -10,10 +10,16 @@ LSE convention: natural logarithm (base e) of the sum of the attention weights' 
 log sum_j exp(s_j), with s_j the logits after sm_scale (and the variant's logits transform).
 With attention sinks the sink's exp(sinks[h]) is part of that sum (the softmax denominator):
 the LSE is that of the row's KV plus its sink.
+
+fp8 KV caches (kv_dtype="float8_e4m3fn" / "float8_e5m2"): run() takes k_scale / v_scale, each a
+float (per tensor) or a CUDA float32 tensor of shape [1] (per tensor) or [H_kv] (per KV head);
+attention then runs over k_cache * k_scale and v_cache * v_scale (the LSE too).
 """
 from __future__ import annotations
 
 import math
+import numbers
+import os
 
 from rtattn.codegen.cstruct import FieldWriter
 from rtattn.families import decode as decode_family
@@ -27,12 +33,16 @@ from rtattn.tensors import TensorImports, expect_inner_contiguous, expect_shape,
 from rtattn.wrapper_base import KV_LAYOUTS, PlannedLaunch, PlannedWrapper, host_array, paged_strides, select
 
 _host, _select, _paged_strides = host_array, select, paged_strides
+# fp8 caches stay behind this switch until their GPU tier passes: on the H200 every fp8 decode
+# kernel so far stopped with "an illegal instruction was encountered" (docs/perf-log.md, fp8 KV).
+FP8_SWITCH = "RTATTN_FP8_KV"
+FP8_SCALE_MEMBERS = ("k_scale", "v_scale", "k_scale_stride", "v_scale_stride", "k_scale_f", "v_scale_f")
 
 
 class BatchDecodeWrapper(PlannedWrapper):
     def __init__(self, num_qo_heads: int, num_kv_heads: int, head_dim: int, page_size: int, *,
                  max_batch: int, max_pages: int, max_qo_tokens: int | None = None,
-                 variant="plain", dtype: str = "bfloat16", kv_layout: str = "NHD",
+                 variant="plain", dtype: str = "bfloat16", kv_dtype: str | None = None, kv_layout: str = "NHD",
                  mode: str = "auto", chunk_tokens: int | None = None, pdl: bool = True, num_ctas: int | None = None,
                  fused_merge: bool = False, device=None, workspace=None,
                  num_pages_pool: int | None = None):
@@ -46,8 +56,14 @@ class BatchDecodeWrapper(PlannedWrapper):
         self.device = current_device(device)
         self.num_qo_heads, self.num_kv_heads, self.head_dim = num_qo_heads, num_kv_heads, head_dim
         self.group = num_qo_heads // num_kv_heads
-        self.page_size, self.kv_layout, self.dtype = page_size, kv_layout, dtype
-        self.spec = decode_family.spec_for(variant, dtype, head_dim, self.group, self.device.arch)
+        self.page_size, self.kv_layout = page_size, kv_layout
+        self.spec = decode_family.spec_for(variant, dtype, head_dim, self.group, self.device.arch, kv_dtype=kv_dtype)
+        if self.spec.kv_is_fp8 and os.environ.get(FP8_SWITCH) != "1":
+            raise NotImplementedError(
+                f"kv_dtype={self.spec.kv_dtype}: the fp8 decode kernels are built but not enabled (on the H200 "
+                f"they stop with an illegal instruction, not yet understood); set {FP8_SWITCH}=1 to run them")
+        # q's, the caches' and the output's element types (kv_dtype None: q's)
+        self.dtype, self.kv_dtype, self.o_dtype = self.spec.q_dtype, self.spec.kv_dtype, self.spec.o_dtype
         if self.group > self.spec.rows:
             raise ValueError(f"head group {self.group} exceeds the kernel's {self.spec.rows} rows")
         self.kernels = decode_kernels(self.spec, self.device.ordinal)
@@ -97,24 +113,26 @@ class BatchDecodeWrapper(PlannedWrapper):
 
     # ------------------------------------------------------------------ run
     def run(self, q, k_cache, v_cache=None, *, out=None, lse=None, stream=None, sm_scale=None,
-            params: dict | None = None):
+            params: dict | None = None, k_scale=None, v_scale=None):
         """Attention for the planned batch. `k_cache`/`v_cache`: [pages, page_size, H_kv, D] (NHD)
         or [pages, H_kv, page_size, D] (HND); or one `kv_cache` [pages, 2, ...] as `k_cache`.
         `out` (optional) [tokens, H_qo, D]; `lse`: None, True (allocate) or a float32 [tokens, H_qo]
-        tensor. Returns out, or (out, lse) when lse was asked for."""
-        launch = self._bind(self._reusable(), q, k_cache, v_cache, out, lse, stream, sm_scale, params)
+        tensor. `k_scale`/`v_scale`: fp8 caches only (module docstring). Returns out, or
+        (out, lse) when lse was asked for."""
+        launch = self._bind(self._reusable(), q, k_cache, v_cache, out, lse, stream, sm_scale, params,
+                            k_scale, v_scale)
         launch()
         return (launch.out, launch.lse) if launch.lse is not None else launch.out
 
     def prepare(self, q, k_cache, v_cache=None, *, out=None, lse=None, stream=None, sm_scale=None,
-                params: dict | None = None) -> "DecodeLaunch":
+                params: dict | None = None, k_scale=None, v_scale=None) -> "DecodeLaunch":
         """Validate everything and pack the kernel arguments into a launch of its own; calling it
         enqueues the kernels. Graph capture calls it once and replays; every pointer is fixed in it.
         q, out and lse may hold more rows than the plan's tokens (size them for the largest batch
         the launch will replay): later plans may use up to that many, and a plan with more is
         refused before the replay."""
         return self._bind(self._new_launch(), q, k_cache, v_cache, out, lse, stream, sm_scale, params,
-                          exact=False)
+                          k_scale, v_scale, exact=False)
 
     def _new_launch(self) -> "DecodeLaunch":
         args = Params(self._template)
@@ -131,7 +149,7 @@ class BatchDecodeWrapper(PlannedWrapper):
         return self._eager
 
     def _bind(self, launch: "DecodeLaunch", q, k_cache, v_cache, out, lse, stream, sm_scale, params,
-              exact: bool = True):
+              k_scale=None, v_scale=None, exact: bool = True):
         """Validate the tensors against the plan and write their pointers into `launch`'s arguments.
         Per tensor object, the DLPack import and the checks that depend on it alone run once
         (TensorImports); what depends on the plan (token count, pages read) is checked every call.
@@ -157,7 +175,7 @@ class BatchDecodeWrapper(PlannedWrapper):
             self.planner.num_pages_pool = min(ka[0], va[0], *(() if pool is None else (pool,)))
         if out is None:
             out = DeviceBuffer(max(n_tok, 1) * self.num_qo_heads * self.head_dim * 2, self.device).as_tensor(
-                self.dtype, (n_tok, self.num_qo_heads, self.head_dim), stream=stream)
+                self.o_dtype, (n_tok, self.num_qo_heads, self.head_dim), stream=stream)
         oa = imp.get("out", out, h, self._derive_rows)
         if oa[0] != n_tok and (exact or oa[0] < n_tok):
             _tokens_mismatch(oa, n_tok, exact)
@@ -176,12 +194,14 @@ class BatchDecodeWrapper(PlannedWrapper):
         else:
             sc = float(sm_scale)
             scale = (sc, sc * 1.4426950408889634)
+        kv_scales = self._scales(k_scale, v_scale, h)
         extra = self._extra(params, h) if (params or self.spec.params) else ()
         imp.order(h)
-        self._write(launch.args.buffer, qa[3:] + ka[3:] + va[3:] + oa[3:] + (lse_ptr,) + scale + extra)
+        self._write(launch.args.buffer,
+                    qa[3:] + ka[3:] + va[3:] + oa[3:] + (lse_ptr,) + scale + kv_scales + extra)
         launch.stream, launch.out, launch.lse, launch.window_left = stream, out, lse, self.window_left
         launch.tokens = tokens   # rows q, out and lse hold: the most any replayed plan may use
-        launch.keep = (q, k_cache, v_cache, out, lse, params)
+        launch.keep = (q, k_cache, v_cache, out, lse, params, k_scale, v_scale)
         return launch
 
     # What run() packs from a tensor, derived once per tensor object (TensorImports): plain numbers,
@@ -189,7 +209,7 @@ class BatchDecodeWrapper(PlannedWrapper):
     def _derive_rows(self, name, t):
         """q / out [tokens, H_qo, D]: (..., ptr, token stride, head stride)."""
         H, D = self.num_qo_heads, self.head_dim
-        t = _checked(name, t, self.dtype, 3, self.device.ordinal)
+        t = _checked(name, t, self.o_dtype if name == "out" else self.dtype, 3, self.device.ordinal)
         expect_shape(name, t, (None, H, D))
         expect_inner_contiguous(name, t)
         if name == "q":
@@ -205,14 +225,49 @@ class BatchDecodeWrapper(PlannedWrapper):
 
     def _derive_cache(self, name, t):
         """One K or V cache: (..., ptr, page stride, token stride, head stride)."""
-        t = _checked(name, t, self.dtype, 4, self.device.ordinal)
+        t = _checked(name, self._kv_typed(name, t), self.kv_dtype, 4, self.device.ordinal)
         return self._cache_fields(name, t)
 
     def _derive_kv_pair(self, name, t):
         """One [pages, 2, ...] cache: K at index 0, V at 1 of dimension 1."""
-        t = _checked("kv_cache", t, self.dtype, 5, self.device.ordinal)
+        t = _checked("kv_cache", self._kv_typed("kv_cache", t), self.kv_dtype, 5, self.device.ordinal)
         expect_shape("kv_cache", t, (None, 2) + self._per_page)
         return tuple(self._cache_fields(f"kv_cache[:, {i}]", _select(t, 1, i)) for i in (0, 1))
+
+    def _kv_typed(self, name, t):
+        if t.dtype != self.kv_dtype:
+            raise TypeError(f"{name} has dtype {t.dtype}, but this wrapper was built for kv_dtype={self.kv_dtype} "
+                            f"caches (pass kv_dtype={t.dtype!r} to BatchDecodeWrapper for such a cache)")
+        return t
+
+    def _scales(self, k_scale, v_scale, stream_handle: int) -> tuple:
+        """fp8 dequantization scales as FP8_SCALE_MEMBERS values (pointers, strides, host
+        factors); () for a 16-bit cache, which takes none."""
+        given = (("k_scale", k_scale), ("v_scale", v_scale))
+        if not self.spec.kv_is_fp8:
+            bad = [n for n, x in given if x is not None]
+            if bad:
+                raise ValueError(f"{bad[0]} applies to fp8 KV caches; this wrapper's kv_dtype is {self.kv_dtype}")
+            return ()
+        ptrs, strides, factors = [], [], []
+        for name, x in given:
+            ptr, stride, factor = 0, 0, 1.0
+            if isinstance(x, numbers.Real) and not isinstance(x, bool):
+                factor = float(x)
+                if not math.isfinite(factor):
+                    raise ValueError(f"{name}={x!r} is not finite")
+            elif x is not None:
+                ptr, stride = self._imports.get(name, x, stream_handle, self._derive_scale)
+            ptrs.append(ptr), strides.append(stride), factors.append(factor)
+        return tuple(ptrs + strides + factors)
+
+    def _derive_scale(self, name, t) -> tuple[int, int]:
+        """A scale tensor: float32 [1] (per tensor) or [H_kv] (per KV head): (ptr, element stride)."""
+        t = _checked(name, t, "float32", 1, self.device.ordinal)
+        if t.shape not in ((1,), (self.num_kv_heads,)):
+            raise ValueError(f"{name} has shape {list(t.shape)}, expected [1] (per tensor) or "
+                             f"[{self.num_kv_heads}] (per KV head)")
+        return t.ptr, (t.strides[0] if t.shape[0] > 1 else 0)
 
     def _cache_fields(self, name, t):
         expect_shape(name, t, (None,) + self._per_page)
@@ -259,6 +314,7 @@ class BatchDecodeWrapper(PlannedWrapper):
                     "k_cache", "k_stride_page", "k_stride_tok", "k_stride_head",
                     "v_cache", "v_stride_page", "v_stride_tok", "v_stride_head",
                     "o", "o_stride_tok", "o_stride_head", "lse", "sm_scale", "sm_scale_log2")
+        per_call += FP8_SCALE_MEMBERS if self.spec.kv_is_fp8 else ()
         zeros = {n: 0 for n in per_call}
         extra = {p.name: 0 for p in self.spec.params} or {"unused_": 0}
         template = ps.pack(**zeros, extra=extra, **self._fixed)

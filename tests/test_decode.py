@@ -65,7 +65,8 @@ def test_bad_specs_are_refused():
 TOL = {"bfloat16": 2e-2, "float16": 5e-3}
 
 
-def _run(case, variant="plain", dtype="bfloat16", mode="balanced", params=None, lse=True, window_left=None, **kw):
+def _run(case, variant="plain", dtype="bfloat16", mode="balanced", params=None, lse=True, window_left=None,
+         run_kw=None, **kw):
     import torch
     from rtattn.wrapper import BatchDecodeWrapper
     T, H, D = case.q.shape
@@ -76,7 +77,7 @@ def _run(case, variant="plain", dtype="bfloat16", mode="balanced", params=None, 
     w.plan(case.kv_indptr, case.kv_indices, case.kv_last_page_len, qo_indptr=case.qo_indptr, window_left=window_left)
     out = torch.full_like(case.q, float("nan"))                     # poisoned
     lse_t = torch.full((T, H), float("nan"), device="cuda") if lse else None
-    w.run(case.q, case.k_cache, case.v_cache, out=out, lse=lse_t, params=params)
+    w.run(case.q, case.k_cache, case.v_cache, out=out, lse=lse_t, params=params, **(run_kw or {}))
     torch.cuda.synchronize()
     return out.float().cpu().numpy(), (lse_t.cpu().numpy() if lse else None), w
 
@@ -217,20 +218,30 @@ def test_variants(variant, qo_len):
     rng = np.random.default_rng(21)
     kv = np.array([1, 50, 700, 2500, 5000])
     case = make_case(kv, 16, 4, 128, 16, qo_lens=np.minimum(qo_len, kv), seed=21)
+    params, var = variant_params(variant, case, kv, rng)
+    o, lse, _ = _run(case, variant=variant, params=params, window_left=var.window_left if var.window_left >= 0 else None)
+    _check(case, o, lse, var)
+
+
+def variant_params(variant: str, case, kv, rng):
+    """(run() params, reference Variant) of a built-in variant for `case` (16 query heads)."""
+    import torch
     qo = np.diff(case.qo_indptr)
     if variant == "alibi":
         slopes = torch.tensor(ref.alibi_slopes(16), dtype=torch.float32, device="cuda")
-        params, var = {"alibi_slopes": slopes}, ref.Variant(alibi=True)
-    elif variant == "custom_mask":
+        return {"alibi_slopes": slopes}, ref.Variant(alibi=True)
+    if variant == "custom_mask":
         masks = [rng.random((q, k)) < 0.7 for q, k in zip(qo, kv)]
         bits, offs = ref.pack_custom_mask(masks)
         params = {"mask": torch.from_numpy(bits).cuda(), "mask_offsets": torch.from_numpy(offs).cuda()}
-        var = ref.Variant(custom_mask=bits, mask_offsets=offs)
-    else:
-        make, var = VARIANT_CASES[variant]
-        params = make(None)
-    o, lse, _ = _run(case, variant=variant, params=params, window_left=var.window_left if var.window_left >= 0 else None)
-    _check(case, o, lse, var)
+        return params, ref.Variant(custom_mask=bits, mask_offsets=offs)
+    if variant in ("sinks", "sliding_window_sinks"):
+        sinks_t, sinks = _sinks(16, 5)
+        window = 300 if variant == "sliding_window_sinks" else -1
+        return ({"sinks": sinks_t, **({"window_left": window} if window >= 0 else {})},
+                ref.Variant(sinks=sinks, window_left=window))
+    make, var = VARIANT_CASES[variant]
+    return make(None), var
 
 
 def _sinks(H, seed=0):

@@ -74,9 +74,11 @@ def page_table(rng, kv_lens, page_size: int):
     return indptr, indices, last
 
 
-def decode_bytes(kv_lens, num_qo_heads: int, num_kv_heads: int, head_dim: int, itemsize: int = BF16):
-    """(K+V bytes read, q+o bytes) of one decode call, as shared/PERF.md counts them."""
-    kv = int(np.sum(kv_lens)) * num_kv_heads * head_dim * 2 * itemsize
+def decode_bytes(kv_lens, num_qo_heads: int, num_kv_heads: int, head_dim: int, itemsize: int = BF16,
+                 kv_itemsize: int | None = None):
+    """(K+V bytes read, q+o bytes) of one decode call, as shared/PERF.md counts them (KV elements
+    of kv_itemsize bytes: 1 for an fp8 cache)."""
+    kv = int(np.sum(kv_lens)) * num_kv_heads * head_dim * 2 * (kv_itemsize or itemsize)
     qo = len(kv_lens) * num_qo_heads * head_dim * 2 * itemsize
     return kv, qo
 

@@ -3,6 +3,7 @@
 
     source tools/peer_setup.sh && python tools/bench_decode.py            # all 14 rows
     python tools/bench_decode.py --quick                                  # 3 rows
+    python tools/bench_decode.py --quick --fp8                            # 3 rows + the fp8 KV rows
     python tools/bench_decode.py --rows 'b16-*-kv4' s256x4096 --no-flashinfer
     python tools/bench_decode.py --selftest                               # no GPU needed
 
@@ -11,7 +12,9 @@ row says otherwise: variant rows (v*: soft-cap, sliding window, attention sinks)
 groups (g16-*, g32-*) and token-level pages (p1-*) name their variant, heads and page size.
 Window rows count the bytes of the KV a query can see (min(kv, window + 1) tokens). FlashInfer
 0.7.4's cc/tc decode has no attention sinks: sinks rows time its plain (or window) path, a
-lower bound of what a sink would cost it.
+lower bound of what a sink would cost it. fp8 rows (f8-*, -e4m3 / -e5m2): bf16 q, a KV cache of
+N(0,1) values rounded to fp8 by torch, scales 1 in both libraries (FlashInfer applies v_scale != 1
+as an extra kernel), 1 byte per KV element; FlashInfer's fp8 decode (cc, tc) in the same run.
 Lengths are drawn at stratified quantiles (the i-th smallest of B at p = (i + 0.5) / B, order
 shuffled by a seeded rng): U(lo, hi) rows, and heavy-tailed rows = lognormal(sigma 1.2)
 rescaled to mean exactly 1024, clipped to [1, 16384] (tools/bench_common.lengths_heavy). Bytes = K+V read + q + o (shared/PERF.md).
@@ -64,6 +67,7 @@ class Row:
     window: int | None = None   # window_left
     sinks: bool = False
     twin: str | None = None     # the plain row reading the same KV (variant cost = this / twin)
+    kv: str = "bfloat16"        # KV cache element type: bfloat16, float8_e4m3fn or float8_e5m2
 
     def lengths(self) -> np.ndarray:
         return self.gen(bc.rng_for(self.seed))
@@ -120,12 +124,21 @@ def _rows() -> list[Row]:
         Row("d256-16x1024-cap30", "16x1024 cap30 32/8 d256", 32, 8, c1024, (None,), "b16-all1024",
             head_dim=256, soft_cap=30.0, twin="d256-16x1024-kv8"),
     ]
+    # fp8 KV against FlashInfer's fp8 decode (PERF.md: its CUDA-core path, e4m3)
+    by_name = {r.name: r for r in rows}
+    for name, base, kv, cc in (("f8-16x1024-kv8-e4m3", "b16-all1024-kv8", "float8_e4m3fn", 40.4),
+                               ("f8-64x4096-e4m3", "s64x4096", "float8_e4m3fn", 486.2),
+                               ("f8-256x4096-e4m3", "s256x4096", "float8_e4m3fn", 1811.0),
+                               ("f8-256x4096-e5m2", "s256x4096", "float8_e5m2", None)):
+        r = by_name[base]
+        rows.append(Row(name, f"{r.label} {name[-4:]}", r.hq, r.hkv, r.gen, (cc, None), r.seed, kv=kv))
     return rows
 
 
 ROWS = _rows()
 QUICK = ["b16-all1024-kv4", "b16-heavy-kv8", "s256x4096"]
 NEW = ["b16-all1024-kv8", "s64x4096", "v*", "g*", "p1-*", "d256-*"]   # issue 11's rows and their plain twins
+FP8 = ["f8-*"]
 
 
 def select_rows(patterns) -> list[Row]:
@@ -139,7 +152,8 @@ def select_rows(patterns) -> list[Row]:
 
 
 def row_bytes(row: Row, lens) -> tuple[int, int]:
-    return bc.decode_bytes(row.visible(lens), row.hq, row.hkv, row.head_dim)
+    return bc.decode_bytes(row.visible(lens), row.hq, row.hkv, row.head_dim,
+                           kv_itemsize=1 if row.kv != "bfloat16" else None)
 
 
 # ---------------------------------------------------------------- results and the table
@@ -216,6 +230,11 @@ def format_summary(rows: list[Row], results: dict) -> str:
     if big.get("rt", {}).get("us"):
         pct = 100 * big["bytes"] / (big["rt"]["us"] * 1e6) / bc.HBM_TBPS
         lines.append(f"  256x4096 at {pct:.0f}% of 4.25 TB/s (>= 85%: {'yes' if pct >= 85 else 'NO'})")
+    fp8 = results.get("f8-256x4096-e4m3", {})
+    if fp8.get("rt", {}).get("us") and lib_state(fp8.get("rt")) == "ok":
+        us = fp8["rt"]["us"]
+        lines.append(f"  fp8 e4m3 256x4096: {us:.0f} us, {fp8['bytes'] / (us * 1e6):.2f} TB/s (<= 800 us: "
+                     f"{'yes' if us <= 800 else 'NO'})")
     return "\n".join(lines)
 
 
@@ -253,10 +272,15 @@ class Inputs:
         self.batch, self.pages = B, N
         g = torch.Generator(device="cuda").manual_seed(int(bc.rng_for(row.name, 2).integers(2**31)))
         self.q = torch.empty(self.copies, B, row.hq, row.head_dim, device="cuda", dtype=dt)
-        self.k = torch.empty(self.copies * N, row.page, row.hkv, row.head_dim, device="cuda", dtype=dt)
+        self.kv_dtype = getattr(torch, row.kv)
+        self.k = torch.empty(self.copies * N, row.page, row.hkv, row.head_dim, device="cuda", dtype=self.kv_dtype)
         self.v = torch.empty_like(self.k)
         for t, n in ((self.q, 1), (self.k, N), (self.v, N)):
-            t[:n].normal_(generator=g)
+            if t.dtype == dt:
+                t[:n].normal_(generator=g)
+            else:  # fp8: N(0,1) in float32, rounded by torch, a slice of pages at a time
+                for i in range(0, n, 4096):
+                    t[i:min(n, i + 4096)].copy_(torch.randn(t[i:min(n, i + 4096)].shape, generator=g, device="cuda"))
             for c in range(1, self.copies):
                 t[c * n:(c + 1) * n].copy_(t[:n])
         self.kv = [(self.k[c * N:(c + 1) * N], self.v[c * N:(c + 1) * N]) for c in range(self.copies)]
@@ -345,7 +369,7 @@ def bench_flashinfer(ctx, x: Inputs, tc: bool) -> dict:
 
     def plan():
         w.plan(indptr, indices, last, row.hq, row.hkv, row.head_dim, row.page,
-               q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16,
+               q_data_type=torch.bfloat16, kv_data_type=x.kv_dtype,
                window_left=-1 if row.window is None else row.window, logits_soft_cap=row.soft_cap)
     plan()                                   # the first one JIT-builds the module
     plan_us = _plan_us(plan)
@@ -383,10 +407,12 @@ def rt_config(name: str) -> dict:
 
 
 def make_rt_wrapper(row: Row, x: Inputs, config: str):
-    from rtattn.wrapper import BatchDecodeWrapper
+    from rtattn.wrapper import FP8_SWITCH, BatchDecodeWrapper
     kw = rt_config(config)
     waves, merge = kw.pop("waves"), kw.pop("merge")
-    kw.update(variant=row.variant, dtype="bfloat16", kv_layout="NHD")
+    kw.update(variant=row.variant, dtype="bfloat16", kv_dtype=row.kv, kv_layout="NHD")
+    if row.kv != "bfloat16":
+        os.environ[FP8_SWITCH] = "1"   # fp8 rows measure the fp8 kernels (rtattn/wrapper.py)
     w = BatchDecodeWrapper(row.hq, row.hkv, row.head_dim, row.page, max_batch=x.batch, max_pages=x.pages, **kw)
     if waves != 1:
         w = BatchDecodeWrapper(row.hq, row.hkv, row.head_dim, row.page, max_batch=x.batch, max_pages=x.pages,
@@ -422,23 +448,24 @@ def prebuild_flashinfer(rows) -> int:
     seen = {}
     for r in rows:
         for tc in (False, True):
-            seen.setdefault((r.head_dim, r.soft_cap is not None, r.window is not None, tc), r)
+            seen.setdefault((r.head_dim, r.soft_cap is not None, r.window is not None, r.kv, tc), r)
     from concurrent.futures import ThreadPoolExecutor
 
     def build(key) -> int:   # separate modules build side by side (each JIT build is its own ninja)
-        (D, _, _, tc), r = key, seen[key]
+        (D, _, _, kv, tc), r = key, seen[key]
+        kv_dtype = getattr(torch, kv)
         t0 = time.perf_counter()
         ws = torch.zeros(64 * 2**20, dtype=torch.uint8, device="cuda")
         try:
             w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, kv_layout="NHD", use_tensor_cores=tc)
             i32 = dict(dtype=torch.int32, device="cuda")
             w.plan(torch.tensor([0, 1], **i32), torch.zeros(1, **i32), torch.ones(1, **i32), 8, 8, D, 16,
-                   q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16,
+                   q_data_type=torch.bfloat16, kv_data_type=kv_dtype,
                    window_left=-1 if r.window is None else r.window, logits_soft_cap=r.soft_cap)
-            k = torch.randn(1, 16, 8, D, device="cuda", dtype=torch.bfloat16)
+            k = torch.randn(1, 16, 8, D, device="cuda").to(kv_dtype)
             w.run(torch.randn(1, 8, D, device="cuda", dtype=torch.bfloat16), (k, k))
             torch.cuda.synchronize()
-            print(f"prebuilt FI {'tc' if tc else 'cc'} d{D} cap={r.soft_cap} window={r.window}: "
+            print(f"prebuilt FI {'tc' if tc else 'cc'} d{D} cap={r.soft_cap} window={r.window} kv={kv}: "
                   f"{time.perf_counter() - t0:.1f} s", flush=True)
             return 0
         except Exception as e:  # noqa: BLE001 -- the timed run builds what is missing
@@ -553,6 +580,7 @@ def main(argv=None) -> int:
                                  epilog="rows: " + " ".join(r.name for r in ROWS))
     ap.add_argument("--quick", action="store_true", help=f"only {' '.join(QUICK)}")
     ap.add_argument("--new", action="store_true", help=f"issue 11's rows: {' '.join(NEW)} (with --quick: both)")
+    ap.add_argument("--fp8", action="store_true", help="add the fp8 KV rows (f8-*)")
     ap.add_argument("--prebuild-fi", action="store_true",
                     help="only JIT-build FlashInfer's modules for the selected rows, then exit")
     ap.add_argument("--rows", nargs="+", metavar="NAME", help="row names or glob patterns")
@@ -571,7 +599,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.selftest:
         return selftest()
-    picks = args.rows or ((QUICK if args.quick else []) + (NEW if args.new else [])) or None
+    picks = args.rows or ((QUICK if args.quick else []) + (NEW if args.new else []) + (FP8 if args.fp8 else [])) or None
     rows = select_rows(picks)
     if args.prebuild_fi:
         return prebuild_flashinfer(rows)
@@ -653,7 +681,10 @@ def selftest() -> int:
     assert st["median"] == 3 and st["p10"] == 1 and st["p90"] == 5
     assert abs(bc.geomean([1, 4]) - 2) < 1e-12
     # rows: 14, unique names, selection by name and glob
-    assert len(ROWS) == 25 and len({r.name for r in ROWS}) == 25
+    assert len(ROWS) == 29 and len({r.name for r in ROWS}) == 29
+    f8 = select_rows(FP8)
+    assert [r.kv for r in f8] == ["float8_e4m3fn"] * 3 + ["float8_e5m2"] and f8[2].seed == "s256x4096"
+    assert sum(row_bytes(f8[2], f8[2].lengths())) == 256 * 4096 * 8 * 128 * 2 + 256 * 32 * 128 * 2 * 2
     assert all(r.twin in {x.name for x in ROWS} for r in ROWS if r.twin)
     win = next(r for r in ROWS if r.window == 1023)
     assert row_bytes(win, win.lengths())[0] == row_bytes(ROWS[3], ROWS[3].lengths())[0], "a window counts what it sees"

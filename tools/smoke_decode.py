@@ -31,7 +31,13 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="two small cases, no timing (for compute-sanitizer)")
     ap.add_argument("--no-timing", action="store_true")
+    ap.add_argument("--fp8", action="store_true", help="fp8 KV caches instead (e4m3, e5m2, the sm_80 path)")
+    ap.add_argument("--fp8-case", nargs=2, metavar=("KV", "D"), help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.fp8_case:
+        return fp8_case_line(args.fp8_case[0], int(args.fp8_case[1]))
+    if args.fp8:
+        return smoke_fp8(args.no_timing)
     import torch
     from decode_cases import lse_error, make_case, rel_error
     from test_decode import _run
@@ -77,24 +83,95 @@ def main() -> int:
     for batch, kvlen, heads in [(16, 1024, (32, 8)), (16, 1024, (32, 4)), (64, 4096, (32, 8)), (256, 4096, (32, 8))]:
         case = mk([kvlen] * batch, *heads, 128, 16, seed=2)
         _, _, w = _run(case, lse=False)
-        out = torch.empty_like(case.q)
-        s = torch.cuda.Stream()
-        launch = w.prepare(case.q, case.k_cache, case.v_cache, out=out, stream=s)
-        with torch.cuda.stream(s):
-            for _ in range(5):
-                launch()
-            ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
-            ev[0].record(s)
-            n = 50
-            for _ in range(n):
-                launch()
-            ev[1].record(s)
-        s.synchronize()
-        us = ev[0].elapsed_time(ev[1]) * 1e3 / n
+        us = time_eager(w, case, 50)
         nbytes = batch * kvlen * heads[1] * 128 * 2 * 2 + 2 * batch * heads[0] * 128 * 2
         print(f"time {batch}x{kvlen} {heads[0]}/{heads[1]}: {us:.1f} us  {nbytes/us/1e6:.2f} TB/s (L2-warm, eager)",
               flush=True)
     return 1 if fails else 0
+
+
+FP8_CASES = [(kv, d, defines) for kv in ("float8_e4m3fn", "float8_e5m2")
+             for d, defines in ((128, ""), (64, ""), (256, ""), (128, "-DRTATTN_FP8_SOFTWARE"),
+                                (128, "-DRTATTN_FP8_CVT_H1"))]
+
+
+def fp8_case_line(kv: str, d: int) -> int:
+    """One fp8 case in this process (built with $RTATTN_DEV_DEFINES): one line, exit 0 if correct."""
+    import os
+    defines = os.environ.get("RTATTN_DEV_DEFINES", "")
+    from decode_cases import fp8_case, lse_error, make_case, rel_error
+    from test_fp8_kv import _run
+    name = f"{kv} d{d} {defines or '(default)'}"
+    try:
+        case, ks, vs = fp8_case(make_case([3, 700, 2100], 32, 8, d, 16, seed=1), kv, "head", seed=1)
+        o, lse, w = _run(case, kv, ks, vs)
+        want_o, want_lse = case.reference()
+        e, le = rel_error(o, want_o), lse_error(lse, want_lse)
+        ok = e < 5e-3 and le < 2e-3
+        print(f"{'ok ' if ok else 'BAD'} {name:44s} O err {e:.2e}  LSE err {le:.2e}  "
+              f"regs={w.kernels.decode.attributes()['num_regs']} ctas/SM={w.kernels.ctas_per_sm}", flush=True)
+        return 0 if ok else 1
+    except Exception as ex:  # noqa: BLE001 -- one line per case
+        print(f"ERR {name}: {type(ex).__name__}: {str(ex).splitlines()[0][:160]}", flush=True)
+        return 2
+
+
+def smoke_fp8(no_timing: bool) -> int:
+    """Each fp8 case (format x head dim x conversion path) in its own process, so a faulting
+    kernel cannot hide the others; then a rough 256 x 4096 time."""
+    import os
+    import subprocess
+    from concurrent.futures import ThreadPoolExecutor
+
+    def child(c):
+        r = subprocess.run([sys.executable, __file__, "--fp8-case", c[0], str(c[1])], capture_output=True,
+                           text=True, timeout=120, env={**os.environ, "RTATTN_DEV_DEFINES": c[2], "RTATTN_FP8_KV": "1"})
+        lines = [ln for ln in r.stdout.splitlines() if ln[:3] in ("ok ", "BAD", "ERR")]
+        return r.returncode, lines[-1] if lines else f"ERR {c}: no result ({(r.stderr or '').strip()[-160:]})"
+
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(child, FP8_CASES))
+    for _, line in results:
+        print(line, flush=True)
+    fails = sum(rc != 0 for rc, _ in results)
+    if no_timing:
+        return 1 if fails else 0
+    import torch
+    from decode_cases import make_case
+    from test_fp8_kv import _run
+    os.environ["RTATTN_FP8_KV"] = "1"
+    for kv in ("bfloat16", "float8_e4m3fn"):
+        case = make_case([4096] * 256, 32, 8, 128, 16, seed=2)
+        if kv != "bfloat16":   # N(0,1) rounded to fp8 (fp8_case's float64 reference would be 16 GB)
+            case.k_cache, case.v_cache = (t.to(getattr(torch, kv)) for t in (case.k_cache, case.v_cache))
+        _, _, w = _run(case, kv, None, None) if kv != "bfloat16" else _run_bf16(case)
+        us = time_eager(w, case, 20)
+        nbytes = 256 * 4096 * 8 * 128 * 2 * (1 if kv != "bfloat16" else 2) + 2 * 256 * 32 * 128 * 2
+        print(f"time 256x4096 32/8 {kv}: {us:.1f} us  {nbytes / us / 1e6:.2f} TB/s (eager)", flush=True)
+    return 1 if fails else 0
+
+
+def time_eager(w, case, n: int) -> float:
+    """µs per eager launch of `w` on `case` (L2-warm: the same inputs every time)."""
+    import torch
+    out = torch.empty_like(case.q)
+    s = torch.cuda.Stream()
+    launch = w.prepare(case.q, case.k_cache, case.v_cache, out=out, stream=s)
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            launch()
+        ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
+        ev[0].record(s)
+        for _ in range(n):
+            launch()
+        ev[1].record(s)
+    s.synchronize()
+    return ev[0].elapsed_time(ev[1]) * 1e3 / n
+
+
+def _run_bf16(case):
+    from test_decode import _run
+    return _run(case, lse=False)
 
 
 if __name__ == "__main__":

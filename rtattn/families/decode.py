@@ -16,11 +16,12 @@ def m_tiles_for(group: int) -> int:
     return 1 if group <= 16 else 2
 
 
-def spec_for(variant, dtype: str, head_dim: int, group: int, arch: str) -> AttentionSpec:
+def spec_for(variant, dtype: str, head_dim: int, group: int, arch: str, kv_dtype: str | None = None) -> AttentionSpec:
     """The decode kernel's spec: a built-in variant gets the tile for the group and the arch's
-    stages; a user's spec keeps its tile unless its rows cannot hold the group."""
+    stages; a user's spec keeps its tile unless its rows cannot hold the group. `kv_dtype`: the
+    caches' element type (None: q's; fp8 caches are the decode family's alone)."""
     if isinstance(variant, AttentionSpec):
-        spec = resources.variant_spec(variant, dtype, head_dim)
+        spec = resources.variant_spec(variant, dtype, head_dim, kv_dtype=kv_dtype)
         return spec if spec.rows >= group else spec.with_(m_tiles=m_tiles_for(group))
-    return resources.variant_spec(variant, dtype, head_dim, m_tiles=m_tiles_for(group),
+    return resources.variant_spec(variant, dtype, head_dim, kv_dtype=kv_dtype, m_tiles=m_tiles_for(group),
                                   stages=default_stages(head_dim, arch))

@@ -10,19 +10,21 @@ MERGE_CTAS_PER_SM = 2   # the merge kernel's __launch_bounds__(256, 2)
 ARCH_DEVICES = {"sm_80": "a100", "sm_86": "a100", "sm_89": "a100", "sm_90": "h200", "sm_90a": "h200"}
 
 
-def variant_spec(variant, dtype: str, head_dim: int, **tile):
+def variant_spec(variant, dtype: str, head_dim: int, kv_dtype: str | None = None, **tile):
     """A built-in variant's name (with the family's tile fields) or a user's AttentionSpec,
-    checked against the wrapper's head_dim and dtype."""
+    checked against the wrapper's head_dim and element types (kv_dtype None: q's)."""
     from rtattn.codegen.spec import BUILTINS, AttentionSpec
     if isinstance(variant, AttentionSpec):
-        if variant.head_dim != head_dim or variant.dtype != dtype:
-            raise ValueError(f"variant spec is for head_dim={variant.head_dim}, dtype={variant.dtype}; "
-                             f"the wrapper has head_dim={head_dim}, dtype={dtype}")
+        want = AttentionSpec("x", "x", dtype=dtype, kv_dtype=kv_dtype)   # the wrapper's types, resolved
+        if variant.head_dim != head_dim or (variant.q_dtype, variant.kv_dtype) != (want.q_dtype, want.kv_dtype):
+            raise ValueError(f"variant spec is for head_dim={variant.head_dim}, dtype={variant.q_dtype}, "
+                             f"kv_dtype={variant.kv_dtype}; the wrapper has head_dim={head_dim}, "
+                             f"dtype={want.q_dtype}, kv_dtype={want.kv_dtype}")
         return variant
     if variant not in BUILTINS:
         raise ValueError(f"unknown variant {variant!r}; built-ins are {sorted(BUILTINS)} "
                          f"(or pass an AttentionSpec)")
-    return BUILTINS[variant](dtype=dtype, head_dim=head_dim, **tile)
+    return BUILTINS[variant](dtype=dtype, kv_dtype=kv_dtype, head_dim=head_dim, **tile)
 
 
 def device_for_arch(arch: str) -> plan_devices.Device:
