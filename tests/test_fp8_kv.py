@@ -83,13 +83,9 @@ def test_software_conversion_compiles_for_sm_90(isolated_cache, monkeypatch):
 # wrapper validation and packing, on the fake GPU of tests/fakes.py
 @pytest.fixture
 def fake_gpu(monkeypatch):
-    from types import SimpleNamespace
-
     import fakes
-    from rtattn import wrapper as W
     made = []
     fakes.install(monkeypatch, lambda spec: made.append(fakes.FakeKernels(spec)) or made[-1])
-    monkeypatch.setattr(W, "as_stream", lambda s=None: SimpleNamespace(handle=0))
     return made
 
 

@@ -99,6 +99,7 @@ def fp8_case_line(kv: str, d: int) -> int:
     """One fp8 case in this process (built with $RTATTN_DEV_DEFINES): one line, exit 0 if correct."""
     import os
     defines = os.environ.get("RTATTN_DEV_DEFINES", "")
+    os.environ["RTATTN_FP8_KV"] = "1"   # this is the check that decides whether the switch can go
     from decode_cases import fp8_case, lse_error, make_case, rel_error
     from test_fp8_kv import _run
     name = f"{kv} d{d} {defines or '(default)'}"
