@@ -218,8 +218,13 @@ __device__ __forceinline__ void decode_persistent(const P& p, char* smem) {
 #ifdef RTATTN_DEV_NO_KV  // timing probe (RTATTN_DEV_DEFINES): everything but the KV reads
     valid = false;
 #endif
-    cp_async_16(dst, kp, valid, kv_policy);
-    cp_async_16(dst + S::stage_elems, vp, valid, kv_policy);
+    if constexpr (kFp8) {  // see cp_async_16_generic: the 32-bit form miscompiles for 1-byte tiles
+      cp_async_16_generic(dst, kp, valid, kv_policy);
+      cp_async_16_generic(dst + S::stage_elems, vp, valid, kv_policy);
+    } else {
+      cp_async_16(dst, kp, valid, kv_policy);
+      cp_async_16(dst + S::stage_elems, vp, valid, kv_policy);
+    }
   };
   auto issue_block = [&](int stage) {  // one commit group per call, empty once the stream ends
     if (ld_item < item_end) {

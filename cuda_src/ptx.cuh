@@ -28,6 +28,18 @@ __device__ __forceinline__ void cp_async_16(void* smem_dst, const void* gmem_src
   asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(smem_addr(smem_dst)),
                "l"(gmem_src), "r"(src_bytes), "l"(policy));
 }
+// The same copy with the shared address converted inside the asm from a 64-bit generic pointer.
+// The 1-byte (fp8) KV tiles need it: with the 32-bit operand, ptxas (NVRTC 13.0) emitted their
+// copies as LDGSTS [R+UR0], desc[UR1] with neither uniform register ever written, and every fp8
+// kernel died with an illegal instruction on the H200 (tools/scan_sass.py finds the pattern).
+// The 2-byte tiles keep cp_async_16: their SASS is correct and one address add cheaper.
+__device__ __forceinline__ void cp_async_16_generic(void* smem_dst, const void* gmem_src, bool valid, uint64_t policy) {
+  const int src_bytes = valid ? 16 : 0;
+  asm volatile(
+      "{ .reg .u64 s;\n cvta.to.shared.u64 s, %0;\n"
+      " cp.async.cg.shared.global.L2::cache_hint [s], [%1], 16, %2, %3; }\n" ::"l"(smem_dst),
+      "l"(gmem_src), "r"(src_bytes), "l"(policy));
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }

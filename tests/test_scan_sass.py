@@ -1,0 +1,37 @@
+"""tools/scan_sass.py: async copies that read uniform registers their kernel never writes (the
+fp8 miscompile) are found; copies whose registers are written are not."""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+_spec = importlib.util.spec_from_file_location("scan_sass", Path(__file__).parent.parent / "tools" / "scan_sass.py")
+scan_sass = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(scan_sass)
+
+_GOOD = """
+		Function : good_kernel
+        /*0910*/                   UMOV UR10, 0xf0 ;                         /* 0x000000f0000a7882 */
+        /*0960*/                   UMOV UR11, 0x120 ;                        /* 0x00000120000b7882 */
+        /*0a00*/                   ULDC.64 UR4, c[0x0][0x208] ;              /* 0x0000820000047ab9 */
+        /*0dc0*/                   LDGSTS.E.BYPASS.128 [R181+0x1000], desc[UR10][R4.64], !P3 ;  /* 0x0 */
+        /*0dd0*/                   LDGSTS.E.BYPASS.128 [R181+UR5], desc[UR10][R4.64], !P3 ;     /* 0x0 */
+"""
+_BAD = """
+		Function : bad_kernel
+        /*0910*/                   UMOV UR10, 0xf0 ;                         /* 0x000000f0000a7882 */
+        /*0dc0*/              @!PT LDS RZ, [RZ] ;                            /* 0x0 */
+        /*0dd0*/                   LDGSTS.E.BYPASS.128 [R181+UR0+0x1000], desc[UR1][R4.64], !P3 ;  /* 0x0 */
+"""
+
+
+def test_copies_reading_unwritten_uniform_registers_are_found():
+    assert scan_sass.unwritten_uniform_reads(_GOOD) == []
+    (hit,) = scan_sass.unwritten_uniform_reads(_GOOD + _BAD)
+    assert hit[0] == "bad_kernel" and "desc[UR1]" in hit[1]
+
+
+def test_bad_arguments_exit_2(tmp_path, capsys):
+    assert scan_sass.main([str(tmp_path / "missing"), "--cuobjdump", "/bin/true"]) == 2
+    assert scan_sass.main([str(tmp_path), "--cuobjdump", "/bin/true"]) == 2   # no CUBIN in it
+    assert "scan_sass:" in capsys.readouterr().err
