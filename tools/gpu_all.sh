@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# The whole project's GPU evidence in one device call, most important first, each stage under
+# its own time limit so a slow one cannot take the rest with it:
+#   1. isolated smoke checks of the newest kernels (fp8 KV, prefill), one process per case;
+#   2. the GPU tier (pytest-xdist) with the compute-sanitizers beside it (tools/gpu_check.sh),
+#      while FlashInfer's JIT modules build on the CPU;
+#   3. benchmarks against FlashInfer on an otherwise idle GPU: decode, prefill, cascade, host path.
+# Every log goes to $LOGS; a compact table is printed last and the logs are packed into
+# $OUT/logs.tgz (the device tool brings back only a few files).
+#   bash tools/gpu_all.sh            # carry .peer (FlashInfer wheels, tools/peer_setup.sh)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+OUT=${OUT:-/tmp/out}
+LOGS=${LOGS:-/tmp/gpu_all}
+mkdir -p "$OUT" "$LOGS"
+PY=${PYTHON:-python3}
+T_SMOKE=${T_SMOKE:-60} T_TIER=${T_TIER:-200} T_BENCH=${T_BENCH:-90}
+declare -a SUMMARY
+
+stage() {   # stage NAME LIMIT_S COMMAND...: run it, log it, remember its exit status and time
+    local name=$1 limit=$2 t0=$SECONDS rc
+    shift 2
+    echo "== $name (limit ${limit}s): $*"
+    timeout "$limit" "$@" > "$LOGS/$name.log" 2>&1
+    rc=$?
+    tail -n 25 "$LOGS/$name.log"
+    SUMMARY+=("$(printf '%-16s exit %3d  %4d s' "$name" "$rc" "$((SECONDS - t0))")")
+    printf '%s\n' "${SUMMARY[@]}" > "$LOGS/summary.txt"
+    tar czf "$OUT/logs.tgz" -C "$LOGS" . 2>/dev/null   # after every stage: a killed call still brings them back
+}
+
+"$PY" -m pip install -q --no-deps --no-build-isolation -e . > "$LOGS/pip.log" 2>&1 \
+    || { cat "$LOGS/pip.log"; echo "gpu_all: install FAILED"; exit 2; }
+PEER_DIR=${PEER_DIR:-$PWD/.peer} source tools/peer_setup.sh > "$LOGS/peer.log" 2>&1
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | head -1
+
+# FlashInfer's JIT builds (CPU) overlap stages 1-2.
+timeout 300 "$PY" tools/bench_decode.py --prebuild-fi --quick --fp8 > "$LOGS/fi-prebuild.log" 2>&1 &
+
+stage smoke-fp8 "$T_SMOKE" "$PY" tools/smoke_decode.py --fp8 --no-timing
+stage smoke-prefill "$T_SMOKE" bash -c "for i in \$(seq 0 23); do timeout 60 $PY tools/smoke_prefill.py \$i & done; wait"
+grep -h -E "^(ok |BAD|EXC)" "$LOGS/smoke-prefill.log" | sort | uniq -c | sort -rn | head -5
+stage gpu-tier "$T_TIER" env OUT="$LOGS/tier" PYTEST_ARGS="-n 8" SAN_PARALLEL=1 SAN_TIMEOUT="${SAN_TIMEOUT:-70}" \
+    bash tools/gpu_check.sh
+wait
+
+stage bench-decode "$T_BENCH" "$PY" tools/bench_decode.py --quick --fp8 --deadline "$((T_BENCH - 20))"
+stage bench-prefill "$T_BENCH" "$PY" tools/bench_prefill.py --libs rt fa2 --budget-s "$((T_BENCH - 30))" \
+    --rows 16x1024 4x4096 32x512 1x16384 chunk16x4096+512 8x2048-softcap 8x2048-alibi 8x2048-window mtd64x4096-q4 mtd64x4096-q1
+stage bench-cascade "$T_BENCH" "$PY" tools/bench_cascade.py --deadline "$((T_BENCH / 2))" --samples 15 \
+    --libs rt-casc,rt-single,fi-casc,fi-cc
+stage bench-overhead "$T_BENCH" "$PY" tools/bench_overhead.py --batches 1,16,64 --reps 5
+
+echo "== gpu_all summary (logs: \$OUT/logs.tgz)"
+printf '%s\n' "${SUMMARY[@]}"
