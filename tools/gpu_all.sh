@@ -15,7 +15,7 @@ OUT=${OUT:-/tmp/out}
 LOGS=${LOGS:-/tmp/gpu_all}
 mkdir -p "$OUT" "$LOGS"
 PY=${PYTHON:-python3}
-T_SMOKE=${T_SMOKE:-60} T_TIER=${T_TIER:-200} T_BENCH=${T_BENCH:-90}
+T_SMOKE=${T_SMOKE:-60} T_TIER=${T_TIER:-300} T_BENCH=${T_BENCH:-90}
 declare -a SUMMARY
 
 stage() {   # stage NAME LIMIT_S COMMAND...: run it, log it, remember its exit status and time
@@ -41,7 +41,7 @@ timeout 300 "$PY" tools/bench_decode.py --prebuild-fi --quick --fp8 > "$LOGS/fi-
 stage smoke-fp8 "$T_SMOKE" "$PY" tools/smoke_decode.py --fp8 --no-timing
 stage smoke-prefill "$T_SMOKE" bash -c "for i in \$(seq 0 23); do timeout 60 $PY tools/smoke_prefill.py \$i & done; wait"
 grep -h -E "^(ok |BAD|EXC)" "$LOGS/smoke-prefill.log" | sort | uniq -c | sort -rn | head -5
-stage gpu-tier "$T_TIER" env OUT="$LOGS/tier" PYTEST_ARGS="-n 8" SAN_PARALLEL=1 SAN_TIMEOUT="${SAN_TIMEOUT:-70}" \
+stage gpu-tier "$T_TIER" env OUT="$LOGS/tier" PYTEST_ARGS="-n 8 -vv" SAN_PARALLEL=1 SAN_TIMEOUT="${SAN_TIMEOUT:-70}" \
     bash tools/gpu_check.sh
 wait
 

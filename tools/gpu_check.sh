@@ -38,7 +38,8 @@ if ! "$PY" -m pip install -q --no-deps --no-build-isolation -e . > "$OUT/pip.log
 fi
 
 # compute-sanitizer over the smoke set: one line per tool in $OUT/sanitizer.tsv
-# (tool, exit status, errors from its "ERROR SUMMARY" line or "none" if it printed none).
+# (tool, exit status, errors from its summary line -- "ERROR SUMMARY: N errors", racecheck's
+# "RACECHECK SUMMARY: H hazards displayed (N errors, W warnings)" -- or "none" if it printed none).
 sanitize() {
 : > "$OUT/sanitizer.tsv"
 if [ "$SANITIZE" = no ]; then
@@ -63,7 +64,8 @@ else
         t0=$SECONDS
         timeout "$SAN_TIMEOUT" compute-sanitizer --tool "$tool" "${SAN_FLAGS[@]}" "${SMOKE[@]}" > "$log" 2>&1
         rc=$?
-        errors=$(grep -o 'ERROR SUMMARY: [0-9]*' "$log" | tail -1 | grep -o '[0-9]*$')
+        errors=$(grep -oE 'ERROR SUMMARY: [0-9]+|RACECHECK SUMMARY: [0-9]+ hazards? displayed \([0-9]+' "$log" \
+                 | tail -1 | grep -oE '[0-9]+$')
         printf '%s\t%s\t%s\t%s\n' "$tool" "$rc" "${errors:-none}" "$((SECONDS - t0))" >> "$OUT/sanitizer.tsv"
         echo "$tool: exit $rc, errors ${errors:-none (no summary line)}, $((SECONDS - t0)) s  ($log)"
         grep -m 5 -E '^========= (Invalid|Error|Race|Uninitialized|Barrier|Warning)' "$log" || true
