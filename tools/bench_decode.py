@@ -407,12 +407,10 @@ def rt_config(name: str) -> dict:
 
 
 def make_rt_wrapper(row: Row, x: Inputs, config: str):
-    from rtattn.wrapper import FP8_SWITCH, BatchDecodeWrapper
+    from rtattn.wrapper import BatchDecodeWrapper
     kw = rt_config(config)
     waves, merge = kw.pop("waves"), kw.pop("merge")
     kw.update(variant=row.variant, dtype="bfloat16", kv_dtype=row.kv, kv_layout="NHD")
-    if row.kv != "bfloat16":
-        os.environ[FP8_SWITCH] = "1"   # fp8 rows measure the fp8 kernels (rtattn/wrapper.py)
     w = BatchDecodeWrapper(row.hq, row.hkv, row.head_dim, row.page, max_batch=x.batch, max_pages=x.pages, **kw)
     if waves != 1:
         w = BatchDecodeWrapper(row.hq, row.hkv, row.head_dim, row.page, max_batch=x.batch, max_pages=x.pages,

@@ -99,7 +99,6 @@ def fp8_case_line(kv: str, d: int) -> int:
     """One fp8 case in this process (built with $RTATTN_DEV_DEFINES): one line, exit 0 if correct."""
     import os
     defines = os.environ.get("RTATTN_DEV_DEFINES", "")
-    os.environ["RTATTN_FP8_KV"] = "1"   # this is the check that decides whether the switch can go
     from decode_cases import fp8_case, lse_error, make_case, rel_error
     from test_fp8_kv import _run
     name = f"{kv} d{d} {defines or '(default)'}"
@@ -126,7 +125,7 @@ def smoke_fp8(no_timing: bool) -> int:
 
     def child(c):
         r = subprocess.run([sys.executable, __file__, "--fp8-case", c[0], str(c[1])], capture_output=True,
-                           text=True, timeout=120, env={**os.environ, "RTATTN_DEV_DEFINES": c[2], "RTATTN_FP8_KV": "1"})
+                           text=True, timeout=120, env={**os.environ, "RTATTN_DEV_DEFINES": c[2]})
         lines = [ln for ln in r.stdout.splitlines() if ln[:3] in ("ok ", "BAD", "ERR")]
         return r.returncode, lines[-1] if lines else f"ERR {c}: no result ({(r.stderr or '').strip()[-160:]})"
 
@@ -140,7 +139,6 @@ def smoke_fp8(no_timing: bool) -> int:
     import torch
     from decode_cases import make_case
     from test_fp8_kv import _run
-    os.environ["RTATTN_FP8_KV"] = "1"
     for kv in ("bfloat16", "float8_e4m3fn"):
         case = make_case([4096] * 256, 32, 8, 128, 16, seed=2)
         if kv != "bfloat16":   # N(0,1) rounded to fp8 (fp8_case's float64 reference would be 16 GB)
