@@ -16,6 +16,7 @@
 #pragma once
 #include "fp8.cuh"
 #include "ptx.cuh"
+#include "query_transform.cuh"
 #include "state_fold.cuh"
 
 namespace rtattn {
@@ -329,17 +330,8 @@ __device__ __forceinline__ void decode_persistent(const P& p, char* smem) {
       const int i = tid + k * S::threads, r = i / QV, c = (i % QV) * 8;
       if (i < S::rows * QV) {
         if constexpr (Variant::has_query_transform) {
-          if (r < rows_valid) {
-            T* lo = reinterpret_cast<T*>(&q_lo[k]);
-            T* hi = reinterpret_cast<T*>(&q_hi[k]);
-#pragma unroll
-            for (int j = 0; j < 8; ++j) {
-              float x = to_float(lo[j]), y = to_float(hi[j]);
-              var.QueryTransform(p, x, y, c + j, qo_idx0 + r / heads, first_qo_head + r % heads);
-              lo[j] = from_float<T>(x);
-              hi[j] = from_float<T>(y);
-            }
-          }
+          if (r < rows_valid)
+            transform_query_chunks<T>(var, p, q_lo[k], q_hi[k], c, qo_idx0 + r / heads, first_qo_head + r % heads);
         }
         *reinterpret_cast<uint4*>(q_smem + S::at(r, c / 8)) = q_lo[k];
         *reinterpret_cast<uint4*>(q_smem + S::at(r, (c + D / 2) / 8)) = q_hi[k];

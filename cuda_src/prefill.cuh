@@ -18,6 +18,7 @@
 #include "online_softmax.cuh"
 #include "paged_loader.cuh"
 #include "ptx.cuh"
+#include "query_transform.cuh"
 #include "swizzle.cuh"
 
 namespace rtattn {
@@ -116,17 +117,8 @@ __device__ __forceinline__ void prefill_persistent(const P& p, char* smem) {
                       int64_t(first_qo_head + r % heads) * p.q_stride_head + c;
         lo4 = *reinterpret_cast<const uint4*>(qp);
         hi4 = *reinterpret_cast<const uint4*>(qp + D / 2);
-        if constexpr (Variant::has_query_transform) {
-          T* lv = reinterpret_cast<T*>(&lo4);
-          T* hv = reinterpret_cast<T*>(&hi4);
-#pragma unroll
-          for (int j = 0; j < 8; ++j) {
-            float x = to_float(lv[j]), y = to_float(hv[j]);
-            var.QueryTransform(p, x, y, c + j, qo_idx0 + r / heads, first_qo_head + r % heads);
-            lv[j] = from_float<T>(x);
-            hv[j] = from_float<T>(y);
-          }
-        }
+        if constexpr (Variant::has_query_transform)
+          transform_query_chunks<T>(var, p, lo4, hi4, c, qo_idx0 + r / heads, first_qo_head + r % heads);
       }
       *reinterpret_cast<uint4*>(q_smem + Tile::at(r, c / 8)) = lo4;
       *reinterpret_cast<uint4*>(q_smem + Tile::at(r, (c + D / 2) / 8)) = hi4;
