@@ -4,6 +4,7 @@
     source tools/peer_setup.sh && python tools/bench_cascade.py        # PERF.md rows + tree rows
     python tools/bench_cascade.py --rows 'p8192*' --no-flashinfer
     python tools/bench_cascade.py --plan                                # plan() host time, no GPU
+    python tools/bench_cascade.py --selftest                            # no GPU (torch optional)
 
 Rows (shared/PERF.md "Composable formats"): decode, one shared prefix of 1K/8K/32K tokens x
 batch 16/64, each request's own suffix 128 tokens, 32/8 heads, head_dim 128, page 16, bf16,
@@ -104,37 +105,45 @@ def bench_plan(reps: int) -> None:
 
 
 # ---------------------------------------------------------------- GPU
+def reference(q, k, v, kv_indptr, kv_indices, kv_last_page_len):
+    """float32 attention of each request's query [B, HQ, D] over its whole page table
+    (k, v: [pages, PAGE, HKV, D]); query head h reads KV head h // (HQ // HKV)."""
+    import torch
+    pages = torch.from_numpy(kv_indices.astype(np.int64)).to(k.device)
+    B, g = len(kv_last_page_len), HQ // HKV
+    out = torch.empty(B, HQ, D, device=k.device)
+    for b in range(B):
+        s, e = int(kv_indptr[b]), int(kv_indptr[b + 1])
+        L = (e - s - 1) * PAGE + int(kv_last_page_len[b])
+        kb = k[pages[s:e]].reshape(-1, HKV, D)[:L].float()
+        vb = v[pages[s:e]].reshape(-1, HKV, D)[:L].float()
+        w = torch.softmax(torch.einsum("hgd,lhd->hgl", q[b].float().view(HKV, g, D), kb) / math.sqrt(D), dim=-1)
+        out[b] = torch.einsum("hgl,lhd->hgd", w, vb).reshape(HQ, D)
+    return out
+
+
 class Inputs:
-    def __init__(self, spec: dict, seed: int = 0):
+    """One row's inputs: `copies` identical copies (distinct addresses, for L2 rotation) of q
+    and the K/V page pools, the page tables, and the float32 reference output every copy's
+    output is checked against."""
+
+    def __init__(self, spec: dict, seed: int = 0, device: str = "cuda", copies: int | None = None):
         import torch
         self.kv_indptr, self.idx, self.last, self.pages = page_tables(spec, seed)
         self.B = len(self.last)
         self.lens = np.diff(self.kv_indptr).astype(np.int64) * PAGE
         self.unique_bytes = self.pages * PAGE * HKV * D * 2 * bc.BF16 + 2 * self.B * HQ * D * bc.BF16
-        self.copies = bc.rotation_copies(self.unique_bytes)
-        g = torch.Generator(device="cuda").manual_seed(seed + 1)
+        self.copies = copies or bc.rotation_copies(self.unique_bytes)
+        g = torch.Generator(device=device).manual_seed(seed + 1)
         dt = torch.bfloat16
-        self.q = torch.randn(self.copies, self.B, HQ, D, generator=g, device="cuda").to(dt)
-        kv = torch.randn(2, self.pages, PAGE, HKV, D, generator=g, device="cuda").to(dt)
-        self.k = kv[0].repeat(self.copies, 1, 1, 1)
+        q = torch.randn(self.B, HQ, D, generator=g, device=device).to(dt)
+        kv = torch.randn(2, self.pages, PAGE, HKV, D, generator=g, device=device).to(dt)
+        self.q = q.repeat(self.copies, 1, 1, 1)       # [copies, B, HQ, D]: the same q in each copy
+        self.k = kv[0].repeat(self.copies, 1, 1, 1)   # [copies * pages, ...]
         self.v = kv[1].repeat(self.copies, 1, 1, 1)
         P = self.pages
         self.kv = [(self.k[c * P:(c + 1) * P], self.v[c * P:(c + 1) * P]) for c in range(self.copies)]
-        self.ref = self._reference()
-
-    def _reference(self):
-        import torch
-        pages = torch.from_numpy(self.idx.astype(np.int64)).cuda()
-        k0, v0 = self.kv[0]
-        out = torch.empty(self.B, HQ, D, device="cuda")
-        g = HQ // HKV
-        for b in range(self.B):
-            p = pages[int(self.kv_indptr[b]):int(self.kv_indptr[b + 1])]
-            k, v = k0[p].reshape(-1, HKV, D).float(), v0[p].reshape(-1, HKV, D).float()
-            qb = self.q[0, b].float().view(HKV, g, D)
-            w = torch.softmax(torch.einsum("hgd,lhd->hgl", qb, k) / math.sqrt(D), dim=-1)
-            out[b] = torch.einsum("hgl,lhd->hgd", w, v).reshape(HQ, D)
-        return out
+        self.ref = reference(q, kv[0], kv[1], self.kv_indptr, self.idx, self.last)
 
     def rel_err(self, outs) -> float:
         return bc.worst_rel_err(outs, self.ref)
@@ -208,16 +217,62 @@ def bench_lib(lib: str, x: Inputs, stream, ws, samples: int) -> dict:
     return res
 
 
+# ---------------------------------------------------------------- results and the table
+def format_result(name: str, lib: str, r: dict) -> str:
+    body = (f"{r['us']:8.1f} us err {r['err']:.1e} {bc.lib_state(r)}" if "us" in r else f"ERR {r['error']}")
+    return f"{name:>14} {lib:>9}: " + body + "".join(f" {k}={r[k]}" for k in ("levels", "items", "kv_tokens", "plan_us")
+                                                     if k in r)
+
+
+def row_check(res: dict) -> str:
+    """PASS when every library that ran on the row matched the reference, else lib:FAIL/ERR."""
+    bad = [f"{k}:{s}" for k, s in ((k, bc.lib_state(r)) for k, r in res.items()) if s in ("FAIL", "ERR")]
+    return " ".join(bad) or ("PASS" if res else "-")
+
+
+def format_table(table) -> str:
+    """Markdown: every time measured (a FAIL row keeps its times, its check column says
+    which output was wrong); ratios only between outputs that matched the reference."""
+    ok = lambda r: r["us"] if bc.lib_state(r) == "ok" else None  # noqa: E731
+    t = lambda r: r.get("us") if r else None  # noqa: E731
+    f = lambda v, s="{:.1f}": s.format(v) if v else "—"  # noqa: E731
+    lines = ["| row | rt cascade µs | rt m1 µs | FI cascade µs | rt / FI cascade | rt single µs | FI single (best) µs "
+             "| rt cascade speedup vs rt single | rt speedup vs FI single | FI speedup (PERF.md) | check |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for name, res in table:
+        get = lambda k: res.get(k) or {}  # noqa: E731
+        rc, m1, fc, rs = (t(get(k)) for k in ("rt-casc", "rt-m1", "fi-casc", "rt-single"))
+        fs = min([v for v in (t(get("fi-cc")), t(get("fi-tc"))) if v], default=None)
+        best = min([v for v in (ok(get("rt-casc")), ok(get("rt-m1"))) if v], default=None)
+        fc_ok, rs_ok = ok(get("fi-casc")), ok(get("rt-single"))
+        fs_ok = min([v for v in (ok(get("fi-cc")), ok(get("fi-tc"))) if v], default=None)
+        pm = PERF_MD.get(tuple(int(x) for x in name[1:].split("x"))) if name.startswith("p") else None
+        lines.append(f"| {name} | {f(rc)} | {f(m1)} | {f(fc)} | {f(best / fc_ok if best and fc_ok else None, '{:.2f}')} "
+                     f"| {f(rs)} | {f(fs)} | {f(rs_ok / best if rs_ok and best else None, '{:.2f}')} "
+                     f"| {f(fs_ok / best if fs_ok and best else None, '{:.2f}')} "
+                     f"| {f(pm[1] / pm[0] if pm else None, '{:.2f}')} | {row_check(res)} |")
+    return "\n".join(lines)
+
+
+def failures(table) -> list[str]:
+    """What makes the run fail: any wrong output (FAIL), and any rtattn library that raised."""
+    return [f"{name} {k}:{s}" for name, res in table for k, r in res.items()
+            for s in (bc.lib_state(r),) if s == "FAIL" or (s == "ERR" and k.startswith("rt"))]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", nargs="*", default=["*"], help="row name patterns (fnmatch)")
     ap.add_argument("--no-flashinfer", action="store_true")
     ap.add_argument("--libs", default=",".join(LIBS), help="comma-separated subset of " + ",".join(LIBS))
     ap.add_argument("--plan", action="store_true", help="plan() host time only (no GPU)")
+    ap.add_argument("--selftest", action="store_true", help="check tables, verdicts and (with torch) the reference; no GPU")
     ap.add_argument("--reps", type=int, default=300)
     ap.add_argument("--samples", type=int, default=20)
     ap.add_argument("--deadline", type=float, default=150.0, help="seconds; later rows are skipped")
     a = ap.parse_args(argv)
+    if a.selftest:
+        return selftest()
     if a.plan:
         bench_plan(a.reps)
         return 0
@@ -229,7 +284,7 @@ def main(argv=None) -> int:
     stream = torch.cuda.Stream()
     ws = torch.zeros(256 * 2**20, dtype=torch.uint8, device="cuda")
     print(f"warm clocks: {bc.warm_clocks():.0f} TFLOP/s", flush=True)
-    table, failed = [], False
+    table = []
     for name, spec in rows():
         if not any(fnmatch.fnmatch(name, p) for p in a.rows):
             continue
@@ -244,27 +299,84 @@ def main(argv=None) -> int:
             except Exception as e:   # a peer that fails is reported, the row goes on
                 res[lib] = {"error": f"{type(e).__name__}: {e}"}
                 traceback.print_exc(limit=2)
-            r = res[lib]
-            print(f"{name:>14} {lib:>9}: " + (f"{r['us']:8.1f} us err {r['err']:.1e}" if "us" in r else r["error"])
-                  + "".join(f" {k}={r[k]}" for k in ("levels", "items", "kv_tokens", "plan_us") if k in r), flush=True)
-            failed |= "us" in r and not r["ok"] and lib.startswith("rt")
+            print(format_result(name, lib, res[lib]), flush=True)
         table.append((name, res))
         del x
         torch.cuda.empty_cache()
-    us = lambda r: r.get("us") if r and r.get("ok") else None  # noqa: E731
-    print("\n| row | rt cascade µs | rt m1 µs | FI cascade µs | rt / FI cascade | rt single µs | FI single (best) µs "
-          "| rt speedup vs FI single | FI speedup (PERF.md) |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for name, res in table:
-        rc, m1, fc, rs = (us(res.get(k, {})) for k in ("rt-casc", "rt-m1", "fi-casc", "rt-single"))
-        fs = min([v for v in (us(res.get("fi-cc", {})), us(res.get("fi-tc", {}))) if v], default=None)
-        best = min([v for v in (rc, m1) if v], default=None)
-        pm = PERF_MD.get(tuple(int(t) for t in name[1:].split("x"))) if name.startswith("p") else None
-        f = lambda v, s="{:.1f}": s.format(v) if v else "—"  # noqa: E731
-        print(f"| {name} | {f(rc)} | {f(m1)} | {f(fc)} | {f(best / fc if best and fc else None, '{:.2f}')} | {f(rs)} "
-              f"| {f(fs)} | {f(fs / best if fs and best else None, '{:.2f}')} | "
-              f"{f(pm[1] / pm[0] if pm else None, '{:.2f}')} |")
-    return 1 if failed else 0
+    print("\n" + format_table(table))
+    bad = failures(table)
+    if bad:
+        print(f"\nFAIL: {len(bad)} result(s) do not match the reference: {', '.join(bad)}", flush=True)
+    return 1 if bad else 0
+
+
+# ---------------------------------------------------------------- selftest (no GPU)
+def selftest(reference_checks: bool = True) -> int:
+    from rtattn.plan.prefix_tree import share_prefixes
+    # page tables: system + group prompt + own suffix per request, every page id held once
+    for name, spec in rows():
+        kv_indptr, idx, last, total = page_tables(spec)
+        B = sum(n for n, _ in spec["groups"])
+        sp, own = spec["system"] // PAGE, SUFFIX // PAGE
+        assert len(last) == B and (last == PAGE).all() and sorted(set(idx.tolist())) == list(range(total)), name
+        reqs = [idx[kv_indptr[b]:kv_indptr[b + 1]] for b in range(B)]
+        assert all((r[:sp] == reqs[0][:sp]).all() for r in reqs), name
+        at = 0
+        for n, g in spec["groups"]:
+            grp = reqs[at:at + n]
+            assert all(len(r) == sp + g // PAGE + own and (r[:sp + g // PAGE] == grp[0][:sp + g // PAGE]).all()
+                       for r in grp), name
+            at += n
+        assert len({int(p) for r in reqs for p in r[-own:]}) == B * own, f"{name}: suffixes must be private"
+        lv = share_prefixes(kv_indptr, idx, last, PAGE, max_levels=3)
+        assert len(lv) == (3 if name.startswith("tree") else 2) and (lv[0].kv_indices == reqs[0][:sp]).all(), name
+    # the table and the verdict: a wrong output keeps its time, gets no ratio, fails the run
+    res = {"rt-casc": {"us": 20.0, "err": 1e-3, "ok": True}, "fi-casc": {"us": 25.0, "err": 1e-3, "ok": True},
+           "rt-single": {"us": 30.0, "err": 1e-3, "ok": True}, "fi-cc": {"us": 40.0, "err": 1e-3, "ok": True}}
+    bad = {"rt-casc": {"us": 20.0, "err": 1.1, "ok": False}, "fi-casc": {"us": 25.0, "err": 1.1, "ok": False},
+           "rt-single": {"error": "CudaError: CUDA_ERROR_ILLEGAL_ADDRESS"}, "fi-cc": {"error": "ImportError: x"}}
+    table = [("p1024x16", res), ("p8192x16", bad)]
+    lines = format_table(table).splitlines()
+    assert lines[2] == ("| p1024x16 | 20.0 | — | 25.0 | 0.80 | 30.0 | 40.0 | 1.50 | 2.00 | 1.51 | PASS |"), lines[2]
+    assert lines[3].startswith("| p8192x16 | 20.0 | — | 25.0 | — | — | — | — | — | 5.44 |"), lines[3]
+    assert lines[3].endswith("| rt-casc:FAIL fi-casc:FAIL rt-single:ERR fi-cc:ERR |"), lines[3]
+    assert failures(table) == ["p8192x16 rt-casc:FAIL", "p8192x16 fi-casc:FAIL", "p8192x16 rt-single:ERR"]
+    assert "FAIL" in format_result("p8192x16", "rt-casc", bad["rt-casc"]) and failures(table[:1]) == []
+    print(format_table(table))
+    if not reference_checks:
+        return 0
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        print("selftest ok (torch not installed: the reference checks were skipped)")
+        return 0
+    _selftest_reference()
+    print("selftest ok")
+    return 0
+
+
+def _selftest_reference() -> None:
+    """On the CPU: the bench's reference equals rtattn's float64 reference, and the bench's
+    check passes every copy's output of rtattn's cascade plan (run by the float64 executor,
+    planned from the page tables as rt-casc plans) and fails outputs for other queries."""
+    from rtattn.plan.cascade import CascadePlanner, execute_cascade
+    from rtattn.plan.reference import reference_attention
+    import torch
+    for spec in (dict(system=64, groups=((3, 32), (2, 0))), dict(system=32, groups=((4, 0),))):
+        x = Inputs(spec, seed=3, device="cpu", copies=2)
+        f64 = lambda t: t.float().numpy().astype(np.float64)  # noqa: E731
+        qo = np.arange(x.B + 1, dtype=np.int32)
+        o64, _ = reference_attention(f64(x.q[0]), f64(x.kv[0][0]), f64(x.kv[0][1]), qo, x.kv_indptr, x.idx, x.last, PAGE)
+        err = np.linalg.norm(x.ref.numpy() - o64) / np.linalg.norm(o64)
+        assert err < 1e-5, f"bench reference vs float64 reference: {err:.1e}"
+        cp = CascadePlanner.create(x.B, x.B, x.pages, HQ, HKV, D, PAGE, num_levels=3)
+        info = cp.plan_shared(None, x.kv_indptr, x.idx, x.last)
+        assert info.num_levels >= 2
+        outs = [torch.from_numpy(execute_cascade(info, f64(x.q[c]), f64(x.kv[c][0]), f64(x.kv[c][1]))[0]).float()
+                for c in range(x.copies)]
+        assert x.rel_err(outs) < 1e-5, x.rel_err(outs)
+        other = torch.from_numpy(execute_cascade(info, f64(x.q[0].roll(1, 0)), f64(x.kv[0][0]), f64(x.kv[0][1]))[0])
+        assert x.rel_err([outs[0], other.float()]) > TOL, "the check must catch outputs of other queries"
 
 
 if __name__ == "__main__":

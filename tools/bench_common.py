@@ -106,6 +106,17 @@ def summarize(samples_us) -> dict:
     return {"median": statistics.median(s), "p10": q(0.1), "p90": q(0.9), "n": len(s)}
 
 
+def lib_state(res: dict | None) -> str:
+    """One library's result on one row: ok, FAIL (wrong output), ERR (raised), skip, - (none)."""
+    if not res:
+        return "-"
+    if res.get("skipped"):
+        return "skip"
+    if res.get("error"):
+        return "ERR"
+    return "ok" if res.get("ok") else "FAIL"
+
+
 def geomean(xs) -> float:
     xs = [x for x in xs if x and x > 0]
     return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")

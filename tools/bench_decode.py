@@ -157,18 +157,8 @@ def row_bytes(row: Row, lens) -> tuple[int, int]:
 
 
 # ---------------------------------------------------------------- results and the table
-def lib_state(res: dict | None) -> str:
-    if not res:
-        return "-"
-    if res.get("skipped"):
-        return "skip"
-    if res.get("error"):
-        return "ERR"
-    return "ok" if res.get("ok") else "FAIL"
-
-
 def fi_best(r: dict):
-    ts = [r[k]["us"] for k in ("fi-cc", "fi-tc") if lib_state(r.get(k)) == "ok"]
+    ts = [r[k]["us"] for k in ("fi-cc", "fi-tc") if bc.lib_state(r.get(k)) == "ok"]
     return min(ts) if ts else None
 
 
@@ -196,7 +186,7 @@ def format_table(rows: list[Row], results: dict) -> str:
         pct = 100 * tbps / bc.HBM_TBPS if tbps else None
         cc, tc = ((r.get(k) or {}).get("us") for k in ("fi-cc", "fi-tc"))
         ref = min((x for x in row.perf_md if x is not None), default=None)
-        states = {k: lib_state(r.get(k)) for k in LIBS}
+        states = {k: bc.lib_state(r.get(k)) for k in LIBS}
         bad = [f"{k.replace('fi-', '')}:{s}" for k, s in states.items() if s in ("FAIL", "ERR", "skip")]
         check = "PASS" if not bad and any(s == "ok" for s in states.values()) else (" ".join(bad) or "-")
         lines.append(f"{row.name:<22} {_f(r.get('bytes', 0) / 1e6 if 'bytes' in r else None, '.1f', 7)}"
@@ -208,7 +198,7 @@ def format_table(rows: list[Row], results: dict) -> str:
 def format_summary(rows: list[Row], results: dict) -> str:
     """The issue-4 targets, judged on the rows that ran with a correct rtattn."""
     got = {row.name: ratio(results.get(row.name, {})) for row in rows}
-    ok = {n: x for n, x in got.items() if x is not None and lib_state(results[n].get("rt")) == "ok"}
+    ok = {n: x for n, x in got.items() if x is not None and bc.lib_state(results[n].get("rt")) == "ok"}
     if not ok:
         return "targets: no row with both a correct rtattn and a FlashInfer time"
     below = [f"{n} {x:.2f}" for n, x in ok.items() if x < 1.0]
@@ -231,7 +221,7 @@ def format_summary(rows: list[Row], results: dict) -> str:
         pct = 100 * big["bytes"] / (big["rt"]["us"] * 1e6) / bc.HBM_TBPS
         lines.append(f"  256x4096 at {pct:.0f}% of 4.25 TB/s (>= 85%: {'yes' if pct >= 85 else 'NO'})")
     fp8 = results.get("f8-256x4096-e4m3", {})
-    if fp8.get("rt", {}).get("us") and lib_state(fp8.get("rt")) == "ok":
+    if fp8.get("rt", {}).get("us") and bc.lib_state(fp8.get("rt")) == "ok":
         us = fp8["rt"]["us"]
         lines.append(f"  fp8 e4m3 256x4096: {us:.0f} us, {fp8['bytes'] / (us * 1e6):.2f} TB/s (<= 800 us: "
                      f"{'yes' if us <= 800 else 'NO'})")
@@ -248,7 +238,7 @@ def format_modes(rows: list[Row], results: dict, modes) -> str:
         cells = []
         for i, m in enumerate(modes):
             us = (r.get("rt" if i == 0 else f"rt:{m}") or {}).get("us")
-            ok = lib_state(r.get("rt" if i == 0 else f"rt:{m}")) == "ok"
+            ok = bc.lib_state(r.get("rt" if i == 0 else f"rt:{m}")) == "ok"
             cell = f"{us:.1f}" + (f" ({us / base:.3f})" if base and i else "") + ("" if ok else " !") if us else "-"
             cells.append(f" {cell:>22}")
         lines.append(f"{row.name:<22}" + "".join(cells))
