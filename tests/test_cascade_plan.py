@@ -115,3 +115,22 @@ def test_random_prefix_trees_equal_plain_attention(data):
     _check(*batch, ps, 8, data.draw(st.sampled_from([1, 2, 8])), 64, qo=indptr_from_lengths([qo_len] * B),
            levels=data.draw(st.integers(1, 4)), var=var, mode=data.draw(st.sampled_from(["auto", "balanced", "naive"])),
            num_ctas=data.draw(st.integers(1, 7)))
+
+
+@pytest.mark.parametrize("mode", ["auto", "balanced", "contiguous", "naive", "batch-invariant"])
+@pytest.mark.parametrize("shape", [(64, 8192 // 16, 128 // 16, 16), (16, 600, 3, 1), (9, 40, 2, 64), (33, 7, 5, 4)])
+def test_planning_without_partial_rows_leaves_the_plan_unchanged(mode, shape):
+    """The cascade schedules without the planner's partial rows and merge map (every item
+    writes its own state rows, the fold combines them): the plan set is byte for byte the
+    one planned with them."""
+    B, prefix_pages, suffix_pages, ps = shape
+    kv_indptr, idx, last, pool = one_prefix_batch(B, prefix_pages * ps, suffix_pages * ps, ps, seed=B)
+    cp = CascadePlanner.create(B, B, pool, 32, 8, 128, ps, num_levels=3, mode=mode, num_ctas=33)
+    fast, full = cp.planset.allocate(), cp.planset.allocate()
+    fast[:], full[:] = 0, 0
+    info = cp.plan_shared(None, kv_indptr, idx, last, out=fast)
+    schedule = cp.planner._schedule
+    cp.planner._schedule = lambda bt, window_left=None, partials=True: schedule(bt, window_left, True)
+    ref = cp.plan_shared(None, kv_indptr, idx, last, out=full)
+    assert bytes(fast) == bytes(full)
+    assert info.plan.num_items == ref.plan.num_items and info.plan.num_split_tiles == ref.plan.num_split_tiles

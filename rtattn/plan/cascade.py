@@ -175,7 +175,7 @@ class CascadePlanner:
             t_len = np.minimum(pb.qo_len[t_grp] - t_j, tq)
         T = t_grp.shape[0]
         res = self.planner._schedule(Batch(self._ar32[:T + 1], None, None, None, self._ones[:T],
-                                           pb.kv_len.take(t_grp), ps, 1))
+                                           pb.kv_len.take(t_grp), ps, 1), partials=False)
         n = res["n"]
         it = res["items"] if res["final"] is None else res["items"].take(res["final"], axis=1)
         tile = it[0]

@@ -312,8 +312,9 @@ class Planner:
                         buf if isinstance(buf, np.ndarray) else np.frombuffer(buf, np.uint8),
                         views, items["mode"])
 
-    def _schedule(self, bt: Batch, window_left: int | None = None) -> dict:
-        """Tiles -> chunks -> items, LPT assignment, partial rows, merge map.
+    def _schedule(self, bt: Batch, window_left: int | None = None, partials: bool = True) -> dict:
+        """Tiles -> chunks -> items, LPT assignment, partial rows, merge map (`partials`
+        False: neither, only the count of split tiles -- the cascade folds states itself).
         Plain numpy on small arrays: every call here is ~0.3-1 us, so the code
         keeps the call count low (one 2-D item array, fast paths for pure decode
         and for unsplit plans) and prefers the cheap forms: array methods
@@ -363,7 +364,7 @@ class Planner:
                 np.maximum(nchunk, 1, out=nchunk)
             maxc = nchunk.item(nchunk.argmax())
         if mode == "contiguous" and T > 0:
-            return _shift(self._contiguous(decode, t_req, t_qs, t_qlen, t_kv), t_k0)
+            return _shift(self._contiguous(decode, t_req, t_qs, t_qlen, t_kv, partials), t_k0)
         # Items: rows request, qo_start, qo_len, kv_start, kv_end, partial, merge, and
         # kv_page_start (filled by _write).
         if maxc == 1:
@@ -422,7 +423,7 @@ class Planner:
                 # one item of cost cs[C-1]). When that bound already decides, skip LPT.
                 bound = max(cs.item(0), cs.item(C - 1) + cs.item(C), -(-total // C))
                 if bound * C > AUTO_IMBALANCE * total:
-                    con = self._contiguous(decode, t_req, t_qs, t_qlen, t_kv)
+                    con = self._contiguous(decode, t_req, t_qs, t_qlen, t_kv, partials)
                     if _top(con["loads"]) < bound:
                         return _shift(con, t_k0)
             if mode == "naive" or cs[0] == cs[n - 1]:   # round robin (== LPT if all equal)
@@ -437,7 +438,7 @@ class Planner:
                 top = _top(loads)
                 if top * C > AUTO_IMBALANCE * total:
                     if con is None:
-                        con = self._contiguous(decode, t_req, t_qs, t_qlen, t_kv)
+                        con = self._contiguous(decode, t_req, t_qs, t_qlen, t_kv, partials)
                     if _top(con["loads"]) < top:
                         return _shift(con, t_k0)
             q = cta.argsort(kind="stable")     # queue order: (cta, assignment order)
@@ -447,11 +448,11 @@ class Planner:
                    merge_rows=0, partial_rows=0, split_tiles=0,
                    mode="balanced" if mode == "auto" else mode)
         if maxc > 1:
-            self._partials(res, it, nchunk, t_qlen, t_qs, i_tile, i_chunk, decode)
+            self._partials(res, it, nchunk, t_qlen, t_qs, i_tile, i_chunk, decode, partials)
             res["i_tile"] = i_tile
         return _shift(res, t_k0)
 
-    def _contiguous(self, decode, t_req, t_qs, t_qlen, t_kv) -> dict:
+    def _contiguous(self, decode, t_req, t_qs, t_qlen, t_kv, partials: bool = True) -> dict:
         """Contiguous cost partition: lay the tiles end to end on one cost axis (each tile's
         fixed cost, then its KV tokens) and give CTA c the slice [c*w, (c+1)*w), w = total/C,
         cutting tiles at page boundaries. Every CTA's load is within a page (plus one item's
@@ -516,17 +517,20 @@ class Planner:
                    counts=np.bincount(cta, minlength=C), items=it, final=None,
                    merge_rows=0, partial_rows=0, split_tiles=0, mode="contiguous")
         if nchunk.item(nchunk.argmax()) > 1:
-            self._partials(res, it, nchunk, t_qlen, t_qs, i_tile, i_chunk, decode)
+            self._partials(res, it, nchunk, t_qlen, t_qs, i_tile, i_chunk, decode, partials)
         res["i_tile"] = i_tile
         return res
 
-    def _partials(self, res, it, nchunk, t_qlen, t_qs, i_tile, i_chunk, decode):
+    def _partials(self, res, it, nchunk, t_qlen, t_qs, i_tile, i_chunk, decode, rows: bool = True):
         """Partial rows: split tile t owns rows pbase[t] .. + n_t * qo_t, chunk j
         writes pbase[t] + j * qo_t + r for its row r.  Merge entry (t, r) lists
         those n_t rows in chunk (= ascending KV) order; a split tile's entries are
-        consecutive from its item_merge."""
+        consecutive from its item_merge. `rows` False: only the count of split tiles."""
         split = nchunk >= 2
         st = split.nonzero()[0]
+        if not rows:
+            res["split_tiles"] = int(st.shape[0])
+            return
         T = split.shape[0]
         if decode:
             # One row per tile: the merge entries are the split tiles (query row = tile),
