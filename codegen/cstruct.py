@@ -97,7 +97,7 @@ class FieldWriter:
         if unknown:
             raise ValueError(f"{cstruct.name} has no members {unknown}")
         self.names = tuple(names)
-        self.runs = []   # (struct.Struct, offset, first, end): values[first:end] go at offset
+        self.runs = []   # (Struct.pack_into, offset, first, end): values[first:end] go at offset
         first = 0
         for i, name in enumerate(self.names):
             off, fmt = layout[name]
@@ -111,10 +111,10 @@ class FieldWriter:
 
     def _close(self, layout, first: int, end: int) -> None:
         fmt = "=" + "".join(layout[n][1] for n in self.names[first:end])
-        self.runs.append((_struct.Struct(fmt), layout[self.names[first]][0], first, end))
+        self.runs.append((_struct.Struct(fmt).pack_into, layout[self.names[first]][0], first, end))
 
     def __call__(self, buffer, values) -> None:
         """`values` in the order of `names`."""
-        for s, off, a, b in self.runs:
-            s.pack_into(buffer, off, *values[a:b])
+        for pack_into, off, a, b in self.runs:
+            pack_into(buffer, off, *values[a:b])
 

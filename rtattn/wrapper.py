@@ -88,6 +88,7 @@ class BatchDecodeWrapper(PlannedWrapper):
         self._default_scale = (sc, sc * 1.4426950408889634)
         self._per_page = (page_size, num_kv_heads, head_dim) if kv_layout == "NHD" else (num_kv_heads, page_size, head_dim)
         self._param_names = frozenset(p.name for p in self.spec.params)
+        self._no_scales = self._scales(None, None, 0)   # what run() packs when given no scales
 
     # ------------------------------------------------------------------ plan
     def plan(self, kv_indptr, kv_indices, kv_last_page_len, qo_indptr=None, stream=None, *,
@@ -188,8 +189,8 @@ class BatchDecodeWrapper(PlannedWrapper):
         else:
             sc = float(sm_scale)
             scale = (sc, sc * 1.4426950408889634)
-        kv_scales = self._scales(k_scale, v_scale, h)
-        extra = self._extra(params, h) if (params or self.spec.params) else ()
+        kv_scales = self._no_scales if k_scale is None and v_scale is None else self._scales(k_scale, v_scale, h)
+        extra = self._extra(params, h) if (params or self._param_names) else ()
         imp.order(h)
         self._write(launch.args.buffer,
                     qa[3:] + ka[3:] + va[3:] + oa[3:] + (lse_ptr,) + scale + kv_scales + extra)

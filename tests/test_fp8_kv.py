@@ -107,7 +107,10 @@ def test_scales_are_packed_per_tensor_and_per_head(fake_gpu):
     ks, vs = _cuda((8,), "float32", 1 << 35), _cuda((1,), "float32", 1 << 36)
     w.run(q, k, v, out=o, k_scale=ks, v_scale=vs)
     w.run(q, k, v, out=o, k_scale=0.25)
+    w.run(q, k, v, out=o)   # no scales: per-tensor 1.0, nothing left from the calls before
     st = [w.kernels.rendered.params.ctypes_type().from_buffer_copy(p) for p in fake_gpu[0].launches]
+    assert (st[2].k_scale, st[2].v_scale, st[2].k_scale_stride, st[2].k_scale_f, st[2].v_scale_f) == \
+        (None, None, 0, 1.0, 1.0)
     assert (st[0].k_scale, st[0].k_scale_stride, st[0].v_scale, st[0].v_scale_stride) == (ks.ptr, 1, vs.ptr, 0)
     assert (st[0].k_scale_f, st[0].v_scale_f) == (1.0, 1.0)
     assert (st[1].k_scale, st[1].v_scale, st[1].k_scale_f, st[1].v_scale_f) == (None, None, 0.25, 1.0)

@@ -64,6 +64,23 @@ def test_stream_handles_from_every_spelling():
     assert stream_handle(Stream.wrap(0x6000)) == 0x6000 and stream_handle(TorchLike()) == 0x7000
 
 
+def test_a_foreign_stream_object_is_converted_once_while_it_keeps_coming_back():
+    class Counting:   # torch's Stream: the handle behind a property
+        reads = 0
+
+        def __init__(self, h):
+            self.h = h
+
+        @property
+        def cuda_stream(self):
+            Counting.reads += 1
+            return self.h
+    a, b = Counting(0x7100), Counting(0x7200)
+    assert [stream_handle(a) for _ in range(3)] == [0x7100] * 3 and Counting.reads == 1
+    assert stream_handle(b) == 0x7200 and stream_handle(0x5000) == 0x5000 and stream_handle(b) == 0x7200
+    assert Counting.reads == 2 and stream_handle(a) == 0x7100 and Counting.reads == 3   # one remembered
+
+
 def test_a_failed_ctypes_call_raises_through_the_funnel():
     with pytest.raises(CudaError, match="cuLaunchKernelEx.k. failed: CUDA_ERROR_INVALID_VALUE") as e:
         libcuda.fail(1, "cuLaunchKernelEx(k)")

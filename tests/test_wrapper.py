@@ -322,6 +322,25 @@ def test_run_imports_each_tensor_once_and_packs_what_prepare_packs(fake_gpu):
     assert len(k_run.launches) == n
 
 
+def test_run_converts_a_foreign_stream_once_and_still_refuses_scales_per_call(fake_gpu):
+    class TorchStream:
+        reads = 0
+
+        @property
+        def cuda_stream(self):
+            TorchStream.reads += 1
+            return 0x7300
+    w = _wrapper()
+    w.plan(*paged_kv([10], 16))
+    s = TorchStream()
+    for _ in range(3):
+        w.run(*_args(), out=cuda((1, 32, 128), ptr=1 << 34), stream=s)
+    assert TorchStream.reads == 1 and len(fake_gpu.kernels[0].launches) == 3
+    with pytest.raises(ValueError, match="k_scale applies to fp8"):   # the no-scales shortcut skips no check
+        w.run(*_args(), out=cuda((1, 32, 128), ptr=1 << 34), stream=s, k_scale=0.5)
+    assert len(fake_gpu.kernels[0].launches) == 3
+
+
 def test_a_view_changed_in_place_is_validated_again(fake_gpu):
     w = _wrapper()
     w.plan(*paged_kv([100, 20, 300], 16))

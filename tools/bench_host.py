@@ -7,7 +7,8 @@ libcuda whose calls return at once (tools/stub_libcuda.c), so what is timed is P
 Per batch: µs per call of run() (bind + enqueue of the decode and merge kernels) and of
 DecodeGraphs.step() (bind + kernel-node updates + graph launch, one exec updated per layer),
 each through the direct ctypes driver entry and through cuda.bindings; plus prepare() and
-plan(). The device, kernels and memory are the CPU tier's fakes (tests/fakes.py); tensors are
+plan(). The stream is a foreign stream object (a torch-like `.cuda_stream`), as
+bench_overhead passes torch's; `run-h` is run() given the raw handle instead. The device, kernels and memory are the CPU tier's fakes (tests/fakes.py); tensors are
 rtattn views. Host time only: the driver's own work and framework tensors (torch's data_ptr,
 current stream) are not in it -- tools/bench_overhead.py measures those on the GPU.
 """
@@ -37,6 +38,17 @@ class _Patch:
 
     def setattr(self, obj, name, value):
         setattr(obj, name, value)
+
+
+class _TorchLikeStream:
+    """A foreign stream object as torch's: the handle behind a property."""
+
+    def __init__(self, handle: int):
+        self._h = handle
+
+    @property
+    def cuda_stream(self) -> int:
+        return self._h
 
 
 def per_call_us(fn, reps: int) -> float:
@@ -72,9 +84,9 @@ def main(argv=None) -> int:
     fakes.install(_Patch(), fakes.FakeKernels)
     launch_mod.enqueue = real_enqueue           # the real launch path, into the stub driver
     H, HK, D, PS, L = 32, 8, 128, 16, args.layers
-    stream = 0x5000
+    stream = _TorchLikeStream(0x5000)
     print(f"# host µs per call, stub driver, {L} layers, {H}/{HK} heads, D={D}, page {PS}")
-    print(f"{'batch':>6} {'entry':>9} {'run':>7} {'step':>7} {'prepare':>8} {'plan':>7}")
+    print(f"{'batch':>6} {'entry':>9} {'run':>7} {'run-h':>7} {'step':>7} {'prepare':>8} {'plan':>7}")
     for batch in args.batches:
         pages_per = 1024 // PS
         pool = batch * pages_per + 16
@@ -94,6 +106,10 @@ def main(argv=None) -> int:
             def run():
                 q, k, v, o = layers[next(it) % L]
                 w.run(q, k, v, out=o, stream=stream)
+
+            def run_handle():
+                q, k, v, o = layers[next(it) % L]
+                w.run(q, k, v, out=o, stream=0x5000)
             g = DecodeGraphs(w)
 
             def step():
@@ -103,9 +119,10 @@ def main(argv=None) -> int:
             def prepare():
                 q, k, v, o = layers[next(it) % L]
                 w.prepare(q, k, v, out=o, stream=stream)
-            r, s, p = per_call_us(run, args.reps), per_call_us(step, args.reps), per_call_us(prepare, args.reps // 4)
+            r, rh = per_call_us(run, args.reps), per_call_us(run_handle, args.reps)
+            s, p = per_call_us(step, args.reps), per_call_us(prepare, args.reps // 4)
             assert g.stats["param_updates"] > 0 and g.stats["reinstantiations"] == 0, g.stats
-            print(f"{batch:6d} {entry:>9} {r:7.1f} {s:7.1f} {p:8.1f} {plan_us:7.1f}", flush=True)
+            print(f"{batch:6d} {entry:>9} {r:7.1f} {rh:7.1f} {s:7.1f} {p:8.1f} {plan_us:7.1f}", flush=True)
     np.asarray(0)
     return 0
 

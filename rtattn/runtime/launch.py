@@ -131,14 +131,27 @@ class KernelCall:
         return f"KernelCall({self.name}, grid={self.grid}, block={self.block}, smem={self.smem}, pdl={self.pdl})"
 
 
+_last_foreign = (None, 0)   # (foreign stream object, its handle): callers pass the same one every call
+
+
 def stream_handle(stream) -> int:
-    """A raw CUstream handle from None (legacy default, 0), an int, an rtattn Stream or a foreign stream."""
+    """A raw CUstream handle from None (legacy default, 0), an int, an rtattn Stream or a foreign stream.
+    A foreign stream object (torch's, cupy's) names one stream for its life: the last one seen is
+    remembered (held, like DecodeGraphs' stream), so a caller passing it every layer converts it once."""
+    global _last_foreign
     if stream is None:
         return 0
     if type(stream) is int:
         return stream
+    last = _last_foreign
+    if stream is last[0]:
+        return last[1]
     h = getattr(stream, "_handle", None)   # rtattn Stream: no conversion
-    return h if type(h) is int else as_stream(stream).handle
+    if type(h) is int:
+        return h
+    h = as_stream(stream).handle
+    _last_foreign = (stream, h)
+    return h
 
 
 def enqueue(calls, stream, device=None) -> None:
