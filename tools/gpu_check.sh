@@ -41,36 +41,36 @@ fi
 # (tool, exit status, errors from its summary line -- "ERROR SUMMARY: N errors", racecheck's
 # "RACECHECK SUMMARY: H hazards displayed (N errors, W warnings)" -- or "none" if it printed none).
 sanitize() {
-: > "$OUT/sanitizer.tsv"
-if [ "$SANITIZE" = no ]; then
-    echo "== compute-sanitizer: skipped (--no-sanitize)"
-elif ! command -v compute-sanitizer > /dev/null; then
-    echo "== compute-sanitizer: not on PATH, sanitizer passes skipped"
-    echo "skipped: compute-sanitizer not on PATH" > "$OUT/sanitizer.tsv"
-else
-    echo "== compute-sanitizer ($(compute-sanitizer --version 2>&1 | grep -o 'Version [^ ]*' | head -1))"
-    SAN_FLAGS=(--print-limit 20)
-    # Host API errors (e.g. cuGetProcAddress probing for entry points the driver lacks) are
-    # not kernel findings and bury them: report device-side errors only, where supported.
-    if compute-sanitizer --help 2>&1 | grep -q -- --report-api-errors; then
-        SAN_FLAGS+=(--report-api-errors no)
+    : > "$OUT/sanitizer.tsv"
+    if [ "$SANITIZE" = no ]; then
+        echo "== compute-sanitizer: skipped (--no-sanitize)"
+    elif ! command -v compute-sanitizer > /dev/null; then
+        echo "== compute-sanitizer: not on PATH, sanitizer passes skipped"
+        echo "skipped: compute-sanitizer not on PATH" > "$OUT/sanitizer.tsv"
+    else
+        echo "== compute-sanitizer ($(compute-sanitizer --version 2>&1 | grep -o 'Version [^ ]*' | head -1))"
+        SAN_FLAGS=(--print-limit 20)
+        # Host API errors (e.g. cuGetProcAddress probing for entry points the driver lacks) are
+        # not kernel findings and bury them: report device-side errors only, where supported.
+        if compute-sanitizer --help 2>&1 | grep -q -- --report-api-errors; then
+            SAN_FLAGS+=(--report-api-errors no)
+        fi
+        SMOKE=("$PY" tools/smoke_decode.py --quick)
+        # compile the kernels once outside the sanitizer (NVRTC under it is slow, and cached after)
+        timeout "$SAN_TIMEOUT" "${SMOKE[@]}" > "$OUT/sanitize-warmup.log" 2>&1 \
+            || echo "(smoke warm-up exit $?: see $OUT/sanitize-warmup.log)"
+        for tool in $SAN_TOOLS; do
+            log="$OUT/sanitize-$tool.log"
+            t0=$SECONDS
+            timeout "$SAN_TIMEOUT" compute-sanitizer --tool "$tool" "${SAN_FLAGS[@]}" "${SMOKE[@]}" > "$log" 2>&1
+            rc=$?
+            errors=$(grep -oE 'ERROR SUMMARY: [0-9]+|RACECHECK SUMMARY: [0-9]+ hazards? displayed \([0-9]+' "$log" \
+                     | tail -1 | grep -oE '[0-9]+$')
+            printf '%s\t%s\t%s\t%s\n' "$tool" "$rc" "${errors:-none}" "$((SECONDS - t0))" >> "$OUT/sanitizer.tsv"
+            echo "$tool: exit $rc, errors ${errors:-none (no summary line)}, $((SECONDS - t0)) s  ($log)"
+            grep -m 5 -E '^========= (Invalid|Error|Race|Uninitialized|Barrier|Warning)' "$log" || true
+        done
     fi
-    SMOKE=("$PY" tools/smoke_decode.py --quick)
-    # compile the kernels once outside the sanitizer (NVRTC under it is slow, and cached after)
-    timeout "$SAN_TIMEOUT" "${SMOKE[@]}" > "$OUT/sanitize-warmup.log" 2>&1 \
-        || echo "(smoke warm-up exit $?: see $OUT/sanitize-warmup.log)"
-    for tool in $SAN_TOOLS; do
-        log="$OUT/sanitize-$tool.log"
-        t0=$SECONDS
-        timeout "$SAN_TIMEOUT" compute-sanitizer --tool "$tool" "${SAN_FLAGS[@]}" "${SMOKE[@]}" > "$log" 2>&1
-        rc=$?
-        errors=$(grep -oE 'ERROR SUMMARY: [0-9]+|RACECHECK SUMMARY: [0-9]+ hazards? displayed \([0-9]+' "$log" \
-                 | tail -1 | grep -oE '[0-9]+$')
-        printf '%s\t%s\t%s\t%s\n' "$tool" "$rc" "${errors:-none}" "$((SECONDS - t0))" >> "$OUT/sanitizer.tsv"
-        echo "$tool: exit $rc, errors ${errors:-none (no summary line)}, $((SECONDS - t0)) s  ($log)"
-        grep -m 5 -E '^========= (Invalid|Error|Race|Uninitialized|Barrier|Warning)' "$log" || true
-    done
-fi
 }
 
 san_pid=
