@@ -26,7 +26,6 @@ from rtattn.runtime import Device, Module, compile_to_cubin
 from rtattn.runtime.launch import KernelCall, Params
 
 COMPILE_OPTIONS = ("-lineinfo", "--extra-device-vectorization")
-MERGE_CTAS_PER_SM = 2
 MIN_SM = 80   # cp.async, ldmatrix and bf16 mma.sync: Ampere or newer
 
 
@@ -50,20 +49,19 @@ def compile_spec(spec: AttentionSpec, arch: str, quiet: bool | None = None) -> t
     return rendered, bytes(cubin)
 
 
-class DecodeKernels:
-    """The decode kernel of one spec, loaded on one device."""
+class LoadedKernels:
+    """A family's attention kernel and the split-KV merge kernel of one compiled source, loaded on
+    one device: the fixed grid and the kernel calls of a launch (decode and prefill share these)."""
 
-    def __init__(self, spec: AttentionSpec, device: Device | None = None):
-        self.spec = spec
-        self.device = device or Device()
-        self.rendered, cubin = compile_spec(spec, self.device.arch)
-        self.module = Module.load(cubin, self.device)
-        self.decode = self.module.function(self.rendered.decode_name)
-        self.decode.set_max_dynamic_smem(self.rendered.smem_bytes)
-        self.merge = self.module.function(self.rendered.merge_name)
-        self.merge_ctas = self.device.props.sm_count * MERGE_CTAS_PER_SM
-        self.ctas_per_sm = resources.resident_ctas(self.decode, self.rendered, self.device)
-        self.pdl_capable = self.device.props.cc >= (9, 0)
+    def __init__(self, rendered, cubin: bytes, kernel_name: str, device: Device):
+        self.rendered, self.device = rendered, device
+        self.module = Module.load(cubin, device)
+        self.kernel = self.module.function(kernel_name)
+        self.kernel.set_max_dynamic_smem(rendered.smem_bytes)
+        self.merge = self.module.function(rendered.merge_name)
+        self.merge_ctas = device.props.sm_count * resources.MERGE_CTAS_PER_SM
+        self.ctas_per_sm = resources.resident_ctas(self.kernel, rendered, device)
+        self.pdl_capable = device.props.cc >= (9, 0)
 
     def num_ctas(self, num_kv_heads: int) -> int:
         """Fixed grid x: every SM busy with `ctas_per_sm` CTAs across the KV heads."""
@@ -71,14 +69,25 @@ class DecodeKernels:
 
     def calls(self, params: Params, num_ctas: int, grid_y: int, merge: bool = True,
               pdl: bool = True) -> list[KernelCall]:
-        """The decode kernel, then the merge kernel (when the plan may split KV), both reading
+        """The attention kernel, then the merge kernel (when the plan may split KV), both reading
         `params`; prepared once per wrapper or graph binding, enqueued by rtattn.runtime.launch."""
         r = self.rendered
         pdl = pdl and self.pdl_capable
-        out = [KernelCall(self.decode, (num_ctas, grid_y, 1), (r.threads, 1, 1), r.smem_bytes, params, pdl)]
+        out = [KernelCall(self.kernel, (num_ctas, grid_y, 1), (r.threads, 1, 1), r.smem_bytes, params, pdl)]
         if merge:
             out.append(KernelCall(self.merge, (self.merge_ctas, 1, 1), (MERGE_THREADS, 1, 1), 0, params, pdl))
         return out
+
+
+class DecodeKernels(LoadedKernels):
+    """The decode kernel of one spec, loaded on one device."""
+
+    def __init__(self, spec: AttentionSpec, device: Device | None = None):
+        self.spec = spec
+        device = device or Device()
+        rendered, cubin = compile_spec(spec, device.arch)
+        super().__init__(rendered, cubin, rendered.decode_name, device)
+        self.decode = self.kernel
 
 
 @functools.lru_cache(maxsize=None)

@@ -131,7 +131,7 @@ def test_decode_kernels_calls_without_a_gpu():
 
     k = object.__new__(DecodeKernels)
     k.rendered = render(standard())
-    k.decode, k.merge = SimpleNamespace(handle=0xD0, name="decode"), SimpleNamespace(handle=0xE0, name="merge")
+    k.kernel, k.merge = SimpleNamespace(handle=0xD0, name="decode"), SimpleNamespace(handle=0xE0, name="merge")
     k.merge_ctas, k.pdl_capable = 264, False
     p = Params(64)
     r = k.rendered

@@ -12,8 +12,9 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from rtattn.codegen.render import MERGE_THREADS, Rendered, render_prefill
+from rtattn.codegen.render import Rendered, render_prefill
 from rtattn.codegen.spec import BUILTINS, DTYPES, AttentionSpec
+from rtattn.kernels import COMPILE_OPTIONS, LoadedKernels
 from rtattn.plan import devices as plan_devices
 from rtattn.plan.tiles import TileConfig
 
@@ -127,7 +128,6 @@ def instance_name(spec: AttentionSpec, tile: PrefillTile) -> str:
 
 def compile_prefill(spec: AttentionSpec, tile: PrefillTile, arch: str, quiet: bool | None = None) -> tuple[Rendered, bytes]:
     """Render and compile to CUBIN (through the on-disk cache); needs no GPU."""
-    from rtattn.kernels import COMPILE_OPTIONS
     from rtattn.runtime import compile_to_cubin
     rendered = render_prefill(spec, tile)
     cubin = compile_to_cubin(rendered.source, name=instance_name(spec, tile), arch=arch,
@@ -135,35 +135,16 @@ def compile_prefill(spec: AttentionSpec, tile: PrefillTile, arch: str, quiet: bo
     return rendered, bytes(cubin)
 
 
-class PrefillKernels:
+class PrefillKernels(LoadedKernels):
     """The prefill (+ merge) kernels of one (spec, tile), loaded on one device."""
 
     def __init__(self, spec: AttentionSpec, tile: PrefillTile, device=None):
-        from rtattn.runtime import Device, Module
+        from rtattn.runtime import Device
         self.spec, self.tile = spec, tile
-        self.device = device or Device()
-        self.rendered, cubin = compile_prefill(spec, tile, self.device.arch)
-        self.module = Module.load(cubin, self.device)
-        self.attention = self.module.function(self.rendered.attention_name)
-        self.attention.set_max_dynamic_smem(self.rendered.smem_bytes)
-        self.merge = self.module.function(self.rendered.merge_name)
-        self.merge_ctas = self.device.props.sm_count * resources.MERGE_CTAS_PER_SM
-        self.ctas_per_sm = resources.resident_ctas(self.attention, self.rendered, self.device)
-        self.pdl_capable = self.device.props.cc >= (9, 0)
-
-    def num_ctas(self, num_kv_heads: int) -> int:
-        return resources.grid_ctas(self.device, self.ctas_per_sm, num_kv_heads)
-
-    def calls(self, params, num_ctas: int, grid_y: int, merge: bool = True, pdl: bool = True) -> list:
-        """The launch as kernel calls (rtattn.runtime.launch): prefill, then (when the plan may
-        split KV) the merge, both reading `params` (a runtime.launch.Params)."""
-        from rtattn.runtime.launch import KernelCall
-        r = self.rendered
-        pdl = pdl and self.pdl_capable
-        out = [KernelCall(self.attention, (num_ctas, grid_y, 1), (r.threads, 1, 1), r.smem_bytes, params, pdl)]
-        if merge:
-            out.append(KernelCall(self.merge, (self.merge_ctas, 1, 1), (MERGE_THREADS, 1, 1), 0, params, pdl))
-        return out
+        device = device or Device()
+        rendered, cubin = compile_prefill(spec, tile, device.arch)
+        super().__init__(rendered, cubin, rendered.attention_name, device)
+        self.attention = self.kernel
 
 
 @functools.lru_cache(maxsize=None)
