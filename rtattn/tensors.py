@@ -15,6 +15,11 @@ def cuda_tensor(name: str, obj, stream=None, *, dtype: str | None = None, ndim: 
         t = as_tensor(obj, stream, require="cuda", keep_producer=keep_producer)
     except (TypeError, ValueError) as e:
         raise type(e)(f"{name}: {e}") from None
+    return expect_typed(name, t, dtype, ndim)
+
+
+def expect_typed(name: str, t, dtype: str | None, ndim: int | None):
+    """t, if it has `dtype` and `ndim` dimensions (None: any)."""
     if dtype is not None and t.dtype != dtype:
         raise TypeError(f"{name} has dtype {t.dtype}, expected {dtype}")
     if ndim is not None and t.ndim != ndim:

@@ -28,8 +28,10 @@ from rtattn.plan.inspector import Planner, PlanInfo
 from rtattn.plan.layout import check_config, check_int
 from rtattn.runtime import DeviceBuffer, current_device
 from rtattn.runtime.launch import Params, stream_handle
-from rtattn.tensors import TensorImports, expect_inner_contiguous, expect_shape, expect_vector_aligned, same_device
-from rtattn.wrapper_base import KV_LAYOUTS, PlannedLaunch, PlannedWrapper, host_array, paged_strides, select
+from rtattn.tensors import (TensorImports, expect_inner_contiguous, expect_shape, expect_typed, expect_vector_aligned,
+                            same_device)
+from rtattn.wrapper_base import (KV_LAYOUTS, PlannedLaunch, PlannedWrapper, expect_lse_rows, expect_sinks, host_array,
+                                 paged_strides, scalar_param, select)
 
 _host, _select, _paged_strides = host_array, select, paged_strides
 # fp8 caches stay behind this switch until their GPU tier passes: on the H200 every fp8 decode
@@ -214,8 +216,7 @@ class BatchDecodeWrapper(PlannedWrapper):
     def _derive_lse(self, name, t):
         t = _checked(name, t, "float32", 2, self.device.ordinal)
         expect_shape(name, t, (None, self.num_qo_heads))
-        if t.strides != (self.num_qo_heads, 1):
-            raise ValueError(f"lse must be contiguous [tokens, heads], got strides {t.strides}")
+        expect_lse_rows(t, self.num_qo_heads)
         return (t.shape[0], name, t.shape, t.ptr)
 
     def _derive_cache(self, name, t):
@@ -287,18 +288,11 @@ class BatchDecodeWrapper(PlannedWrapper):
                 derive = self._derive_sinks if p.name == "sinks" and self.spec.sinks else _pointer_of
                 out.append(self._imports.get(f"params[{p.name!r}]", v, stream_handle, derive))
             else:
-                x = float(v) if p.c_type == "float" else int(v)
-                if p.name == "soft_cap" and not 0 < x < math.inf:
-                    raise ValueError(f"params['soft_cap']={v!r}: the cap must be a positive finite number")
-                out.append(x)
+                out.append(scalar_param(p, v))
         return tuple(out)
 
     def _derive_sinks(self, name, t) -> int:
-        """Built-in sinks: float32 [H_qo], contiguous."""
-        t = _checked(name, t, "float32", 1, self.device.ordinal)
-        expect_shape(name, t, (self.num_qo_heads,))
-        if t.strides != (1,):
-            raise ValueError(f"{name} must be contiguous, got strides {t.strides}")
+        expect_sinks(_checked(name, t, "float32", 1, self.device.ordinal), self.num_qo_heads)
         return t.ptr
 
     def _argument_template(self):
@@ -322,10 +316,7 @@ class DecodeLaunch(PlannedLaunch):
 
 
 def _checked(name: str, t, dtype: str, ndim: int, device_id: int):
-    if t.dtype != dtype:
-        raise TypeError(f"{name} has dtype {t.dtype}, expected {dtype}")
-    if t.ndim != ndim:
-        raise ValueError(f"{name} has shape {t.shape}, expected {ndim} dimensions")
+    expect_typed(name, t, dtype, ndim)
     same_device({name: t}, device_id)
     return t
 

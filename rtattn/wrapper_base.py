@@ -23,7 +23,8 @@ from rtattn.plan.inspector import check_window
 from rtattn.runtime import DeviceBuffer, Event, PinnedBuffer, memcpy_htod_async, memset_d32
 from rtattn.runtime import launch as launch_path
 from rtattn.runtime.launch import Launch, Params
-from rtattn.tensors import cuda_tensor, expect_inner_contiguous, expect_shape, expect_vector_aligned, same_device
+from rtattn.tensors import (cuda_tensor, expect_inner_contiguous, expect_shape, expect_typed, expect_vector_aligned,
+                            same_device)
 
 KV_LAYOUTS = ("NHD", "HND")
 
@@ -130,8 +131,7 @@ class PlannedWrapper:
         if lse is not None:
             lv = cuda_tensor("lse", lse, stream, dtype="float32", ndim=2)
             expect_shape("lse", lv, (n_tok, H))
-            if lv.strides != (H, 1):
-                raise ValueError(f"lse must be contiguous [tokens, heads], got strides {lv.strides}")
+            expect_lse_rows(lv, H)
         return out, ov, (lse if lv is not None else None), lv
 
     def _paged_caches(self, k_cache, v_cache, stream):
@@ -201,18 +201,12 @@ class PlannedWrapper:
         for p in self.spec.params:
             v = params[p.name]
             if p.is_pointer:
-                if p.name == "sinks" and self.spec.sinks:   # built-in sinks: float32 [H_qo]
-                    t = cuda_tensor("params['sinks']", v, stream, dtype="float32", ndim=1)
-                    expect_shape("params['sinks']", t, (self.num_qo_heads,))
-                    if t.strides != (1,):
-                        raise ValueError(f"params['sinks'] must be contiguous, got strides {t.strides}")
-                else:
-                    t = cuda_tensor(f"params[{p.name!r}]", v, stream)
+                t = cuda_tensor(f"params[{p.name!r}]", v, stream)
+                if p.name == "sinks" and self.spec.sinks:
+                    expect_sinks(t, self.num_qo_heads)
                 values[p.name] = t.ptr
             else:
-                values[p.name] = float(v) if p.c_type == "float" else int(v)
-                if p.name == "soft_cap" and not 0 < values[p.name] < math.inf:
-                    raise ValueError(f"params['soft_cap']={v!r}: the cap must be a positive finite number")
+                values[p.name] = scalar_param(p, v)
         return values or {"unused_": 0}
 
     # ------------------------------------------------------------------ packing
@@ -275,6 +269,29 @@ class PlannedLaunch(Launch):
             self.check_plan()
         # Launch.__call__ inlined: one Python frame less per run()
         launch_path.enqueue(self.calls, self.stream if stream is None else stream, self.device)
+
+
+def expect_lse_rows(t, num_qo_heads: int) -> None:
+    """An lse view [tokens, H_qo] (its rank checked) must be row-major contiguous."""
+    if t.strides != (num_qo_heads, 1):
+        raise ValueError(f"lse must be contiguous [tokens, heads], got strides {t.strides}")
+
+
+def expect_sinks(t, num_qo_heads: int) -> None:
+    """Built-in sinks: one float32 logit per query head, contiguous."""
+    name = "params['sinks']"
+    expect_typed(name, t, "float32", 1)
+    expect_shape(name, t, (num_qo_heads,))
+    if t.strides != (1,):
+        raise ValueError(f"{name} must be contiguous, got strides {t.strides}")
+
+
+def scalar_param(p, v):
+    """A scalar variant parameter as its C type's number (soft_cap: positive and finite)."""
+    x = float(v) if p.c_type == "float" else int(v)
+    if p.name == "soft_cap" and not 0 < x < math.inf:
+        raise ValueError(f"params['soft_cap']={v!r}: the cap must be a positive finite number")
+    return x
 
 
 def host_array(a) -> np.ndarray:
