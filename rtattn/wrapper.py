@@ -89,7 +89,6 @@ class BatchDecodeWrapper(PlannedWrapper):
         sc = 1.0 / math.sqrt(head_dim)
         self._default_scale = (sc, sc * 1.4426950408889634)
         self._per_page = (page_size, num_kv_heads, head_dim) if kv_layout == "NHD" else (num_kv_heads, page_size, head_dim)
-        self._param_names = frozenset(p.name for p in self.spec.params)
         self._no_scales = self._scales(None, None, 0)   # what run() packs when given no scales
 
     # ------------------------------------------------------------------ plan
@@ -275,12 +274,7 @@ class BatchDecodeWrapper(PlannedWrapper):
         """Variant parameters in member order: scalars as numbers, tensors as CUDA pointers.
         The window comes from the plan (params may repeat it, not change it)."""
         params = self._with_planned_window(params or {})
-        names = self._param_names
-        if len(params) != len(names) or any(n not in params for n in names):
-            unknown = sorted(set(params) - set(names))
-            missing = sorted(set(names) - set(params))
-            raise ValueError(f"variant {self.spec.variant!r} takes parameters {sorted(names)}; "
-                             f"missing {missing}, unknown {unknown}")
+        self._check_param_names(params)
         out = []
         for p in self.spec.params:
             v = params[p.name]

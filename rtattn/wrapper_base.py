@@ -47,6 +47,7 @@ class PlannedWrapper:
         self._counters = self.workspace_ptr + self.layout.merge_counters_offset(self.num_qo_heads, self.head_dim)
         memset_d32(self._counters, 0, self.layout.merge_counters_bytes(self.num_qo_heads) // 4)
         self._fixed = self._fixed_params()
+        self._param_names = frozenset(p.name for p in self.spec.params)
         self._may_split = self.planner.bounds.max_merge_rows > 0   # naive plans never need the merge kernel
         self.info = None
         self._nnz = 0   # pages the latest plan reads (kv_indptr[-1])
@@ -186,17 +187,19 @@ class PlannedWrapper:
                              f"window_left={self.window_left} (plan(..., window_left=N) sets it)")
         return {**params, "window_left": self.window_left}
 
+    def _check_param_names(self, params: dict) -> None:
+        """params must name exactly the variant's parameters."""
+        names = self._param_names
+        if params.keys() != names:
+            raise ValueError(f"variant {self.spec.variant!r} takes parameters {sorted(names)}; "
+                             f"missing {sorted(names - params.keys())}, unknown {sorted(params.keys() - names)}")
+
     def _extra_values(self, params: dict, stream) -> dict:
         """Variant parameters by name (the struct packer's form): scalars as numbers, tensor
         parameters as CUDA DLPack tensors' pointers.
         The window comes from the plan (params may repeat it, not change it)."""
         params = self._with_planned_window(params)
-        names = {p.name for p in self.spec.params}
-        unknown = set(params) - names
-        missing = names - set(params)
-        if unknown or missing:
-            raise ValueError(f"variant {self.spec.variant!r} takes parameters {sorted(names)}; "
-                             f"missing {sorted(missing)}, unknown {sorted(unknown)}")
+        self._check_param_names(params)
         values = {}
         for p in self.spec.params:
             v = params[p.name]
