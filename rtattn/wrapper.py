@@ -166,9 +166,7 @@ class BatchDecodeWrapper(PlannedWrapper):
             va = imp.get("v_cache", v_cache, h, self._derive_cache)
         pool = self.planner.num_pages_pool
         if pool is None or ka[0] < pool or va[0] < pool:   # a smaller cache than seen: check it, learn it
-            for a in (ka, va):
-                self._check_pool(a[1], a[0])
-            self.planner.num_pages_pool = min(ka[0], va[0], *(() if pool is None else (pool,)))
+            self._learn_pool(((ka[1], ka[0]), (va[1], va[0])))
         if out is None:
             out = DeviceBuffer(max(n_tok, 1) * self.num_qo_heads * self.head_dim * 2, self.device).as_tensor(
                 self.o_dtype, (n_tok, self.num_qo_heads, self.head_dim), stream=stream)

@@ -154,10 +154,16 @@ class PlannedWrapper:
             expect_shape(name, t, (None,) + per_page)
             expect_inner_contiguous(name, t)
             expect_vector_aligned(name, t)
-            self._check_pool(name, t.shape[0])
-        pool = self.planner.num_pages_pool
-        self.planner.num_pages_pool = min(k.shape[0], v.shape[0], *(() if pool is None else (pool,)))
+        self._learn_pool(zip(names, (k.shape[0], v.shape[0])))
         return k, v
+
+    def _learn_pool(self, caches) -> None:
+        """caches: (name, pages) of the K and V caches of a launch: each is checked against the
+        plan (_check_pool) and the smallest bounds the pool from now on."""
+        pool, caches = self.planner.num_pages_pool, tuple(caches)
+        for name, pages in caches:
+            self._check_pool(name, pages)
+        self.planner.num_pages_pool = min(*(pages for _, pages in caches), *(() if pool is None else (pool,)))
 
     def _check_pool(self, name: str, pages: int) -> None:
         """A cache of `pages` pages bounds the pool plan() accepts from now on (every launch
