@@ -35,7 +35,8 @@ from rtattn.plan.prefix_tree import share_prefixes as levels_from_page_tables
 from rtattn.runtime import DeviceBuffer, Event, PinnedBuffer, export, memcpy_htod_async
 from rtattn.tensors import cuda_tensor
 from rtattn import wrapper as W
-from rtattn.wrapper import BatchDecodeWrapper, _host
+from rtattn.wrapper import BatchDecodeWrapper
+from rtattn.wrapper_base import host_array as _host
 
 CASCADE_VARIANTS = ("plain", "causal", "sliding_window", "soft_cap", "alibi", "sigmoid")
 _STANDARD = re.compile(r"^rtattn::StandardAttention<([a-z, ]+)>$")

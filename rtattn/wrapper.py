@@ -33,7 +33,6 @@ from rtattn.tensors import (TensorImports, expect_inner_contiguous, expect_shape
 from rtattn.wrapper_base import (KV_LAYOUTS, PlannedLaunch, PlannedWrapper, expect_lse_rows, expect_sinks, host_array,
                                  paged_strides, scalar_param, select)
 
-_host, _select, _paged_strides = host_array, select, paged_strides
 # fp8 caches stay behind this switch until their GPU tier passes: on the H200 every fp8 decode
 # kernel so far stopped with "an illegal instruction was encountered" (docs/perf-log.md, fp8 KV).
 FP8_SCALE_MEMBERS = ("k_scale", "v_scale", "k_scale_stride", "v_scale_stride", "k_scale_f", "v_scale_f")
@@ -103,8 +102,8 @@ class BatchDecodeWrapper(PlannedWrapper):
         Sliding-window variants need `window_left` here (the plan reads only the window;
         run() takes it from the plan and refuses a params window that disagrees)."""
         window_left = self._check_window(window_left)
-        kv_indptr, kv_indices, kv_last_page_len = (_host(a) for a in (kv_indptr, kv_indices, kv_last_page_len))
-        qo_indptr = None if qo_indptr is None else _host(qo_indptr)   # None: decode
+        kv_indptr, kv_indices, kv_last_page_len = (host_array(a) for a in (kv_indptr, kv_indices, kv_last_page_len))
+        qo_indptr = None if qo_indptr is None else host_array(qo_indptr)   # None: decode
         return self._plan_and_copy(qo_indptr, kv_indptr, kv_indices, kv_last_page_len, stream, window_left)
 
     # ------------------------------------------------------------------ run
@@ -225,7 +224,7 @@ class BatchDecodeWrapper(PlannedWrapper):
         """One [pages, 2, ...] cache: K at index 0, V at 1 of dimension 1."""
         t = _checked("kv_cache", self._kv_typed("kv_cache", t), self.kv_dtype, 5, self.device.ordinal)
         expect_shape("kv_cache", t, (None, 2) + self._per_page)
-        return tuple(self._cache_fields(f"kv_cache[:, {i}]", _select(t, 1, i)) for i in (0, 1))
+        return tuple(self._cache_fields(f"kv_cache[:, {i}]", select(t, 1, i)) for i in (0, 1))
 
     def _kv_typed(self, name, t):
         if t.dtype != self.kv_dtype:
@@ -266,7 +265,7 @@ class BatchDecodeWrapper(PlannedWrapper):
         expect_shape(name, t, (None,) + self._per_page)
         expect_inner_contiguous(name, t)
         expect_vector_aligned(name, t)
-        return (t.shape[0], name, t.shape, t.ptr) + _paged_strides(t, self.kv_layout)
+        return (t.shape[0], name, t.shape, t.ptr) + paged_strides(t, self.kv_layout)
 
     def _extra(self, params: dict | None, stream_handle: int) -> tuple:
         """Variant parameters in member order: scalars as numbers, tensors as CUDA pointers.
