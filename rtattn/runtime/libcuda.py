@@ -72,6 +72,11 @@ class _Entries:
         self.node_set_params = _fn(lib, "cuGraphExecKernelNodeSetParams_v2", 3)
         return self
 
+    @property
+    def complete(self) -> bool:
+        """Every entry resolved: the ctypes path can serve launches, replays and node updates."""
+        return bool(self.launch_kernel_ex and self.graph_launch and self.node_set_params)
+
 
 def _fn(lib, name: str, nargs: int):
     f = getattr(lib, name, None)
@@ -88,8 +93,7 @@ def entry():
     """The loaded entries when the ctypes path is in use, else None (use cuda.bindings)."""
     global ENTRY
     if ENTRY is None:
-        e = _ENTRIES.load()
-        ENTRY = "ctypes" if e.launch_kernel_ex and e.graph_launch and e.node_set_params else "bindings"
+        ENTRY = "ctypes" if _ENTRIES.load().complete else "bindings"
     return _ENTRIES if ENTRY == "ctypes" else None
 
 
@@ -99,8 +103,7 @@ def set_entry(name: str) -> None:
     if name not in ("ctypes", "bindings"):
         raise ValueError(f"driver entry must be 'ctypes' or 'bindings', got {name!r}")
     if name == "ctypes":
-        e = _ENTRIES.load()
-        if not (e.launch_kernel_ex and e.graph_launch and e.node_set_params):
+        if not _ENTRIES.load().complete:
             raise RuntimeError("the ctypes driver entry needs libcuda.so.1 with cuLaunchKernelEx, "
                                "cuGraphLaunch and cuGraphExecKernelNodeSetParams_v2")
     ENTRY = name
