@@ -11,7 +11,7 @@ from rtattn import wrapper_base as B
 from rtattn.codegen.render import render
 from rtattn.runtime import export
 from rtattn.runtime import launch as launch_mod
-from rtattn.runtime.launch import KernelCall
+from rtattn.kernels import LoadedKernels
 
 
 def fake_device(name="fake H200"):
@@ -21,8 +21,8 @@ def fake_device(name="fake H200"):
     return SimpleNamespace(ordinal=0, props=props, arch="sm_90", name=name, set_current=lambda: None)
 
 
-class FakeKernels:
-    """Records each launch's argument struct (`launches`), grid (`grids`) and whether the merge
+class FakeKernels(LoadedKernels):
+    """LoadedKernels with no module (the real calls(), over fake functions). Records each launch's argument struct (`launches`), grid (`grids`) and whether the merge
     kernel follows (`merges`); `enqueued` lists every kernel call as (call, argument bytes)."""
     _next_handle = 0xD000
 
@@ -30,19 +30,13 @@ class FakeKernels:
         self.rendered = render(spec)
         self.ctas_per_sm = 2
         FakeKernels._next_handle += 0x10   # distinct functions per spec, as loaded modules have
-        self.decode = SimpleNamespace(handle=FakeKernels._next_handle, name="decode", owner=self)
+        self.kernel = self.decode = SimpleNamespace(handle=FakeKernels._next_handle, name="decode", owner=self)
         self.merge = SimpleNamespace(handle=FakeKernels._next_handle + 1, name="merge", owner=self)
+        self.merge_ctas, self.pdl_capable = 264, True
         self.launches, self.grids, self.merges, self.enqueued = [], [], [], []
 
     def num_ctas(self, num_kv_heads):
         return max(1, 132 * 2 // num_kv_heads)
-
-    def calls(self, params, num_ctas, grid_y, merge=True, pdl=True):
-        r = self.rendered
-        out = [KernelCall(self.decode, (num_ctas, grid_y, 1), (r.threads, 1, 1), r.smem_bytes, params, pdl)]
-        if merge:
-            out.append(KernelCall(self.merge, (264, 1, 1), (256, 1, 1), 0, params, pdl))
-        return out
 
     def record(self, calls, stream):
         self.launches.append(bytes(calls[0].params))

@@ -12,30 +12,24 @@ from rtattn import prefill_wrapper as PW
 from rtattn.codegen.render import render_prefill
 from rtattn.plan.layout import indptr_from_lengths, paged_kv
 from rtattn.runtime import export
-from rtattn.runtime.launch import KernelCall
+from rtattn.kernels import LoadedKernels
 
 import fakes
 
 
-class FakePrefillKernels:
-    """Records every enqueued launch as (kernel names, grid of the first, argument bytes)."""
+class FakePrefillKernels(LoadedKernels):
+    """LoadedKernels with no module (the real calls(), over fake functions). Records every enqueued launch as (kernel names, grid of the first, argument bytes)."""
 
     def __init__(self, spec, tile):
         self.rendered = render_prefill(spec, tile)
         self.ctas_per_sm, self.pdl_capable = 2, True
-        self.attention = SimpleNamespace(handle=0xA0, name="attention", owner=self)
+        self.kernel = self.attention = SimpleNamespace(handle=0xA0, name="attention", owner=self)
         self.merge = SimpleNamespace(handle=0xA1, name="merge", owner=self)
+        self.merge_ctas = 264
         self.enqueued = []
 
     def num_ctas(self, num_kv_heads):
         return max(1, 132 * 2 // num_kv_heads)
-
-    def calls(self, params, num_ctas, grid_y, merge=True, pdl=True):
-        r = self.rendered
-        out = [KernelCall(self.attention, (num_ctas, grid_y, 1), (r.threads, 1, 1), r.smem_bytes, params, pdl)]
-        if merge:
-            out.append(KernelCall(self.merge, (264, 1, 1), (256, 1, 1), 0, params, pdl))
-        return out
 
     def record(self, calls, stream):
         self.enqueued.append(([c.name for c in calls], calls[0].grid, bytes(calls[0].params)))
