@@ -11,9 +11,10 @@ KERNEL_RESOURCES is the one place the decode kernel's author adjusts its resourc
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .devices import Device, get_device
+from .layout import check_heads
 
 # Per-kernel resource model, keyed by head_dim bucket (<=64, <=128, 256).
 # smem = (stages * tile_kv * 2 (K and V) + q_rows) * head_dim * dtype_bytes + extra_smem.
@@ -80,10 +81,7 @@ def select_tile(device, num_qo_heads: int, num_kv_heads: int, head_dim: int,
                 max_rows: int | None = None, avg_qo_len: float | None = None,
                 dtype_bytes: int = 2) -> TileConfig:
     dev = get_device(device)
-    if num_qo_heads % num_kv_heads:
-        raise ValueError(f"num_qo_heads={num_qo_heads} is not a multiple of "
-                         f"num_kv_heads={num_kv_heads}")
-    g = num_qo_heads // num_kv_heads
+    g = check_heads(num_qo_heads, num_kv_heads)
     if kernel == "prefill":
         # The prefill family owns its tile policy and resource model (rtattn.families.prefill).
         from rtattn.families import prefill as family
@@ -91,28 +89,26 @@ def select_tile(device, num_qo_heads: int, num_kv_heads: int, head_dim: int,
         tile = family.choose_tile(dev, head_dim, g, avg, rows=max_rows if max_rows in family.ROWS else None)
         cfg = family.tile_config(tile, head_dim, g)
         if max_qo_len < cfg.tile_q:   # a tile never needs more tokens than the longest query
-            cfg = TileConfig(max(1, max_qo_len), cfg.tile_kv, cfg.max_rows, cfg.stages, cfg.threads,
-                             cfg.smem_bytes, cfg.kernel, cfg.regs, cfg.ctas_per_sm)
+            cfg = replace(cfg, tile_q=max(1, max_qo_len))
         return cfg
     if kernel != "decode":
         raise ValueError(f"kernel must be one of ['decode', 'prefill'], got {kernel!r}")
     res = KERNEL_RESOURCES[kernel][_bucket(head_dim)]
-    if kernel == "decode":
-        if max_rows is None:
-            max_rows = DEFAULT_MAX_ROWS if g <= DEFAULT_MAX_ROWS else 32
-        if g > max_rows:
-            raise ValueError(f"head group g={g} (={num_qo_heads}/{num_kv_heads}) exceeds "
-                             f"max_rows={max_rows} of the decode kernel")
-        tile_q = max(1, min(max_rows // g, max(1, max_qo_len)))
-        tile_kv = res["tile_kv"]
-        for stages in (res["stages"], 2):
-            smem = smem_bytes(stages, tile_kv, head_dim, dtype_bytes, res["extra_smem"], max_rows)
-            if smem <= dev.smem_per_block_optin:
-                break
-        occ = occupancy(dev, res["threads"], res["regs"], smem)
-        if occ == 0:
-            raise ValueError(f"decode tile (stages={stages}, tile_kv={tile_kv}, "
-                             f"head_dim={head_dim}) needs {smem} B smem > opt-in "
-                             f"{dev.smem_per_block_optin} B on {dev.name}")
-        return TileConfig(tile_q, tile_kv, max_rows, stages, res["threads"], smem, "decode",
-                          res["regs"], occ)
+    if max_rows is None:
+        max_rows = DEFAULT_MAX_ROWS if g <= DEFAULT_MAX_ROWS else 32
+    if g > max_rows:
+        raise ValueError(f"head group g={g} (={num_qo_heads}/{num_kv_heads}) exceeds "
+                         f"max_rows={max_rows} of the decode kernel")
+    tile_q = max(1, min(max_rows // g, max(1, max_qo_len)))
+    tile_kv = res["tile_kv"]
+    for stages in (res["stages"], 2):
+        smem = smem_bytes(stages, tile_kv, head_dim, dtype_bytes, res["extra_smem"], max_rows)
+        if smem <= dev.smem_per_block_optin:
+            break
+    occ = occupancy(dev, res["threads"], res["regs"], smem)
+    if occ == 0:
+        raise ValueError(f"decode tile (stages={stages}, tile_kv={tile_kv}, "
+                         f"head_dim={head_dim}) needs {smem} B smem > opt-in "
+                         f"{dev.smem_per_block_optin} B on {dev.name}")
+    return TileConfig(tile_q, tile_kv, max_rows, stages, res["threads"], smem, "decode",
+                      res["regs"], occ)
