@@ -44,10 +44,6 @@ class Union(NamedTuple):
     req_kv_len: np.ndarray        # int64[requests]: KV tokens over all levels
 
 
-def _level_error(l: int, err: Exception) -> ValueError:
-    return ValueError(f"level {l}: {err}")
-
-
 def union_batch(levels, page_size: int, *, num_pages: int | None = None, causal: bool = False,
                 max_levels: int | None = None) -> Union:
     """Validate the levels against each other and lay them out as one pseudo-batch. Refuses
