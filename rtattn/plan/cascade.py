@@ -88,7 +88,7 @@ class CascadePlanner:
         self.planset = PlanSet({
             "plan": planner.layout, "q_pos": max_qo_tokens, "kv_offset": b.max_batch,
             "fold_indptr": max_qo_tokens + 1, "fold_rows": self.max_state_rows, "fold_info": FOLD_INFO_LEN})
-        self._vcache: dict = {}
+        self._views = F.ViewCache(self.planset.views)
         self._ar = np.arange(max(self.max_state_rows, b.max_tiles, b.max_batch) + 1, dtype=np.int64)
         self._ar32 = np.arange(b.max_tiles + 1, dtype=np.int32)
         self._ones = np.ones(b.max_tiles, np.int32)
@@ -105,21 +105,6 @@ class CascadePlanner:
     @property
     def num_ctas(self) -> int:
         return self.planner.num_ctas
-
-    def _views(self, buf) -> tuple[dict, np.ndarray]:
-        """(plan set views, the union plan's region) of a buffer; callers reuse a few
-        (pinned) buffers, whose views are cached (the planner caches its own by region)."""
-        hit = self._vcache.get(id(buf))
-        if hit is not None and hit[0] is buf:
-            return hit[1], hit[2]
-        raw = buf if isinstance(buf, np.ndarray) else np.frombuffer(buf, np.uint8)
-        o = self.planset.offsets["plan"]
-        region = raw[o:o + self.planner.layout.plan_bytes]
-        v = self.planset.views(raw)
-        if len(self._vcache) >= 4:
-            self._vcache.clear()
-        self._vcache[id(buf)] = (buf, v, region)
-        return v, region
 
     def plan(self, levels, out=None, *, causal: bool = False, num_pages: int | None = None) -> CascadeInfo:
         """Plan one step. `levels`: Level tuples (qo_indptr, kv_indptr, kv_indices,
@@ -153,7 +138,7 @@ class CascadePlanner:
         """Plan the pseudo-batch of all levels into the plan set (plain numpy on small
         arrays, kept to few calls: this is on the per-step host path)."""
         buf = out if out is not None else self.planset.allocate()
-        v, _ = self._views(buf)
+        v = self._views.get(buf)
         pv = v["plan"]
         pb, N, L = union.batch, union.num_qo_tokens, union.num_levels
         tq, ps, C, Bp = self.planner.tile_q, self.page_size, self.num_ctas, pb.batch

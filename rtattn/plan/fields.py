@@ -206,6 +206,24 @@ PLAN_FIELDS: tuple[PlanField, ...] = (
 FIELD_NAMES = tuple(f.name for f in PLAN_FIELDS)
 
 
+class ViewCache:
+    """The views of the last few buffers a planner wrote into (callers reuse a few pinned
+    buffers): plan() looks them up instead of slicing every field again."""
+
+    def __init__(self, make: Callable, size: int = 4):
+        self._make, self._size, self._hits = make, size, {}
+
+    def get(self, buf):
+        hit = self._hits.get(id(buf))
+        if hit is not None and hit[0] is buf:
+            return hit[1]
+        views = self._make(buf)
+        if len(self._hits) >= self._size:
+            self._hits.clear()
+        self._hits[id(buf)] = (buf, views)
+        return views
+
+
 def align_up(x: int, a: int = ALIGN) -> int:
     return (x + a - 1) // a * a
 

@@ -263,7 +263,7 @@ class Planner:
         # one cached arange serves every "0..n-1" the scheduler needs
         self._ar = np.arange(max(b.max_items, b.max_partial_rows, b.max_tiles, b.max_batch,
                                  b.max_merge_rows) + 1, dtype=np.int64)
-        self._vcache = {}   # id(out buffer) -> (buffer, views): callers reuse a few pinned buffers
+        self._views = F.ViewCache(self.layout.views)
         self._tq = self.tile.tile_q
 
     # convenience ---------------------------------------------------------------
@@ -297,14 +297,7 @@ class Planner:
             buf = self.layout.allocate()
             views = self.layout.views(buf)
         else:
-            hit = self._vcache.get(id(out))
-            if hit is not None and hit[0] is out:
-                buf, views = hit   # a (pinned) buffer seen before
-            else:
-                buf, views = out, self.layout.views(out)
-                if len(self._vcache) >= 4:
-                    self._vcache.clear()
-                self._vcache[id(out)] = (out, views)
+            buf, views = out, self._views.get(out)
         self._write(views, batch, items)
         return PlanInfo(items["n"], items["merge_rows"], items["partial_rows"], batch.batch,
                         batch.qo_indptr.item(-1), self.num_ctas, self._tq, self.page_size,
