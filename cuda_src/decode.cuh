@@ -18,11 +18,12 @@
 #include "ptx.cuh"
 #include "query_transform.cuh"
 #include "state_fold.cuh"
+#include "swizzle.cuh"
 
 namespace rtattn {
 
 template <int HEAD_DIM, int M_TILES, int NUM_WARPS, int STAGES, int KV_BYTES>
-struct DecodeShape {
+struct DecodeShape : SwizzledRows<HEAD_DIM> {  // at(), kstep(): the 16-bit q/K/V tiles' swizzle
   static constexpr int rows = 16 * M_TILES;
   static constexpr int threads = NUM_WARPS * 32;
   static constexpr int block_tokens = NUM_WARPS * 16;
@@ -40,14 +41,9 @@ struct DecodeShape {
   static constexpr int widened_k_offset = 2 * stage_elems * KV_BYTES;
   static constexpr int smem_bytes = q_bytes + kv_bytes;
 
-  // Element offset of 16-byte chunk `chunk` of row `row` in a q/K/V tile. Rows are not padded,
-  // so each row of a tile starts on a 128-byte line, as it does in global memory: a warp's
-  // cp.async then reads whole 32-byte sectors in whole-line requests (padded rows split them
-  // and re-read sectors: 1.5x the L2 sector traffic on the H200, docs/perf-log.md v4). Instead
-  // the chunk index is XOR-swizzled with row % 8 inside its 128-byte line, so the 8 rows one
-  // ldmatrix reads hit 8 distinct bank groups.
-  static __device__ __forceinline__ int at(int row, int chunk) { return row * HEAD_DIM + ((chunk ^ (row & 7)) << 3); }
-  // The same swizzle for the KV tiles, in KV elements. fp8 rows of 64 bytes (d64) hold only 4
+  // The 16-bit tiles use SwizzledRows unchanged (unpadded rows keep a warp's cp.async on whole
+  // 32-byte sectors: padded rows cost 1.5x the L2 sector traffic on the H200, docs/perf-log.md v4).
+  // kv_at: the same swizzle for the KV tiles, in KV elements. fp8 rows of 64 bytes (d64) hold only 4
   // chunks: unswizzled (two rows share a line; the K reads below stay conflict-free, the V reads
   // are 4-way: d64 moves the fewest bytes).
   static constexpr int kv_swizzle = vecs_per_row >= 8 ? 7 : 0;
@@ -66,15 +62,7 @@ struct DecodeShape {
   static __device__ __forceinline__ int o_col(int dn, int n) {
     return HEAD_DIM == 64 ? n * 8 + dn : (dn / 16) * 128 + n * 16 + dn % 16;
   }
-  // Shared address of chunk + 2*kk of a row, from addr0 = the address of (row, chunk), chunk
-  // even or odd alike: the tile starts on a 128-byte line, so bits 4-6 of addr0 are the swizzled
-  // chunk; XOR-ing 2*kk's low bits in and adding its high bits as an immediate costs one
-  // instruction per ldmatrix and no register per k-step.
-  static __device__ __forceinline__ uint32_t kstep(uint32_t addr0, int kk) {
-    return (addr0 ^ (((2 * kk) & 7) << 4)) + (((2 * kk) & ~7) << 4);
-  }
 
-  static_assert(HEAD_DIM % 64 == 0, "head_dim must be a multiple of 64 (the swizzle spans 8 chunks)");
   static_assert((load_iters & (load_iters - 1)) == 0, "a loader run is a power of two of rows (its swizzle)");
   static_assert(threads % vecs_per_row == 0 && block_tokens % token_step == 0, "threads must cover whole rows");
   static_assert(STAGES >= 2, "the pipeline needs a stage to compute and one in flight");

@@ -3,7 +3,6 @@
 // A tile row of HEAD_DIM elements is stored unpadded, so every row starts on a 128-byte line as it
 // does in global memory (whole-sector cp.async copies); the 16-byte chunk index is XOR-ed with
 // row % 8 inside its line, so the 8 rows one ldmatrix reads hit 8 distinct bank groups.
-// (decode.cuh's DecodeShape::at/kstep are the same two functions; it can include this header.)
 #pragma once
 #include "types.cuh"
 
