@@ -15,6 +15,7 @@
 // read one block ahead, so issuing a block never waits on an L2 round trip.
 #pragma once
 #include "fp8.cuh"
+#include "online_softmax.cuh"
 #include "ptx.cuh"
 #include "query_transform.cuh"
 #include "state_fold.cuh"
@@ -69,9 +70,6 @@ struct DecodeShape : SwizzledRows<HEAD_DIM> {  // at(), kstep(): the 16-bit q/K/
   static_assert(stage_bytes % 128 == 0 && q_bytes % 128 == 0, "tiles start on 128-byte lines");
   static_assert(KV_BYTES == 2 || widened_k_offset + stage_elems * 2 <= stage_bytes, "widened K fits the stage");
 };
-
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
 
 // Merges the rows of split tile `entry0` (entries entry0 .. + q_tokens - 1) for query heads
 // [head0, head0 + heads): four columns per (row, head, column group) unit; when units are fewer

@@ -10,8 +10,8 @@
 
 namespace rtattn {
 
-constexpr float kLog2eF = 1.4426950408889634f;
-constexpr float kLn2F = 0.6931471805599453f;
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
 
 template <bool SOFTMAX, int NT, int DT>  // NT n-tiles of logits, DT n-tiles (8 columns) of O
 struct RowSoftmax {
@@ -71,7 +71,7 @@ struct RowSoftmax {
   // Natural-log LSE of a row from its total weight.
   __device__ __forceinline__ float lse(int h, float l_total) const {
     const float base = (!SOFTMAX || m[h] == -INFINITY) ? 0.f : m[h];
-    return l_total > 0.f ? (base + __log2f(l_total)) * kLn2F : -INFINITY;
+    return l_total > 0.f ? (base + __log2f(l_total)) * kLn2 : -INFINITY;
   }
 };
 
