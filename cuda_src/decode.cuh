@@ -624,13 +624,11 @@ __device__ __forceinline__ void decode_persistent(const P& p, char* smem) {
         float top = base;
         if constexpr (Variant::has_sink) {
           if (partial_row < 0) {  // the row's final state: its sink joins once, here (split rows: the merge)
-            const float sink = var.SinkLogit(p, qo_head) * kLog2e;
-            top = fmaxf(l > 0.f ? base : -INFINITY, sink);
-            top = top == -INFINITY ? 0.f : top;
-            const float scale = l > 0.f ? fast_exp2(base - top) : 0.f;
-            l = l * scale + fast_exp2(sink - top);
-            o0 *= scale;
-            o1 *= scale;
+            const SinkJoin j = join_sink(base, l, var.SinkLogit(p, qo_head) * kLog2e);
+            top = j.top;
+            l = j.l;
+            o0 *= j.scale;
+            o1 *= j.scale;
           }
         }
         // Natural-log LSE of the total weight; softmax O is normalized, sigmoid O is a plain sum.

@@ -13,6 +13,17 @@ namespace rtattn {
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
+// A row's final log2-unit state (max m, total weight l) joined with an attention sink of log2
+// weight `sink` (a state with no value): the new max `top` (0 when nothing is visible), the factor
+// `scale` the row's O takes, and the new total weight l.
+struct SinkJoin { float top, scale, l; };
+__device__ __forceinline__ SinkJoin join_sink(float m, float l, float sink) {
+  float top = fmaxf(l > 0.f ? m : -INFINITY, sink);
+  top = top == -INFINITY ? 0.f : top;
+  const float scale = l > 0.f ? fast_exp2(m - top) : 0.f;
+  return {top, scale, l * scale + fast_exp2(sink - top)};
+}
+
 template <bool SOFTMAX, int NT, int DT>  // NT n-tiles of logits, DT n-tiles (8 columns) of O
 struct RowSoftmax {
   float m[2], l[2];

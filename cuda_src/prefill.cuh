@@ -281,13 +281,9 @@ __device__ __forceinline__ void prefill_persistent(const P& p, char* smem) {
           float lse = sm[mi].lse(h, l_total);
           if constexpr (Variant::has_sink) {
             if (partial_row < 0) {
-              const float sink = var.SinkLogit(p, qo_head) * kLog2e, m = sm[mi].m[h];
-              float top = fmaxf(l_total > 0.f ? m : -INFINITY, sink);
-              top = top == -INFINITY ? 0.f : top;
-              const float scale = l_total > 0.f ? fast_exp2(m - top) : 0.f;
-              const float l = l_total * scale + fast_exp2(sink - top);
-              norm = l > 0.f ? scale / l : 0.f;
-              lse = l > 0.f ? (top + __log2f(l)) * kLn2 : -INFINITY;
+              const SinkJoin j = join_sink(sm[mi].m[h], l_total, var.SinkLogit(p, qo_head) * kLog2e);
+              norm = j.l > 0.f ? j.scale / j.l : 0.f;
+              lse = j.l > 0.f ? (j.top + __log2f(j.l)) * kLn2 : -INFINITY;
             }
           }
           store_row(p, var, o[mi], h, norm, lse, q_row0 + t, qo_head, partial_row < 0 ? -1 : partial_row + t, lane);
