@@ -202,9 +202,6 @@ __device__ __forceinline__ void decode_persistent(const P& p, char* smem) {
   };
   auto copy_token = [&](KV* ks, int i, const KV* kp, const KV* vp, bool valid) {
     KV* dst = ks + ((ld_dst ^ ((i & S::kv_swizzle) * S::kv_chunk)) + i * D);
-#ifdef RTATTN_DEV_NO_KV  // timing probe (RTATTN_DEV_DEFINES): everything but the KV reads
-    valid = false;
-#endif
     if constexpr (kFp8) {  // see cp_async_16_generic: the 32-bit form miscompiles for 1-byte tiles
       cp_async_16_generic(dst, kp, valid, kv_policy);
       cp_async_16_generic(dst + S::stage_elems, vp, valid, kv_policy);
