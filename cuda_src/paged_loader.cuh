@@ -55,8 +55,7 @@ struct KVTileLoader {
     if constexpr (EVICT_FIRST) {
       cp_async_16(dst, src, valid, policy);
     } else {
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
-                   "r"(valid ? 16 : 0));
+      cp_async_16(dst, src, valid);
     }
   }
   // Strides are read from the params (constant bank) at each use: no registers held for them.

@@ -28,7 +28,12 @@ __device__ __forceinline__ void cp_async_16(void* smem_dst, const void* gmem_src
   asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(smem_addr(smem_dst)),
                "l"(gmem_src), "r"(src_bytes), "l"(policy));
 }
-// The same copy with the shared address converted inside the asm from a 64-bit generic pointer.
+// The same copy under L2's normal policy.
+__device__ __forceinline__ void cp_async_16(void* smem_dst, const void* gmem_src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(smem_dst)), "l"(gmem_src),
+               "r"(valid ? 16 : 0));
+}
+// The policy copy with the shared address converted inside the asm from a 64-bit generic pointer.
 // The 1-byte (fp8) KV tiles need it: with the 32-bit operand, ptxas (NVRTC 13.0) emitted their
 // copies as LDGSTS [R+UR0], desc[UR1] with neither uniform register ever written, and every fp8
 // kernel died with an illegal instruction on the H200 (tools/scan_sass.py finds the pattern).
