@@ -44,7 +44,8 @@ CASES = [  # (name, kv_lens, qo_lens, heads, head_dim, page, variant, dtype, ext
 
 def main(argv=None) -> int:
     """Every case, or only the cases whose index is given (one process per case keeps a faulting
-    kernel from poisoning the others: `for i in $(seq 0 18); do python tools/smoke_prefill.py $i & done`)."""
+    kernel from poisoning the others: `for i in $(seq 0 23); do python tools/smoke_prefill.py $i & done`,
+    one per case of CASES)."""
     picked = [int(a) for a in (sys.argv[1:] if argv is None else argv)]
     cases = [c for i, c in enumerate(CASES) if not picked or i in picked]
     bad = 0
