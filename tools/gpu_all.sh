@@ -8,7 +8,9 @@
 # Every log goes to $LOGS; a compact table is printed last and the logs are packed into
 # $OUT/logs.tgz (the device tool brings back only a few files).
 #   bash tools/gpu_all.sh            # carry .peer (FlashInfer wheels, tools/peer_setup.sh)
+#   ONLY="gpu-tier bench-decode" BENCH_DECODE_ARGS="--rows *" bash tools/gpu_all.sh   # a subset
 set -uo pipefail
+set -f   # row patterns such as 'f8-*' reach the benchmarks unexpanded
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 OUT=${OUT:-/tmp/out}
@@ -21,6 +23,7 @@ declare -a SUMMARY
 stage() {   # stage NAME LIMIT_S COMMAND...: run it, log it, remember its exit status and time
     local name=$1 limit=$2 t0=$SECONDS rc
     shift 2
+    case " ${ONLY:-$name} " in *" $name "*) ;; *) return 0 ;; esac   # ONLY="a b": just those stages
     echo "== $name (limit ${limit}s): $*"
     timeout "$limit" "$@" > "$LOGS/$name.log" 2>&1
     rc=$?
@@ -36,16 +39,16 @@ PEER_DIR=${PEER_DIR:-$PWD/.peer} source tools/peer_setup.sh > "$LOGS/peer.log" 2
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | head -1
 
 # FlashInfer's JIT builds (CPU) overlap stages 1-2.
-timeout 300 "$PY" tools/bench_decode.py --prebuild-fi --quick --fp8 > "$LOGS/fi-prebuild.log" 2>&1 &
+timeout 300 "$PY" tools/bench_decode.py --prebuild-fi ${BENCH_DECODE_ARGS:---quick --fp8} > "$LOGS/fi-prebuild.log" 2>&1 &
 
 stage smoke-fp8 "$T_SMOKE" "$PY" tools/smoke_decode.py --fp8 --no-timing
 stage smoke-prefill "$T_SMOKE" bash -c "for i in \$(seq 0 23); do timeout 60 $PY tools/smoke_prefill.py \$i & done; wait"
 grep -h -E "^(ok |BAD|EXC)" "$LOGS/smoke-prefill.log" | sort | uniq -c | sort -rn | head -5
 stage gpu-tier "$T_TIER" env OUT="$LOGS/tier" PYTEST_ARGS="-n 8 -vv" SAN_PARALLEL=1 SAN_TIMEOUT="${SAN_TIMEOUT:-70}" \
-    bash tools/gpu_check.sh
+    bash tools/gpu_check.sh ${GPU_CHECK_ARGS:-}
 wait
 
-stage bench-decode "$T_BENCH" "$PY" tools/bench_decode.py --quick --fp8 --deadline "$((T_BENCH - 20))"
+stage bench-decode "$T_BENCH" "$PY" tools/bench_decode.py ${BENCH_DECODE_ARGS:---quick --fp8} --deadline "$((T_BENCH - 20))"
 stage bench-prefill "$T_BENCH" "$PY" tools/bench_prefill.py --libs rt fa2 --budget-s "$((T_BENCH - 30))" \
     --rows 16x1024 4x4096 32x512 1x16384 chunk16x4096+512 8x2048-softcap 8x2048-alibi 8x2048-window mtd64x4096-q4 mtd64x4096-q1
 stage bench-cascade "$T_BENCH" "$PY" tools/bench_cascade.py --deadline "$((T_BENCH / 2))" --samples 15 \
