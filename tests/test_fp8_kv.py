@@ -170,12 +170,27 @@ def _run(case, kv_dtype, k_scale, v_scale, **kw):
     return run16(case, kv_dtype=kv_dtype, run_kw=dict(k_scale=k_scale, v_scale=v_scale), **kw)
 
 
+def _lse_tol(case, var) -> float:
+    """2e-3, plus for RoPE the rounding of the rotated q and K to 16 bits before the dot (K cannot
+    stay fp8 once rotated): |d logit| <= sm_scale * 2^-8 * |q_i| |k_j| (rotation keeps norms), so
+    the LSE moves by at most that over the largest q and K. fp8 codes drawn from every finite code
+    make |k| up to ~10x a unit-normal K's, which is why this is needed here and not for bf16."""
+    if not var.rope:
+        return 2e-3
+    q = case.q.float().cpu().numpy().astype(np.float64)
+    sm_scale = var.sm_scale if var.sm_scale is not None else q.shape[-1] ** -0.5
+    q_norm = np.linalg.norm(q, axis=-1).max()
+    k_norm = np.linalg.norm(case.k_ref, axis=-1).max()
+    return 2e-3 + sm_scale * 2.0 ** -8 * q_norm * k_norm
+
+
 def _check(case, o, lse, tol, var=ref.Variant()):
     from decode_cases import lse_error, rel_error
     want_o, want_lse = case.reference(var)
     err, lerr = rel_error(o, want_o), lse_error(lse, want_lse)
     assert err < tol, f"O relative error {err:.2e} (tolerance {tol:.1e})"
-    assert lerr < 2e-3, f"LSE max abs error {lerr:.2e}"
+    lse_tol = _lse_tol(case, var)
+    assert lerr < lse_tol, f"LSE max abs error {lerr:.2e} (tolerance {lse_tol:.1e})"
 
 
 @pytest.mark.gpu
