@@ -10,7 +10,6 @@
 #   bash tools/gpu_all.sh            # carry .peer (FlashInfer wheels, tools/peer_setup.sh)
 #   ONLY="gpu-tier bench-decode" BENCH_DECODE_ARGS="--rows *" bash tools/gpu_all.sh   # a subset
 set -uo pipefail
-set -f   # row patterns such as 'f8-*' reach the benchmarks unexpanded
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 OUT=${OUT:-/tmp/out}
@@ -19,6 +18,7 @@ mkdir -p "$OUT" "$LOGS"
 PY=${PYTHON:-python3}
 T_SMOKE=${T_SMOKE:-60} T_TIER=${T_TIER:-300} T_BENCH=${T_BENCH:-90}
 declare -a SUMMARY
+read -r -a BD_ARGS <<< "${BENCH_DECODE_ARGS:---quick --fp8}"   # word-split, never glob-expanded
 
 stage() {   # stage NAME LIMIT_S COMMAND...: run it, log it, remember its exit status and time
     local name=$1 limit=$2 t0=$SECONDS rc
@@ -39,7 +39,7 @@ PEER_DIR=${PEER_DIR:-$PWD/.peer} source tools/peer_setup.sh > "$LOGS/peer.log" 2
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | head -1
 
 # FlashInfer's JIT builds (CPU) overlap stages 1-2.
-timeout 300 "$PY" tools/bench_decode.py --prebuild-fi ${BENCH_DECODE_ARGS:---quick --fp8} > "$LOGS/fi-prebuild.log" 2>&1 &
+timeout 300 "$PY" tools/bench_decode.py --prebuild-fi "${BD_ARGS[@]}" > "$LOGS/fi-prebuild.log" 2>&1 &
 
 stage smoke-fp8 "$T_SMOKE" "$PY" tools/smoke_decode.py --fp8 --no-timing
 stage smoke-prefill "$T_SMOKE" bash -c "for i in \$(seq 0 23); do timeout 60 $PY tools/smoke_prefill.py \$i & done; wait"
@@ -48,7 +48,7 @@ stage gpu-tier "$T_TIER" env OUT="$LOGS/tier" PYTEST_ARGS="-n 8 -vv" SAN_PARALLE
     bash tools/gpu_check.sh ${GPU_CHECK_ARGS:-}
 wait
 
-stage bench-decode "$T_BENCH" "$PY" tools/bench_decode.py ${BENCH_DECODE_ARGS:---quick --fp8} --deadline "$((T_BENCH - 20))"
+stage bench-decode "$T_BENCH" "$PY" tools/bench_decode.py "${BD_ARGS[@]}" --deadline "$((T_BENCH - 20))"
 stage bench-prefill "$T_BENCH" "$PY" tools/bench_prefill.py --libs rt fa2 --budget-s "$((T_BENCH - 30))" \
     --rows 16x1024 4x4096 32x512 1x16384 chunk16x4096+512 8x2048-softcap 8x2048-alibi 8x2048-window mtd64x4096-q4 mtd64x4096-q1
 stage bench-cascade "$T_BENCH" "$PY" tools/bench_cascade.py --deadline "$((T_BENCH / 2))" --samples 15 \
