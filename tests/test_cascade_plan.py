@@ -7,10 +7,11 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from rtattn.plan.cascade import CascadePlanner, execute_cascade
+from rtattn.plan.cascade import CascadePlanner, execute_cascade, prefill_groups
 from rtattn.plan.layout import indptr_from_lengths
 from rtattn.plan.prefix_tree import share_prefixes
 from rtattn.plan.reference import Variant, reference_attention
+from rtattn.plan.tiles import select_tile
 
 from cascade_cases import one_prefix_batch, shared_batch
 
@@ -18,14 +19,22 @@ VARIANTS = [Variant(), Variant(causal=True), Variant(window_left=9), Variant(ali
             Variant(sigmoid=True, sigmoid_bias=0.3), Variant(causal=True, window_left=5, alibi=True)]
 
 
+def prefill_kw(H, Hk, D, rows=32, num_ctas=3):
+    """A small prefill tile (rows fused rows; the decode tile is 16 rows), so that small
+    batches put their shared groups on prefill tiles, several tiles per group."""
+    return dict(prefill_tile=select_tile("h200", H, Hk, D, 1024, kernel="prefill", max_rows=rows),
+                prefill_ctas=num_ctas)
+
+
 def _check(kv_indptr, idx, last, pool, ps, H, Hk, D, *, qo=None, levels=2, var=Variant(), mode="auto",
-           num_ctas=5, seed=0):
+           num_ctas=5, seed=0, prefill=None):
     rng = np.random.default_rng(seed)
     B = len(kv_indptr) - 1
     qo = np.arange(B + 1, dtype=np.int32) if qo is None else qo
     N = int(qo[-1])
     lv = share_prefixes(kv_indptr, idx, last, ps, qo, max_levels=levels)
-    cp = CascadePlanner.create(B + 2, N + 3, max(pool, int(kv_indptr[-1])), H, Hk, D, ps, num_levels=levels, num_ctas=num_ctas, mode=mode)
+    cp = CascadePlanner.create(B + 2, N + 3, max(pool, int(kv_indptr[-1])), H, Hk, D, ps, num_levels=levels,
+                               num_ctas=num_ctas, mode=mode, max_rows=16 if H <= 16 * Hk else 32, **(prefill or {}))
     info = cp.plan(lv, causal=var.causal)
     q = rng.standard_normal((N, H, D))
     k, v = rng.standard_normal((2, pool, ps, Hk, D))
@@ -39,23 +48,80 @@ def _check(kv_indptr, idx, last, pool, ps, H, Hk, D, *, qo=None, levels=2, var=V
 @pytest.mark.parametrize("var", VARIANTS, ids=lambda v: f"c{v.causal:d}w{v.window_left}a{v.alibi:d}s{v.sigmoid:d}")
 @pytest.mark.parametrize("levels", [1, 2, 3])
 @pytest.mark.parametrize("qo_len", [1, 3])
-def test_cascade_plan_equals_attention_over_whole_requests(var, levels, qo_len):
+@pytest.mark.parametrize("family", ["decode", "prefill"])
+def test_cascade_plan_equals_attention_over_whole_requests(var, levels, qo_len, family):
     rng = np.random.default_rng(levels * 10 + qo_len)
     kv_indptr, idx, last, pool = shared_batch(rng, 4, suffix_pages=(1, 3))
     qo = indptr_from_lengths([qo_len] * (len(kv_indptr) - 1))
     if var.causal:   # queries in the last level: suffixes of at least qo_len tokens
         last[:] = 4
-    info, lv = _check(kv_indptr, idx, last, pool, 4, 8, 2, 64, qo=qo, levels=levels, var=var)
+    info, lv = _check(kv_indptr, idx, last, pool, 4, 8, 2, 64, qo=qo, levels=levels, var=var,
+                      prefill=prefill_kw(8, 2, 64) if family == "prefill" else None)
     assert info.num_levels == len(lv) == min(levels, 3)
+    if family == "prefill" and levels > 1:   # level 0: 5 requests x qo_len queries > decode's 4 (16 rows, g 4)
+        assert info.level_prefill_items[0] >= 1 and info.level_prefill_items[-1] == (qo_len == 3) * 0
+    else:
+        assert not info.level_prefill_items.any()
+
+
+def test_the_family_rule():
+    """A group runs on prefill tiles when more queries share it than one decode item holds, and
+    it has KV to read."""
+    qo, kv = np.array([1, 8, 9, 64, 64, 3]), np.array([100, 8192, 8192, 8192, 0, 40])
+    assert prefill_groups(qo, kv, 8).tolist() == [False, False, True, True, False, False]
+
+
+def test_a_shared_prefix_is_read_once_per_prefill_tile():
+    """64 requests over one 8K prefix at 32/8 heads: level 0 on 128-row prefill tiles (32
+    queries each: the prefix is read twice, split over the prefill grid), the suffixes on
+    decode; every state row is written once and folded once."""
+    kv_indptr, idx, last, pool = one_prefix_batch(64, 8192, 128, 16)
+    tile = select_tile("h200", 32, 8, 128, 64, kernel="prefill")
+    assert tile.tile_q == 32
+    cp = CascadePlanner.create(64, 64, pool, 32, 8, 128, 16, num_levels=2, prefill_tile=tile, prefill_ctas=33)
+    info = cp.plan(share_prefixes(kv_indptr, idx, last, 16))
+    assert info.level_kv_tokens.tolist() == [2 * 8192, 64 * 128]
+    assert info.level_prefill_items.tolist() == [info.level_items[0], 0] and info.level_items[0] > 2   # split KV
+    assert info.prefill.num_items == info.level_items[0] and info.plan.num_items == info.level_items[1]
+    rows = np.concatenate([np.arange(p.views["item_partial"][i], p.views["item_partial"][i] + p.views["item_qo_len"][i])
+                           for p in (info.plan, info.prefill) for i in range(p.num_items)])
+    assert sorted(rows.tolist()) == list(range(info.num_state_rows))            # each state row written once
+    assert sorted(info.views["fold_rows"][:info.num_state_rows].tolist()) == list(range(info.num_state_rows))
+    # the same shape of plan, small enough for the float64 executor: 8/2 heads, a 1K prefix
+    kv_indptr, idx, last, pool = one_prefix_batch(64, 1024, 40, 16, seed=4)
+    info, _ = _check(kv_indptr, idx, last, pool, 16, 8, 2, 64,
+                     prefill=dict(prefill_tile=select_tile("h200", 8, 2, 64, 64, kernel="prefill"), prefill_ctas=7))
+    assert info.prefill.tile_q == 32 and info.level_prefill_items[0] > 2
+
+
+@pytest.mark.parametrize("qo_len", [6, 40])
+def test_every_group_on_prefill_and_groups_without_kv(qo_len):
+    """One level (the requests themselves) of long query runs: no decode items at all; and a
+    level-0 group that holds no KV (requests without a shared prefix) stays on decode."""
+    rng = np.random.default_rng(qo_len)
+    kv_indptr, idx, last, pool = shared_batch(rng, 4, groups=((3, 2),), system_pages=0, loners=3, suffix_pages=(4, 6))
+    B = len(kv_indptr) - 1
+    qo = indptr_from_lengths([qo_len] * B)
+    info, _ = _check(kv_indptr, idx, last, pool, 4, 8, 2, 64, qo=qo, levels=1, prefill=prefill_kw(8, 2, 64))
+    assert info.plan.num_items == 0 and info.prefill.num_items >= B
+    info, lv = _check(kv_indptr, idx, last, pool, 4, 8, 2, 64, qo=qo, levels=2, prefill=prefill_kw(8, 2, 64))
+    assert lv[0].kv_indptr.tolist() == [0, 2, 2]          # the shared group, then the loners' empty one
+    assert info.level_prefill_items[0] >= 1 and info.plan.num_items >= 1
 
 
 @pytest.mark.parametrize("heads", [(8, 8), (8, 2), (32, 2), (32, 1)])
-@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("page_size", [1, 16, 64])
 @pytest.mark.parametrize("mode", ["balanced", "contiguous", "naive", "batch-invariant"])
-def test_shapes_and_modes(heads, page_size, mode):
+@pytest.mark.parametrize("family", ["decode", "prefill"])
+def test_shapes_and_modes(heads, page_size, mode, family):
     kv_indptr, idx, last, pool = one_prefix_batch(9, 70 * page_size // 4, 3 * page_size, page_size, seed=2)
-    info, _ = _check(kv_indptr, idx, last, pool, page_size, *heads, 64, mode=mode, num_ctas=6, var=Variant(alibi=True))
-    assert info.level_items[0] >= 1 and info.num_state_rows == sum(info.plan.views["item_qo_len"][:info.plan.num_items])
+    pk = prefill_kw(*heads, 64, rows=128) if family == "prefill" else None
+    info, _ = _check(kv_indptr, idx, last, pool, page_size, *heads, 64, mode=mode, num_ctas=6, var=Variant(alibi=True),
+                     prefill=pk)
+    parts = [p for p in (info.plan, info.prefill) if p is not None]
+    assert info.level_items[0] >= 1
+    assert info.num_state_rows == sum(int(p.views["item_qo_len"][:p.num_items].sum()) for p in parts)
+    assert bool(info.level_prefill_items[0]) == (family == "prefill" and 9 > info.plan.tile_q)
 
 
 def test_a_shared_prefix_is_read_once_per_query_tile():
@@ -112,9 +178,11 @@ def test_random_prefix_trees_equal_plain_attention(data):
     if var.causal:
         batch[2][:] = ps   # full last pages: suffixes hold >= ps >= 1 tokens
         qo_len = min(qo_len, ps)
-    _check(*batch, ps, 8, data.draw(st.sampled_from([1, 2, 8])), 64, qo=indptr_from_lengths([qo_len] * B),
+    Hk = data.draw(st.sampled_from([1, 2, 8]))
+    prefill = prefill_kw(8, Hk, 64, rows=data.draw(st.sampled_from([32, 64])), num_ctas=data.draw(st.integers(1, 5)))
+    _check(*batch, ps, 8, Hk, 64, qo=indptr_from_lengths([qo_len] * B),
            levels=data.draw(st.integers(1, 4)), var=var, mode=data.draw(st.sampled_from(["auto", "balanced", "naive"])),
-           num_ctas=data.draw(st.integers(1, 7)))
+           num_ctas=data.draw(st.integers(1, 7)), prefill=prefill if data.draw(st.booleans()) else None)
 
 
 @pytest.mark.parametrize("mode", ["auto", "balanced", "contiguous", "naive", "batch-invariant"])

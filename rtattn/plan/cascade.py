@@ -1,27 +1,29 @@
 """The cascade planner: every level of a step in one plan set, folded in a fixed order.
 
-All levels are planned together, as one batch of pseudo-requests (rtattn.plan.levels), by one
-Planner: Algorithm 1 balances the shared prefixes' chunks and the suffixes' items over the
-same CTAs, and one persistent kernel launch runs them all. A shared group is a pseudo-request
-whose queries are all its requests' queries, so its KV is read once per query tile (tile_q
-queries) instead of once per request.
+All levels are planned together, as one batch of pseudo-requests (rtattn.plan.levels): a
+shared group is a pseudo-request whose queries are all its requests' queries, so its KV is
+read once per query tile instead of once per request. Each group runs on one of two kernel
+families (`prefill_groups`, the rule):
 
-After planning, the plan is rewritten for the fold: every item writes a float32 state row
-(levels share query rows, so nothing writes the output directly), items read the real query
-rows, and the fold map lists each query row's state rows in (level, KV) order; the fold
-kernel combines them with ⊕ into the output and LSE. The positions the variants need
-(absolute query positions, each group's first KV position) sit next to the plan.
+    decode   a group with at most decode tile_q queries (one decode work item holds them all:
+             its KV is read once either way), and every group with no KV;
+    prefill  a group with more queries than that: decode would read its KV once per tile_q
+             queries (8 at 32/8 heads), the prefill family's tensor-core tiles once per 32
+             (128 fused rows) -- the shared prefix of many requests.
 
-Plan set parts: "plan" (the PlanLayout of the union), "q_pos" [max_qo_tokens],
-"kv_offset" [pseudo-requests], "fold_indptr" [max_qo_tokens + 1], "fold_rows" [state rows],
-"fold_info" [FOLD_INFO_LEN] = (query rows, state rows, levels).
+Each family's groups get their own Algorithm-1 schedule over that family's grid (two plans in
+the plan set, two persistent kernels). After scheduling, the plans are rewritten for the fold:
+every item writes float32 state rows (levels share query rows, so nothing writes the output
+directly; decode's rows first, then prefill's), items read the real query rows, and the fold
+map lists each query row's state rows in (level, KV) order; the fold kernel combines them with
+⊕ into the output and LSE. The positions the variants need (absolute query positions, each
+group's first KV position) sit next to the plans.
 
-Prefill hook: the shared groups (pseudo-requests with many queries and long KV) are what
-tensor-core prefill tiles are for; today the decode family plans every group. With a prefill
-family, `plan_union` splits the union's groups by family (shared groups, union.batch.qo_len
-> tile_q, to prefill), the plan set gains a second part ("prefill": its PlanLayout), each part
-gets its own schedule and kernel, and the state rows of the second part start after the
-first's; the positions, the fold map and the fold kernel stay as they are.
+Plan set parts: "plan" (the decode PlanLayout of the union: its requests are all the groups),
+"prefill" (the prefill family's PlanLayout: its queues and items; it borrows the union's
+requests and page ids, `PREFILL_BORROWED`), "q_pos" [max_qo_tokens], "kv_offset"
+[pseudo-requests], "fold_indptr" [max_qo_tokens + 1], "fold_rows" [state rows], "fold_info"
+[FOLD_INFO_LEN] = (query rows, state rows, levels).
 """
 from __future__ import annotations
 
@@ -36,71 +38,131 @@ from .layout import Batch, validate_batch
 from .prefix_tree import prefix_union
 from .levels import Union, check_causal, union_batch
 from .planset import PlanSet
+from .tiles import TileConfig
 
 FOLD_INFO_LEN = 4
+# What the prefill part reads from the union plan ("plan"): the pseudo-requests and page ids.
+PREFILL_BORROWED = ("req_qo_start", "req_qo_len", "req_kv_page_start", "req_kv_len", "kv_indices")
+
+
+def prefill_groups(qo_len: np.ndarray, kv_len: np.ndarray, decode_tile_q: int) -> np.ndarray:
+    """The family rule: bool[groups], True where a group runs on prefill tiles -- more queries
+    than one decode work item holds (decode_tile_q), and KV to read."""
+    return (qo_len > decode_tile_q) & (kv_len > 0)
 
 
 @dataclass
 class CascadeInfo:
-    plan: PlanInfo          # the union plan (its counts are for pseudo-requests)
+    plan: PlanInfo          # the union plan (decode part; its counts are for pseudo-requests)
     union: Union
     num_levels: int
     num_qo_tokens: int
     num_state_rows: int
     views: dict
+    prefill: PlanInfo | None = None   # the prefill part (None: the planner has no prefill family)
 
-    def _item_levels(self) -> np.ndarray:
-        return self.union.level_of.take(self.plan.views["item_request"][:self.plan.num_items])
+    def _parts(self):
+        return [p for p in (self.plan, self.prefill) if p is not None]
+
+    def _item_levels(self, part: PlanInfo) -> np.ndarray:
+        return self.union.level_of.take(part.views["item_request"][:part.num_items])
 
     @property
     def level_items(self) -> np.ndarray:
-        """int64[levels]: work items of each level."""
-        return np.bincount(self._item_levels(), minlength=self.num_levels)
+        """int64[levels]: work items of each level (both families)."""
+        return sum(np.bincount(self._item_levels(p), minlength=self.num_levels) for p in self._parts())
 
     @property
     def level_kv_tokens(self) -> np.ndarray:
         """int64[levels]: KV tokens each level's items read (per KV head; a shared prefix once
         per query tile)."""
-        pv, n = self.plan.views, self.plan.num_items
-        kv = pv["item_kv_end"][:n].astype(np.int64) - pv["item_kv_start"][:n]
-        return np.bincount(self._item_levels(), weights=kv, minlength=self.num_levels).astype(np.int64)
+        out = np.zeros(self.num_levels, np.int64)
+        for p in self._parts():
+            v, n = p.views, p.num_items
+            kv = v["item_kv_end"][:n].astype(np.int64) - v["item_kv_start"][:n]
+            out += np.bincount(self._item_levels(p), weights=kv, minlength=self.num_levels).astype(np.int64)
+        return out
+
+    @property
+    def level_prefill_items(self) -> np.ndarray:
+        """int64[levels]: work items of each level that run on prefill tiles."""
+        if self.prefill is None:
+            return np.zeros(self.num_levels, np.int64)
+        return np.bincount(self._item_levels(self.prefill), minlength=self.num_levels)
 
 
 class CascadePlanner:
     """Plans cascades of up to `num_levels` levels over up to `max_batch` requests and
-    `max_qo_tokens` query rows with `planner`, a Planner built for the union: bounds
-    (max_batch * num_levels, max_qo_tokens * num_levels, max_pages). `max_pages` bounds
-    the pages of all levels together (a shared page counts once). `create` builds both."""
+    `max_qo_tokens` query rows. `planner`: the decode family's Planner, built for the union:
+    bounds (max_batch * num_levels, max_qo_tokens * num_levels, max_pages). `prefill`: the
+    prefill family's Planner (its tile and grid) with the same bounds, or None (every group on
+    decode). `create` builds them."""
 
-    def __init__(self, planner: Planner, max_batch: int, max_qo_tokens: int, num_levels: int = 2):
+    def __init__(self, planner: Planner, max_batch: int, max_qo_tokens: int, num_levels: int = 2,
+                 prefill: Planner | None = None):
         b = planner.bounds
         if num_levels < 1:
             raise ValueError(f"num_levels must be >= 1, got {num_levels}")
         if b.max_batch < max_batch * num_levels or b.max_qo_tokens < max_qo_tokens * num_levels:
             raise ValueError("the cascade's planner needs bounds for every level's groups "
                              f"(max_batch >= {max_batch * num_levels}, max_qo_tokens >= {max_qo_tokens * num_levels})")
-        # Query tiles are scheduled as one-query requests (plan_union): no causal horizon may
-        # clip them; a causal variant masks in the kernel, with the levels' real positions.
+        # Query tiles are scheduled without a causal horizon: a causal variant masks in the
+        # kernel, with the levels' real positions.
         planner.causal = False
         self.planner, self.num_levels = planner, num_levels
         self.max_batch, self.max_qo_tokens, self.page_size = max_batch, max_qo_tokens, planner.page_size
+        if prefill is not None and prefill.tile_q <= planner.tile_q:
+            prefill = None    # no group can need it: the rule sends a group there only past decode's tile
+        self.prefill = prefill
         self.max_state_rows = b.max_partial_rows + b.max_qo_tokens
-        self.planset = PlanSet({
-            "plan": planner.layout, "q_pos": max_qo_tokens, "kv_offset": b.max_batch,
-            "fold_indptr": max_qo_tokens + 1, "fold_rows": self.max_state_rows, "fold_info": FOLD_INFO_LEN})
-        self._views = F.ViewCache(self.planset.views)
+        parts = {"plan": planner.layout}
+        if prefill is not None:
+            prefill.causal = False
+            pb = prefill.bounds
+            if (pb.max_batch, pb.max_qo_tokens, pb.max_pages) != (b.max_batch, b.max_qo_tokens, b.max_pages):
+                raise ValueError("the prefill planner needs the union planner's bounds")
+            self.prefill_layout = F.PlanLayout(pb, PREFILL_BORROWED)
+            parts["prefill"] = self.prefill_layout
+            self.max_state_rows += pb.max_partial_rows
+        parts.update({"q_pos": max_qo_tokens, "kv_offset": b.max_batch, "fold_indptr": max_qo_tokens + 1,
+                      "fold_rows": self.max_state_rows, "fold_info": FOLD_INFO_LEN})
+        self.planset = PlanSet(parts)
+        self._views = F.ViewCache(self._part_views)
         self._ar = np.arange(max(self.max_state_rows, b.max_tiles, b.max_batch) + 1, dtype=np.int64)
         self._ar32 = np.arange(b.max_tiles + 1, dtype=np.int32)
         self._ones = np.ones(b.max_tiles, np.int32)
 
+    def _part_views(self, buf) -> dict:
+        v = self.planset.views(buf)
+        if "prefill" in v:   # the prefill part's borrowed fields are the union's arrays
+            v["prefill"].update({f: v["plan"][f] for f in PREFILL_BORROWED})
+        return v
+
+    def kernel_plan_ptrs(self, base: int) -> dict:
+        """family -> the PlanPtrs (field -> device address) its kernel reads, for a workspace
+        holding the plan set at `base`."""
+        ptrs = self.planset.device_ptrs(base)
+        out = {"decode": ptrs["plan"]}
+        if self.prefill is not None:
+            out["prefill"] = {**ptrs["prefill"], **{f: ptrs["plan"][f] for f in PREFILL_BORROWED}}
+        return out
+
     @classmethod
     def create(cls, max_batch: int, max_qo_tokens: int, max_pages: int, num_qo_heads: int, num_kv_heads: int,
-               head_dim: int, page_size: int, *, num_levels: int = 2, **planner_kw) -> "CascadePlanner":
+               head_dim: int, page_size: int, *, num_levels: int = 2, prefill_tile: TileConfig | None = None,
+               prefill_ctas: int | None = None, **planner_kw) -> "CascadePlanner":
+        """`prefill_tile` (the prefill family's TileConfig) and `prefill_ctas` (its grid):
+        plan the groups the family rule picks on prefill tiles (None: all on decode)."""
         if num_levels < 1:
             raise ValueError(f"num_levels must be >= 1, got {num_levels}")
-        planner = Planner(max_batch * num_levels, max_qo_tokens * num_levels, max_pages, num_qo_heads,
-                          num_kv_heads, head_dim, page_size, max_qo_len=max_qo_tokens, **planner_kw)
-        return cls(planner, max_batch, max_qo_tokens, num_levels)
+        bounds = (max_batch * num_levels, max_qo_tokens * num_levels, max_pages, num_qo_heads, num_kv_heads,
+                  head_dim, page_size)
+        planner = Planner(*bounds, max_qo_len=max_qo_tokens, **planner_kw)
+        prefill = None
+        if prefill_tile is not None:
+            kw = {k: v for k, v in planner_kw.items() if k not in ("num_ctas", "max_rows", "tile", "kernel")}
+            prefill = Planner(*bounds, max_qo_len=max_qo_tokens, tile=prefill_tile, num_ctas=prefill_ctas, **kw)
+        return cls(planner, max_batch, max_qo_tokens, num_levels, prefill)
 
     @property
     def num_ctas(self) -> int:
@@ -139,60 +201,56 @@ class CascadePlanner:
         arrays, kept to few calls: this is on the per-step host path)."""
         buf = out if out is not None else self.planset.allocate()
         v = self._views.get(buf)
-        pv = v["plan"]
         pb, N, L = union.batch, union.num_qo_tokens, union.num_levels
-        tq, ps, C, Bp = self.planner.tile_q, self.page_size, self.num_ctas, pb.batch
-        # Query tiles of every group (tile_q real query rows each), scheduled as one-query
-        # requests: Algorithm 1 only needs each tile's KV (the cost model's per-query term
-        # is noise next to a shared prefix), and the decode form is the planner's fast path.
-        # The items are then written for the real tiles, every one to its own state rows.
         nnz = pb.kv_indptr.item(-1)
         if nnz > self.planner.bounds.max_pages:
             raise ValueError(f"the levels hold {nnz} pages, exceeding max_pages={self.planner.bounds.max_pages} "
                              f"(a page counts once per level group that holds it)")
         real0 = pb.qo_indptr[:-1] - union.row_shift          # each group's first real query row
-        if pb.qo_max <= tq:                                    # one tile per group
-            t_grp, t_row, t_len = self._ar[:Bp], real0, pb.qo_len
-        else:
-            t_grp, t_j = _repeat_index((pb.qo_len + (tq - 1)) // tq, self._ar)
-            t_j *= tq
-            t_row = real0[t_grp] + t_j
-            t_len = np.minimum(pb.qo_len[t_grp] - t_j, tq)
-        T = t_grp.shape[0]
-        res = self.planner._schedule(Batch(self._ar32[:T + 1], None, None, None, self._ones[:T],
-                                           pb.kv_len.take(t_grp), ps, 1), partials=False)
-        n = res["n"]
-        it = res["items"] if res["final"] is None else res["items"].take(res["final"], axis=1)
-        tile = it[0]
-        grp = t_grp.take(tile)
-        ql = t_len.take(tile)
-        it[1] = t_row.take(tile)           # (before it[0], which `tile` views, is overwritten)
-        ends = np.cumsum(ql)
-        R = ends.item(-1) if n else 0
+        on_prefill = None
+        if self.prefill is not None and pb.qo_max > self.planner.tile_q:
+            on_prefill = prefill_groups(pb.qo_len, pb.kv_len, self.planner.tile_q)
+            if not on_prefill.any():
+                on_prefill = None
+        dec_groups = None if on_prefill is None else np.flatnonzero(~on_prefill)
+        d_it, d_res = self._decode_items(pb, real0, dec_groups)
+        R = _state_rows(d_it, 0)
+        parts = [(d_it, d_res, self.planner, v["plan"])]
+        if self.prefill is not None:
+            p_it, p_res = self._prefill_items(pb, real0, None if on_prefill is None else np.flatnonzero(on_prefill))
+            R = _state_rows(p_it, R)
+            parts.append((p_it, p_res, self.prefill, v["prefill"]))
         if R > self.max_state_rows:
             raise ValueError(f"plan needs {R} state rows, exceeding {self.max_state_rows}")
-        it[0] = grp
-        it[2] = ql
-        it[5] = ends - ql                  # every item writes its own state rows, in queue order
-        it[6] = -1                         # nothing merges in the kernel: the fold does
-        it[7] = pb.kv_indptr.take(grp)
-        pv["_items"][:, :n] = it
-        wi = pv["work_indptr"]
-        wi[0] = 0
-        np.cumsum(res["counts"], out=wi[1:C + 1])
+        Bp = pb.batch
+        pv = v["plan"]
         pv["req_qo_start"][:Bp] = real0
         pv["req_qo_len"][:Bp] = pb.qo_len
         pv["req_kv_page_start"][:Bp] = pb.kv_indptr[:Bp]
         pv["req_kv_len"][:Bp] = pb.kv_len
         pv["kv_indices"][:nnz] = pb.kv_indices[:nnz]
-        pv["merge_indptr"][0] = 0
-        struct.pack_into("=8i", pv["plan_info"], 0, n, 0, R, Bp, tq, ps, C, N)
+        infos = []
+        for it, res, planner, part in parts:
+            n, C = it.shape[1], planner.num_ctas
+            it[7] = pb.kv_indptr.take(it[0])
+            part["_items"][:, :n] = it
+            wi = part["work_indptr"]
+            wi[0] = 0
+            np.cumsum(res["counts"], out=wi[1:C + 1])
+            part["merge_indptr"][0] = 0
+            struct.pack_into("=8i", part["plan_info"], 0, n, 0, R, Bp, planner.tile_q, self.page_size, C, N)
+            infos.append(PlanInfo(n, 0, R, Bp, N, C, planner.tile_q, self.page_size, res["L"], res["split_tiles"],
+                                  res["loads"], buf if isinstance(buf, np.ndarray) else np.frombuffer(buf, np.uint8),
+                                  part, res["mode"]))
         # The fold map: each query row's state rows in (level, KV start) order. State rows are
-        # numbered in item order, so expanded element e (item owner[e], row j[e]) IS state
-        # row e, and the fold's order is the argsort of the keys (row * L + level, KV start).
-        owner, j = _repeat_index(ql, self._ar, ends)
+        # numbered in item order (decode's items, then prefill's), so expanded element e (item
+        # owner[e], row j[e]) IS state row e, and the fold's order is the argsort of the keys
+        # (row * L + level, KV start).
+        it = d_it if len(parts) == 1 or parts[1][0].shape[1] == 0 else np.concatenate([d_it, parts[1][0]], axis=1)
+        ql = it[2]
+        owner, j = _repeat_index(ql, self._ar)
         row = it[1].take(owner) + j
-        item_key = union.level_of.take(grp).astype(np.int64) << 31
+        item_key = union.level_of.take(it[0]).astype(np.int64) << 31
         item_key += it[3]
         key = row * (L << 31)
         key += item_key.take(owner)
@@ -203,13 +261,70 @@ class CascadePlanner:
         v["q_pos"][:N] = union.q_pos
         v["kv_offset"][:Bp] = union.kv_offset
         v["fold_info"][:3] = (N, R, L)
-        info = PlanInfo(n, 0, R, Bp, N, C, tq, ps, res["L"], res["split_tiles"], res["loads"],
-                        buf if isinstance(buf, np.ndarray) else np.frombuffer(buf, np.uint8), pv)
-        return CascadeInfo(info, union, L, N, R, v)
+        return CascadeInfo(infos[0], union, L, N, R, v, infos[1] if len(infos) > 1 else None)
+
+    def _decode_items(self, pb: Batch, real0: np.ndarray, groups: np.ndarray | None):
+        """The decode family's items for `groups` (None: all): their query tiles (tile_q real
+        query rows each) scheduled as one-query requests -- Algorithm 1 only needs each tile's
+        KV (the cost model's per-query term is noise next to a shared prefix), and the decode
+        form is the planner's fast path -- then written for the real tiles, in queue order."""
+        tq = self.planner.tile_q
+        qo_len = pb.qo_len if groups is None else pb.qo_len.take(groups)
+        if qo_len.shape[0] == 0 or qo_len.item(qo_len.argmax()) <= tq:   # one tile per group
+            t_grp = self._ar[:pb.batch] if groups is None else groups
+            t_row, t_len = real0.take(t_grp), qo_len
+        else:
+            t_g, t_j = _repeat_index((qo_len + (tq - 1)) // tq, self._ar)
+            t_grp = t_g if groups is None else groups.take(t_g)
+            t_j *= tq
+            t_row = real0.take(t_grp) + t_j
+            t_len = np.minimum(qo_len.take(t_g) - t_j, tq)
+        T = t_grp.shape[0]
+        res = self.planner._schedule(Batch(self._ar32[:T + 1], None, None, None, self._ones[:T],
+                                           pb.kv_len.take(t_grp), self.page_size, 1), partials=False)
+        it = res["items"] if res["final"] is None else res["items"].take(res["final"], axis=1)
+        tile = it[0]
+        grp = t_grp.take(tile)
+        it[2] = t_len.take(tile)
+        it[1] = t_row.take(tile)           # (before it[0], which `tile` views, is overwritten)
+        it[0] = grp
+        return it, res
+
+    def _prefill_items(self, pb: Batch, real0: np.ndarray, groups: np.ndarray | None):
+        """The prefill family's items for `groups` (None: none): each group one request of its
+        real query count (tiles of the prefill tile_q), no causal horizon (the kernel masks with
+        the levels' positions), KV split by Algorithm 1 over the prefill grid."""
+        if groups is None:
+            groups = self._ar[:0]
+        qo_len = pb.qo_len.take(groups)
+        G = groups.shape[0]
+        qo_indptr = np.zeros(G + 1, np.int64)
+        np.cumsum(qo_len, out=qo_indptr[1:])
+        res = self.prefill._schedule(Batch(qo_indptr, None, None, None, qo_len, pb.kv_len.take(groups),
+                                           self.page_size, qo_len.item(qo_len.argmax()) if G else 0), partials=False)
+        it = res["items"] if res["final"] is None else res["items"].take(res["final"], axis=1)
+        sub = it[0].copy()
+        grp = groups.take(sub)
+        it[1] += real0.take(grp) - qo_indptr.take(sub)
+        it[0] = grp
+        return it, res
+
+
+def _state_rows(it: np.ndarray, first: int) -> int:
+    """Number the items' state rows from `first` in item order (each item writes its own rows;
+    nothing merges in the kernel: the fold does): item_partial, and item_merge = -1. Returns
+    the next free row."""
+    ql = it[2]
+    ends = np.cumsum(ql)
+    end = first + (ends.item(-1) if ql.shape[0] else 0)
+    it[5] = ends - ql
+    it[5] += first
+    it[6] = -1
+    return end
 
 def execute_cascade(info: CascadeInfo, q, k_cache, v_cache, var=None, kv_layout: str = "NHD"):
-    """Run a cascade plan in float64 the way the kernels do (rtattn.plan.executor for the
-    items, with level positions; then the fold in the plan's order). Returns (O, LSE)."""
+    """Run a cascade plan in float64 the way the kernels do (rtattn.plan.executor for each
+    family's items, with level positions; then the fold in the plan's order). Returns (O, LSE)."""
     from .executor import execute_plan, merge_sigmoid, merge_states
     from .reference import Variant
     var = var or Variant()
@@ -222,8 +337,15 @@ def execute_cascade(info: CascadeInfo, q, k_cache, v_cache, var=None, kv_layout:
         shift = int(pv["req_kv_len"][b]) - int(pv["req_qo_len"][b]) + int(kv_off[b])
         return q_pos[start + rows].astype(np.int64) - shift
 
-    parts: dict = {}
-    execute_plan(pv, q, k_cache, v_cache, var, kv_layout, q_index=q_index, partials=parts)
+    states_o = states_lse = None
+    for part in info._parts():   # each family's kernel writes its own items' state rows
+        parts: dict = {}
+        execute_plan(part.views, q, k_cache, v_cache, var, kv_layout, q_index=q_index, partials=parts)
+        if states_o is None:
+            states_o, states_lse = parts["o"], parts["lse"]
+        else:
+            mine = ~np.isnan(parts["lse"][:, 0])
+            states_o[mine], states_lse[mine] = parts["o"][mine], parts["lse"][mine]
     N, H, D = q.shape
     O = np.full((N, H, D), np.nan)
     LSE = np.full((N, H), np.nan)
@@ -233,6 +355,6 @@ def execute_cascade(info: CascadeInfo, q, k_cache, v_cache, var=None, kv_layout:
         ids = rows[int(fi[t]):int(fi[t + 1])]
         o, lse = np.zeros((H, D)), np.full(H, -np.inf)
         for r in ids:
-            o, lse = merge(o, lse, parts["o"][r], parts["lse"][r])
+            o, lse = merge(o, lse, states_o[r], states_lse[r])
         O[t], LSE[t] = o, lse
     return O, LSE

@@ -237,15 +237,22 @@ class PlanLayout:
     and KV head) are zero between kernels: zeroed once, reset by the CTA that merges.  The
     host pinned buffer holds only the plan region; one H2D copy of `plan_bytes`
     moves it to the workspace base.
+
+    `borrowed`: fields this plan reads from another plan of a plan set (a cascade's prefill
+    part reads the union's requests and page ids): capacity 0 here, the kernel's pointer
+    names the other plan's array.
     """
 
-    def __init__(self, bounds: PlanBounds):
-        self.bounds = bounds
+    def __init__(self, bounds: PlanBounds, borrowed: tuple[str, ...] = ()):
+        unknown = set(borrowed) - set(FIELD_NAMES)
+        if unknown:
+            raise ValueError(f"borrowed fields {sorted(unknown)} are not plan fields")
+        self.bounds, self.borrowed = bounds, tuple(borrowed)
         self.capacity: dict[str, int] = {}
         self.offsets: dict[str, int] = {}
         off = 0
         for f in PLAN_FIELDS:
-            cap = int(f.capacity(bounds))
+            cap = 0 if f.name in self.borrowed else int(f.capacity(bounds))
             self.capacity[f.name] = cap
             self.offsets[f.name] = off
             off = align_up(off + max(cap, 1) * f.dtype.itemsize)
