@@ -34,6 +34,13 @@ struct LevelPositions : Base {
   __device__ __forceinline__ bool LogitsMask(const P& p, int qo_idx, int kv_idx, int qo_head, int kv_head) const {
     return Base::LogitsMask(p, base_qo_idx(qo_idx), kv_idx, qo_head, kv_head);
   }
+  // Tiled kernels (prefill): a shared group's tile holds queries of several requests, whose
+  // positions need not grow with the row, so its first and last rows bound nothing. Read all
+  // of the group's KV and mask every block (the mask sees each query's real position).
+  template <class P>
+  __device__ __forceinline__ void VisibleKV(const P&, int, int, int&, int&) const {}
+  template <class P>
+  __device__ __forceinline__ bool BlockUnmasked(const P&, int, int, int, int) const { return false; }
 };
 
 }  // namespace rtattn

@@ -7,12 +7,15 @@ kv_last_page_len per level). Or give the plain page tables and `share_prefixes=T
 levels come from the requests' shared leading pages (rtattn.plan.prefix_tree).
 
 plan() plans every level together (rtattn.plan.cascade) into one pinned plan set and issues
-one host-to-device copy; run() launches one persistent decode kernel for all levels (a
-shared group is one "request" whose queries are all its requests', so its KV is read once
-per query tile) and the fold kernel that combines each query's level states with ⊕ into the
-output and LSE. Both kernels have fixed grids and read only fixed workspace addresses, so a
-captured graph (rtattn.graphs.StepGraph) replays across replans, requests joining and
-leaving shared prefixes included.
+one host-to-device copy. A shared group is one "request" whose queries are all its requests',
+so its KV is read once per query tile; groups shared by more queries than a decode tile holds
+run on the prefill family's tensor-core tiles (128 fused rows: 32 queries at 32/8 heads), the
+rest on the decode kernel (rtattn.plan.cascade.prefill_groups is the rule). run() enqueues one
+launch list (PDL): the persistent decode kernel, the persistent prefill kernel, and the fold
+kernel that combines each query's level states with ⊕ into the output and LSE. Every kernel
+has a fixed grid and reads only fixed workspace addresses, so a captured graph
+(rtattn.graphs.StepGraph) replays across replans, requests joining and leaving shared
+prefixes included.
 
 Variants: plain, causal, sliding window, soft-cap, ALiBi and sigmoid (or an AttentionSpec of
 StandardAttention or SigmoidAttention). Positions are absolute on every level (window, ALiBi
@@ -26,13 +29,20 @@ import re
 
 import numpy as np
 
+from rtattn.codegen.cstruct import FieldWriter
 from rtattn.codegen.spec import BUILTINS, AttentionSpec, Param, default_stages
+from rtattn.families import resources
+from rtattn.families.prefill import ROWS as PREFILL_ROWS, choose_tile, prefill_kernels, tile_config
 from rtattn.level_fold import CTAS_PER_SM, THREADS, fold_function, params_struct
+from rtattn.plan import devices as plan_devices
 from rtattn.plan.cascade import CascadeInfo, CascadePlanner
-from rtattn.plan.fields import align_up
+from rtattn.plan.fields import FIELD_NAMES, align_up
+from rtattn.plan.inspector import Planner
 from rtattn.plan.levels import Level, check_against_requests
 from rtattn.plan.prefix_tree import share_prefixes as levels_from_page_tables
 from rtattn.runtime import DeviceBuffer, Event, PinnedBuffer, export, memcpy_htod_async
+from rtattn.runtime import launch as launch_path
+from rtattn.runtime.launch import KernelCall, Launch, Params
 from rtattn.tensors import cuda_tensor
 from rtattn import wrapper as W
 from rtattn.wrapper import BatchDecodeWrapper
@@ -73,15 +83,17 @@ class _LevelsKernel(BatchDecodeWrapper):
     workspace is the cascade's (plan set, then the float32 level states) and whose partial
     rows are those states. Its plan() is not used: the cascade plans."""
 
-    def __init__(self, *args, max_batch, max_qo_tokens, num_levels, **kw):
+    def __init__(self, *args, max_batch, max_qo_tokens, num_levels, prefill_planner=None, **kw):
         self._cascade_bounds = (max_batch, max_qo_tokens, num_levels)
+        self._prefill_planner = prefill_planner
         super().__init__(*args, max_batch=max_batch * num_levels, max_qo_tokens=max_qo_tokens * num_levels, **kw)
         self._may_split = False   # its launch is the decode kernel alone: the cascade's fold merges
 
     def _workspace(self, workspace):
         # Called by BatchDecodeWrapper.__init__ once its planner exists: the cascade planner
-        # wraps it, and the workspace holds [plan set | state O | state LSE].
-        self.cascade = CascadePlanner(self.planner, *self._cascade_bounds)
+        # wraps it (and the prefill family's planner), and the workspace holds
+        # [plan set | state O | state LSE].
+        self.cascade = CascadePlanner(self.planner, *self._cascade_bounds, prefill=self._prefill_planner)
         rows, H, D = self.cascade.max_state_rows, self.num_qo_heads, self.head_dim
         self.state_o_offset = align_up(self.cascade.planset.plan_bytes)
         self.state_lse_offset = align_up(self.state_o_offset + rows * H * D * 4)
@@ -119,18 +131,22 @@ class CascadeWrapper:
 
     CascadeWrapper(num_levels, H_qo, H_kv, D, page_size, max_batch=..., max_pages=...,
                    max_qo_tokens=None, variant="plain", dtype="bfloat16", kv_layout="NHD",
-                   mode="auto", m_tiles=None, num_ctas=None, pdl=True)
+                   mode="auto", m_tiles=None, num_ctas=None, pdl=True, prefill=True)
 
     `max_pages` bounds the pages of all levels together (a shared page counts once);
     `max_qo_tokens` the query rows (default max_batch: decode). `m_tiles` (16-row query
-    tiles per work item, 1 or 2) sets how many queries share one read of a prefix:
-    default 2 where the kernel has it (head_dim <= 128), else 1.
+    tiles per decode work item, 1 or 2) sets how many queries share one read of a prefix on
+    the decode kernel: default 2 where the kernel has it (head_dim <= 128), else 1.
+    `prefill` (default True): groups shared by more queries than a decode work item holds run
+    on the prefill family's tiles (page sizes up to 128); False: every group on decode.
+    `num_ctas` is the decode kernel's grid; the prefill kernel's is its own resident wave.
     """
 
     def __init__(self, num_levels: int, num_qo_heads: int, num_kv_heads: int, head_dim: int, page_size: int, *,
                  max_batch: int, max_pages: int, max_qo_tokens: int | None = None, variant="plain",
                  dtype: str = "bfloat16", kv_layout: str = "NHD", mode: str = "auto", m_tiles: int | None = None,
-                 num_ctas: int | None = None, pdl: bool = True, num_pages_pool: int | None = None, device=None):
+                 num_ctas: int | None = None, pdl: bool = True, num_pages_pool: int | None = None, device=None,
+                 prefill: bool = True):
         if not isinstance(num_levels, int) or num_levels < 1:
             raise ValueError(f"num_levels must be a positive int, got {num_levels!r}")
         group = num_qo_heads // max(num_kv_heads, 1)
@@ -151,14 +167,32 @@ class CascadeWrapper:
         self.base_spec = base
         self.num_levels = num_levels
         self.max_qo_tokens = max_qo_tokens or max_batch
+        dev = W.current_device(device)
+        tile = self._prefill_tile(prefill, dev, head_dim, group, page_size)
+        pp = None
+        if tile is not None:   # the prefill family's planner: its tile, its grid (one resident wave)
+            pp = Planner(max_batch * num_levels, self.max_qo_tokens * num_levels, max_pages, num_qo_heads,
+                         num_kv_heads, head_dim, page_size, device=plan_devices.from_props(dev.props), mode=mode,
+                         num_ctas=resources.grid_ctas(dev, tile.min_blocks, num_kv_heads),
+                         tile=tile_config(tile, head_dim, group))
         self.kernel = _LevelsKernel(num_qo_heads, num_kv_heads, head_dim, page_size, max_batch=max_batch,
                                     max_pages=max_pages, max_qo_tokens=self.max_qo_tokens, num_levels=num_levels,
                                     variant=spec, dtype=dtype, kv_layout=kv_layout, mode=mode, pdl=pdl,
-                                    num_ctas=num_ctas, num_pages_pool=num_pages_pool, device=device)
+                                    num_ctas=num_ctas, num_pages_pool=num_pages_pool, device=device,
+                                    prefill_planner=pp)
         k = self.kernel
         self.device, self.spec, self.page_size, self.dtype = k.device, k.spec, page_size, dtype
         self.num_qo_heads, self.head_dim = num_qo_heads, head_dim
         self.planner = k.cascade
+        # The prefill kernel (when the planner may use it) reads the kernels' one Params struct
+        # (same spec: same layout) with its own plan pointers.
+        self.prefill = None
+        if self.planner.prefill is not None:
+            self.prefill_tile = tile
+            self.prefill = prefill_kernels(k.spec, tile, self.device.ordinal)
+            ptrs = self.planner.kernel_plan_ptrs(k.workspace_ptr)["prefill"]
+            self._prefill_ptrs = tuple(ptrs[f] for f in FIELD_NAMES)
+            self._write_prefill_ptrs = FieldWriter(k.kernels.rendered.params, [f"plan.{f}" for f in FIELD_NAMES])
         # The plan set in two pinned buffers, used in turn (as BatchDecodeWrapper's plans).
         nbytes = self.planner.planset.plan_bytes
         self._pinned = tuple(PinnedBuffer(nbytes, self.device) for _ in range(2))
@@ -168,6 +202,14 @@ class CascadeWrapper:
         self._slot = 0
         self.fold_ctas = self.device.props.sm_count * CTAS_PER_SM
         self.info: CascadeInfo | None = None
+
+    @staticmethod
+    def _prefill_tile(enabled: bool, device, head_dim: int, group: int, page_size: int):
+        """The prefill family's tile for shared groups (the most fused rows it has), or None
+        where it cannot serve: turned off, pages past 128 tokens, a head group past its rows."""
+        if not enabled or page_size > 128 or group > PREFILL_ROWS[-1]:
+            return None
+        return choose_tile(plan_devices.from_props(device.props), head_dim, group, PREFILL_ROWS[-1])
 
     @property
     def workspace_ptr(self) -> int:
@@ -245,26 +287,43 @@ class CascadeWrapper:
         lv = cuda_tensor("lse", levels.lse, levels.stream) if levels.lse is not None else None
         ptrs = self.planner.planset.device_ptrs(self.workspace_ptr)
         ws = self.workspace_ptr
-        fold = params_struct(self.dtype).pack(
+        fold = Params(params_struct(self.dtype).pack(
             state_o=ws + self.kernel.state_o_offset, state_lse=ws + self.kernel.state_lse_offset,
             o=ov.ptr, o_stride_tok=ov.strides[0], o_stride_head=ov.strides[1], lse=lv.ptr if lv is not None else 0,
             fold_indptr=ptrs["fold_indptr"], fold_rows=ptrs["fold_rows"], fold_info=ptrs["fold_info"],
-            num_qo_heads=self.num_qo_heads)
-        return CascadeLaunch(self, levels, fold)
+            num_qo_heads=self.num_qo_heads))
+        pdl = k.pdl and k.kernels.pdl_capable
+        calls = list(levels.calls)     # the decode kernel over its groups (no merge kernel: _LevelsKernel)
+        if self.prefill is not None:   # the prefill kernel over its groups: the decode arguments, its plan
+            args = Params(bytes(levels.args))
+            self._write_prefill_ptrs(args.buffer, self._prefill_ptrs)
+            r = self.prefill.rendered
+            calls.append(KernelCall(self.prefill.kernel, (self.planner.prefill.num_ctas, self.kernel.num_kv_heads, 1),
+                                    (r.threads, 1, 1), r.smem_bytes, args, pdl))
+        # The fold reads the states after griddepcontrol.wait: PDL overlaps its launch only.
+        calls.append(KernelCall(fold_function(self.dtype, self.head_dim, self.softmax, self.device.ordinal),
+                                (self.fold_ctas, 1, 1), (THREADS, 1, 1), 0, fold, pdl))
+        return CascadeLaunch(self, levels, calls)
 
 
-class CascadeLaunch:
-    """A validated cascade step: calling it enqueues the levels' kernel and the fold."""
+class CascadeLaunch(Launch):
+    """A validated cascade step: calling it enqueues the levels' kernels (decode, then prefill
+    where the wrapper has it) and the fold, one launch list. `levels` is the decode kernel's
+    launch (its arguments and the plan checks of a replay)."""
 
-    def __init__(self, wrapper: CascadeWrapper, levels, fold_params: bytes):
-        self.wrapper, self.levels, self.fold_params = wrapper, levels, fold_params
+    def __init__(self, wrapper: CascadeWrapper, levels, calls):
+        super().__init__(calls, device=wrapper.device)
+        self.wrapper, self.levels = wrapper, levels
         self.out, self.lse, self.stream = levels.out, levels.lse, levels.stream
+        self.window_left, self.tokens = levels.window_left, levels.tokens
+
+    @property
+    def fold_params(self) -> bytes:
+        return bytes(self.calls[-1].params)
+
+    def check_plan(self) -> None:
+        self.levels.check_plan()
 
     def __call__(self, stream=None) -> None:
-        w = self.wrapper
-        s = stream or self.stream
-        self.levels(s)   # the decode kernel over every level (no merge kernel: _LevelsKernel)
-        # A plain launch: it starts when the levels' kernel has finished (its griddepcontrol.wait
-        # is then a no-op). TODO(launch list): a PDL KernelCall after the levels' calls.
-        fold_function(w.dtype, w.head_dim, w.softmax, w.device.ordinal).launch(
-            (w.fold_ctas, 1, 1), (THREADS, 1, 1), self.fold_params, 0, s)
+        self.levels.check_plan()
+        launch_path.enqueue(self.calls, self.stream if stream is None else stream, self.device)

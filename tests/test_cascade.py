@@ -21,12 +21,18 @@ import fakes
 from cascade_cases import one_prefix_batch, shared_batch
 
 
-class FakeFold:
-    def __init__(self):
-        self.launches = []   # (grid, block, params)
+def fake_function(name, handle):
+    return SimpleNamespace(name=name, handle=handle, max_dynamic_smem=None)
 
-    def launch(self, grid, block, params, smem=0, stream=None):
-        self.launches.append((grid, block, params))
+
+class FakePrefill:
+    """The prefill family's kernels of one (spec, tile), unloaded: what the cascade's launch reads."""
+
+    def __init__(self, spec, tile):
+        from rtattn.families.prefill import instance_name
+        self.spec, self.tile = spec, tile
+        self.kernel = fake_function(instance_name(spec, tile), 0xE000)
+        self.rendered = SimpleNamespace(threads=tile.threads, smem_bytes=tile.smem_bytes(spec.head_dim))
 
 
 @pytest.fixture
@@ -44,9 +50,16 @@ def fake_gpu(monkeypatch):
     monkeypatch.setattr(C, "Event", lambda timing=False: SimpleNamespace(record=lambda s=None: None,
                                                                          synchronize=lambda: None))
     monkeypatch.setattr(C, "memcpy_htod_async", lambda dst, src, n, stream=None: copies.append((dst, src, n)))
-    fold = FakeFold()
-    monkeypatch.setattr(C, "fold_function", lambda *a: fold)
-    return SimpleNamespace(kernels=made, copies=copies, fold=fold)
+    prefill = []
+    monkeypatch.setattr(C, "prefill_kernels", lambda spec, tile, ordinal: prefill.append(FakePrefill(spec, tile))
+                        or prefill[-1])
+    monkeypatch.setattr(C, "fold_function", lambda *a: fake_function("fold", 0xF000))
+    return SimpleNamespace(kernels=made, copies=copies, prefill=prefill)
+
+
+def enqueued(k, n=3):
+    """The calls of the latest launch (decode, prefill, fold): (call, argument bytes)."""
+    return k.enqueued[-n:]
 
 
 def cuda(shape, dtype="bfloat16", ptr=1 << 30):
@@ -67,14 +80,22 @@ def test_plan_is_one_copy_of_one_plan_set_and_the_kernel_reads_it(fake_gpu):
     kc, vc = cuda((pool, 16, 8, 128), ptr=1 << 32), cuda((pool, 16, 8, 128), ptr=1 << 33)
     w.run(q, kc, vc, out=o, lse=lse)
     k = fake_gpu.kernels[0]
-    assert k.merges == [False] and k.grids == [(w.kernel.num_ctas, 8)]
-    st = k.rendered.params.ctypes_type().from_buffer_copy(k.launches[0])
+    assert k.grids == [(w.kernel.num_ctas, 8)] and len(k.launches) == 1
+    (dec, dec_args), (pre, pre_args), (fc, fold) = enqueued(k)
+    assert [c.name for c in (dec, fc)] == ["decode", "fold"] and pre is not None and all(c.pdl for c in (dec, pre, fc))
+    ps = k.rendered.params.ctypes_type()
+    st = ps.from_buffer_copy(dec_args)
     assert st.plan.work_indptr == w.workspace_ptr + w.kernel.layout.offsets["work_indptr"]
     assert st.partial_o == w.workspace_ptr + w.kernel.state_o_offset and st.fused_merge == 0
-    (grid, block, fold), = fake_gpu.fold.launches
-    f = params_struct("bfloat16").ctypes_type().from_buffer_copy(fold)
+    # the prefill kernel: the same arguments but its own queues and items, the union's requests and pages
+    sp = ps.from_buffer_copy(pre_args)
     ptrs = w.planner.planset.device_ptrs(w.workspace_ptr)
-    assert grid == (132 * 2, 1, 1) and block == (256, 1, 1)
+    assert pre.grid == (w.planner.prefill.num_ctas, 8, 1) and pre.smem == w.prefill_tile.smem_bytes(128)
+    assert (sp.plan.work_indptr, sp.plan.item_request) == (ptrs["prefill"]["work_indptr"], ptrs["prefill"]["item_request"])
+    assert (sp.plan.req_kv_len, sp.plan.kv_indices) == (st.plan.req_kv_len, st.plan.kv_indices)
+    assert (sp.q, sp.k_cache, sp.o, sp.partial_o, sp.partial_lse) == (st.q, st.k_cache, st.o, st.partial_o, st.partial_lse)
+    f = params_struct("bfloat16").ctypes_type().from_buffer_copy(fold)
+    assert fc.grid == (132 * 2, 1, 1) and fc.block == (256, 1, 1)
     assert (f.o, f.lse, f.fold_rows, f.fold_info) == (o.ptr, lse.ptr, ptrs["fold_rows"], ptrs["fold_info"])
     assert f.state_lse == st.partial_lse and f.o_stride_tok == 32 * 128
     # what the kernels read: the pinned plan set, run in float64
@@ -102,7 +123,7 @@ def test_every_argument_is_fixed_across_replans(fake_gpu):
         w.plan(None, kv_indptr, idx, last, share_prefixes=True)
         launch = w.prepare(export(q.ptr, (B, 32, 64), "bfloat16", 0), kc, vc,
                            out=export(o.ptr, (B, 32, 64), "bfloat16", 0), params={"alibi_slopes": alibi})
-        seen.add((launch.levels.params, launch.fold_params))
+        seen.add(tuple(bytes(c.params) for c in launch.calls))
     assert len(seen) == 1
     st = fake_gpu.kernels[0].rendered.params.ctypes_type().from_buffer_copy(next(iter(seen))[0])
     ptrs = w.planner.planset.device_ptrs(w.workspace_ptr)
@@ -164,7 +185,7 @@ def test_bad_input_is_refused_before_any_launch(fake_gpu):
         w.run(cuda((4, 8, 64)), cuda((3, 16, 8, 64)), cuda((3, 16, 8, 64)))
     with pytest.raises(ValueError, match="q has shape"):
         w.run(cuda((5, 8, 64)), cuda((pool, 16, 8, 64)), cuda((pool, 16, 8, 64)))
-    assert fake_gpu.kernels[0].launches == []
+    assert fake_gpu.kernels[0].launches == [] and fake_gpu.kernels[0].enqueued == []
     w.run(cuda((4, 8, 64)), cuda((pool, 16, 8, 64)), cuda((pool, 16, 8, 64)))   # the pool is now `pool` pages
     outside = idx.copy()
     outside[-1] = pool
@@ -180,6 +201,11 @@ def test_level_kernels_and_the_fold_compile(isolated_cache):
     assert softmax and causal and spec.variant == "causal_window_alibi_levels"
     assert compile_spec(spec, "sm_90", quiet=True)[1][:4] == b"\x7fELF"
     assert compile_fold("bfloat16", 128, True, "sm_90")[:4] == b"\x7fELF"
+    # the shared groups' prefill kernel, on the same spec (its tile from the family's policy)
+    from rtattn.families.prefill import compile_prefill
+    tile = C.CascadeWrapper._prefill_tile(True, fakes.fake_device(), 128, 4, 16)
+    assert tile.rows == 128 and C.CascadeWrapper._prefill_tile(True, fakes.fake_device(), 128, 4, 256) is None
+    assert compile_prefill(spec, tile, "sm_90", quiet=True)[1][:4] == b"\x7fELF"
 
 
 # ----------------------------------------------------------------------------- GPU tier
