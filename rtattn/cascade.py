@@ -31,7 +31,6 @@ import numpy as np
 
 from rtattn.codegen.cstruct import FieldWriter
 from rtattn.codegen.spec import BUILTINS, AttentionSpec, Param, default_stages
-from rtattn.families import resources
 from rtattn.families.prefill import ROWS as PREFILL_ROWS, choose_tile, prefill_kernels, tile_config
 from rtattn.level_fold import CTAS_PER_SM, THREADS, fold_function, params_struct
 from rtattn.plan import devices as plan_devices
@@ -76,6 +75,15 @@ def level_spec(base: AttentionSpec) -> tuple[AttentionSpec, bool, bool]:
     return base.with_(variant=base.variant + "_levels", variant_type=f"rtattn::LevelPositions<{base.variant_type}>",
                       params=base.params + POSITION_PARAMS, variant_source='#include "level_positions.cuh"',
                       **unclipped), True, causal
+
+
+def shared_prefill_tile(device: plan_devices.Device, head_dim: int, group: int, page_size: int):
+    """The prefill family's tile for shared groups (its policy at the most fused rows: many
+    queries share the group's KV), or None where the family cannot serve: pages past 128
+    tokens, a head group past its rows."""
+    if page_size > 128 or group > PREFILL_ROWS[-1]:
+        return None
+    return choose_tile(device, head_dim, group, PREFILL_ROWS[-1])
 
 
 class _LevelsKernel(BatchDecodeWrapper):
@@ -167,13 +175,12 @@ class CascadeWrapper:
         self.base_spec = base
         self.num_levels = num_levels
         self.max_qo_tokens = max_qo_tokens or max_batch
-        dev = W.current_device(device)
-        tile = self._prefill_tile(prefill, dev, head_dim, group, page_size)
+        dev = plan_devices.from_props(W.current_device(device).props)
+        tile = shared_prefill_tile(dev, head_dim, group, page_size) if prefill else None
         pp = None
         if tile is not None:   # the prefill family's planner: its tile, its grid (one resident wave)
             pp = Planner(max_batch * num_levels, self.max_qo_tokens * num_levels, max_pages, num_qo_heads,
-                         num_kv_heads, head_dim, page_size, device=plan_devices.from_props(dev.props), mode=mode,
-                         num_ctas=resources.grid_ctas(dev, tile.min_blocks, num_kv_heads),
+                         num_kv_heads, head_dim, page_size, device=dev, mode=mode,
                          tile=tile_config(tile, head_dim, group))
         self.kernel = _LevelsKernel(num_qo_heads, num_kv_heads, head_dim, page_size, max_batch=max_batch,
                                     max_pages=max_pages, max_qo_tokens=self.max_qo_tokens, num_levels=num_levels,
@@ -202,14 +209,6 @@ class CascadeWrapper:
         self._slot = 0
         self.fold_ctas = self.device.props.sm_count * CTAS_PER_SM
         self.info: CascadeInfo | None = None
-
-    @staticmethod
-    def _prefill_tile(enabled: bool, device, head_dim: int, group: int, page_size: int):
-        """The prefill family's tile for shared groups (the most fused rows it has), or None
-        where it cannot serve: turned off, pages past 128 tokens, a head group past its rows."""
-        if not enabled or page_size > 128 or group > PREFILL_ROWS[-1]:
-            return None
-        return choose_tile(plan_devices.from_props(device.props), head_dim, group, PREFILL_ROWS[-1])
 
     @property
     def workspace_ptr(self) -> int:

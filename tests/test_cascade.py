@@ -203,8 +203,9 @@ def test_level_kernels_and_the_fold_compile(isolated_cache):
     assert compile_fold("bfloat16", 128, True, "sm_90")[:4] == b"\x7fELF"
     # the shared groups' prefill kernel, on the same spec (its tile from the family's policy)
     from rtattn.families.prefill import compile_prefill
-    tile = C.CascadeWrapper._prefill_tile(True, fakes.fake_device(), 128, 4, 16)
-    assert tile.rows == 128 and C.CascadeWrapper._prefill_tile(True, fakes.fake_device(), 128, 4, 256) is None
+    from rtattn.families import resources
+    tile = C.shared_prefill_tile(resources.device_for_arch("sm_90"), 128, 4, 16)
+    assert tile.rows == 128 and C.shared_prefill_tile(resources.device_for_arch("sm_90"), 128, 4, 256) is None
     assert compile_prefill(spec, tile, "sm_90", quiet=True)[1][:4] == b"\x7fELF"
 
 

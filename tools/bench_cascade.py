@@ -69,9 +69,13 @@ def page_tables(spec: dict, seed: int = 0):
 
 # ---------------------------------------------------------------- plan() host time (CPU)
 def bench_plan(reps: int) -> None:
+    from rtattn.cascade import shared_prefill_tile
+    from rtattn.families.prefill import tile_config
     from rtattn.plan.cascade import CascadePlanner
+    from rtattn.plan.devices import get_device
     from rtattn.plan.inspector import Planner
     from rtattn.plan.prefix_tree import share_prefixes
+    prefill = tile_config(shared_prefill_tile(get_device("h200"), D, HQ // HKV, PAGE), D, HQ // HKV)
 
     def med(f):
         for _ in range(20):
@@ -84,7 +88,7 @@ def bench_plan(reps: int) -> None:
         return float(np.median(ts) * 1e6)
 
     print(f"plan() host time, h200 description, {HQ}/{HKV} heads, page {PAGE} (median us of {reps}; "
-          f"plain and cascade interleaved)")
+          f"plain and cascade interleaved; the cascade plans as CascadeWrapper: shared groups on prefill tiles)")
     print(f"{'row':>14} {'batch':>5} {'levels':>6} {'plain':>8} {'cascade':>8} {'ratio':>6} {'levels given':>12}")
     for name, spec in rows():
         kv_indptr, idx, last, total = page_tables(spec)
@@ -92,7 +96,7 @@ def bench_plan(reps: int) -> None:
         qo = np.arange(B + 1, dtype=np.int32)
         plain = Planner(B, B, int(kv_indptr[-1]), HQ, HKV, D, PAGE)
         pbuf = plain.layout.allocate()
-        casc = CascadePlanner.create(B, B, total, HQ, HKV, D, PAGE, num_levels=3, max_rows=32)
+        casc = CascadePlanner.create(B, B, total, HQ, HKV, D, PAGE, num_levels=3, max_rows=32, prefill_tile=prefill)
         cbuf = casc.planset.allocate()
         lv = share_prefixes(kv_indptr, idx, last, PAGE, max_levels=3)
         a = b = c = None
