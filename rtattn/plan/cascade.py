@@ -254,7 +254,7 @@ class CascadePlanner:
         item_key += it[3]
         key = row * (L << 31)
         key += item_key.take(owner)
-        v["fold_rows"][:R] = key.argsort()               # distinct keys: any sort is stable
+        v["fold_rows"][:R] = key.argsort(kind="stable")   # distinct keys: any sort; stable is the fastest on int64
         fi = v["fold_indptr"]
         fi[0] = 0
         np.cumsum(np.bincount(row, minlength=N), out=fi[1:N + 1])
