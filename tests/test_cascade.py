@@ -18,7 +18,8 @@ from rtattn.plan.reference import Variant, reference_attention
 from rtattn.runtime import export
 
 import fakes
-from cascade_cases import one_prefix_batch, shared_batch
+from cascade_cases import (REF, check_gpu, gpu_case, gpu_run, gpu_wrapper, one_prefix_batch, shared_batch,
+                           variant_params)
 
 
 def fake_function(name, handle):
@@ -112,20 +113,22 @@ def test_every_argument_is_fixed_across_replans(fake_gpu):
     """Requests joining and leaving the shared prefix change the plan, never a kernel argument:
     a captured graph replays every plan."""
     rng = np.random.default_rng(2)
-    w = C.CascadeWrapper(3, 32, 8, 64, 16, max_batch=10, max_pages=200, variant="alibi")
-    q, o = cuda((10, 32, 64)), cuda((10, 32, 64), ptr=1 << 34)
+    w = C.CascadeWrapper(3, 32, 8, 64, 16, max_batch=16, max_pages=200, variant="alibi")
+    q, o = cuda((16, 32, 64)), cuda((16, 32, 64), ptr=1 << 34)
     kc, vc = cuda((200, 16, 8, 64), ptr=1 << 32), cuda((200, 16, 8, 64), ptr=1 << 33)
     alibi = cuda((32,), "float32", ptr=1 << 36)
-    seen = set()
-    for step, groups in enumerate((((3, 2), (2, 1)), ((4, 2),), ((2, 3), (2, 2), (2, 1)))):
+    seen, families = set(), []
+    for step, groups in enumerate((((3, 2), (2, 1)), ((12, 2),), ((2, 3), (2, 2), (2, 1)), ((10, 1), (4, 2)))):
         kv_indptr, idx, last, _ = shared_batch(rng, 16, groups=groups, loners=1, pool=200)
         B = len(kv_indptr) - 1
-        w.plan(None, kv_indptr, idx, last, share_prefixes=True)
+        info = w.plan(None, kv_indptr, idx, last, share_prefixes=True)
+        families.append(bool(info.level_prefill_items.any()))
         launch = w.prepare(export(q.ptr, (B, 32, 64), "bfloat16", 0), kc, vc,
                            out=export(o.ptr, (B, 32, 64), "bfloat16", 0), params={"alibi_slopes": alibi})
-        seen.add(tuple(bytes(c.params) for c in launch.calls))
-    assert len(seen) == 1
-    st = fake_gpu.kernels[0].rendered.params.ctypes_type().from_buffer_copy(next(iter(seen))[0])
+        seen.add(tuple((c.shape_key, bytes(c.params)) for c in launch.calls))
+    assert len(seen) == 1 and len(next(iter(seen))) == 3
+    assert families == [False, True, False, True]   # the shared prefix moves between the families
+    st = fake_gpu.kernels[0].rendered.params.ctypes_type().from_buffer_copy(next(iter(seen))[0][1])
     ptrs = w.planner.planset.device_ptrs(w.workspace_ptr)
     assert (st.extra.cascade_q_pos, st.extra.cascade_kv_offset) == (ptrs["q_pos"], ptrs["kv_offset"])
     assert w.spec.variant_type.startswith("rtattn::LevelPositions<rtattn::StandardAttention<false, false, false, true")
@@ -210,69 +213,14 @@ def test_level_kernels_and_the_fold_compile(isolated_cache):
 
 
 # ----------------------------------------------------------------------------- GPU tier
-TOL = {"bfloat16": 2e-2, "float16": 5e-3}
-REF = {"plain": Variant(), "causal": Variant(causal=True), "sliding_window": Variant(window_left=37),
-       "soft_cap": Variant(logits_soft_cap=8.0), "alibi": Variant(alibi=True),
-       "sigmoid": Variant(sigmoid=True, sigmoid_bias=0.25)}
-
-
-def _params(variant, H):
-    import torch
-    from rtattn.plan.reference import alibi_slopes
-    return {"plain": None, "causal": None, "sliding_window": {"window_left": 37}, "soft_cap": {"soft_cap": 8.0},
-            "alibi": {"alibi_slopes": torch.tensor(alibi_slopes(H), dtype=torch.float32, device="cuda")},
-            "sigmoid": {"sigmoid_bias": 0.25}}[variant]
-
-
-def _case(batch, H, Hk, D, ps, dtype="bfloat16", qo=None, seed=0):
-    import torch
-    kv_indptr, idx, last, pool = batch
-    B = len(kv_indptr) - 1
-    qo = np.arange(B + 1, dtype=np.int32) if qo is None else np.asarray(qo, np.int32)
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-    tdt = getattr(torch, dtype)
-    k, v = (torch.randn((pool, ps, Hk, D), generator=gen, device="cuda").to(tdt) for _ in range(2))
-    q = torch.randn((int(qo[-1]), H, D), generator=gen, device="cuda").to(tdt)
-    return SimpleNamespace(q=q, k=k, v=v, kv_indptr=kv_indptr, idx=idx, last=last, qo=qo, ps=ps, pool=pool,
-                           B=B, H=H, Hk=Hk, D=D, dtype=dtype)
-
-
-def _reference(c, var):
-    to64 = lambda t: t.float().cpu().numpy().astype(np.float64)  # noqa: E731
-    return reference_attention(to64(c.q), to64(c.k), to64(c.v), c.qo, c.kv_indptr, c.idx, c.last, c.ps, var)
-
-
-def _wrapper(c, levels=2, variant="plain", **kw):
-    return C.CascadeWrapper(levels, c.H, c.Hk, c.D, c.ps, max_batch=c.B + 2, max_pages=c.pool + 2,
-                            max_qo_tokens=int(c.qo[-1]) + 2, variant=variant, dtype=c.dtype, **kw)
-
-
-def _run(c, w, variant="plain", stream=None):
-    import torch
-    w.plan(c.qo, c.kv_indptr, c.idx, c.last, share_prefixes=True, stream=stream)
-    out = torch.full_like(c.q, float("nan"))                       # poisoned
-    lse = torch.full(tuple(c.q.shape[:2]), float("nan"), device="cuda")
-    w.run(c.q, c.k, c.v, out=out, lse=lse, params=_params(variant, c.H), stream=stream)
-    torch.cuda.synchronize()
-    return out, lse
-
-
-def _check(c, out, lse, var):
-    from decode_cases import lse_error, rel_error
-    want_o, want_lse = _reference(c, var)
-    err = rel_error(out.float().cpu().numpy(), want_o)
-    lerr = lse_error(lse.cpu().numpy(), want_lse)
-    assert err < TOL[c.dtype] and lerr < 2e-2, f"O relative error {err:.2e}, LSE error {lerr:.2e}"
-
-
 @pytest.mark.gpu
 def test_gpu_small_cascade_matches_float64():
     """Small and isolated first: 4 requests over one 64-token prefix."""
-    c = _case(one_prefix_batch(4, 64, 20, 16), 32, 8, 128, 16)
-    w = _wrapper(c)
-    out, lse = _run(c, w)
+    c = gpu_case(one_prefix_batch(4, 64, 20, 16), 32, 8, 128, 16)
+    w = gpu_wrapper(c)
+    out, lse = gpu_run(c, w)
     assert w.info.num_levels == 2
-    _check(c, out, lse, Variant())
+    check_gpu(c, out, lse, Variant())
 
 
 @pytest.mark.gpu
@@ -283,32 +231,55 @@ def test_gpu_cascade_matches_float64(heads, D, ps, levels, dtype):
     rng = np.random.default_rng(D + ps)
     batch = shared_batch(rng, ps, groups=((5, 40 // ps + 1), (3, 3), (1, 2)), system_pages=max(1, 300 // ps), loners=2,
                          suffix_pages=(1, max(2, 64 // ps)))
-    c = _case(batch, *heads, D, ps, dtype)
-    w = _wrapper(c, levels)
-    out, lse = _run(c, w)
+    c = gpu_case(batch, *heads, D, ps, dtype)
+    w = gpu_wrapper(c, levels)
+    out, lse = gpu_run(c, w)
     assert w.info.num_levels == levels
-    _check(c, out, lse, Variant())
+    check_gpu(c, out, lse, Variant())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("heads, D, ps, dtype", [
+    ((32, 8), 128, 16, "bfloat16"), ((32, 8), 64, 1, "bfloat16"), ((32, 2), 128, 64, "bfloat16"),
+    ((32, 1), 128, 16, "bfloat16"), ((8, 8), 256, 16, "bfloat16"), ((32, 4), 128, 16, "float16"),
+    ((32, 32), 128, 16, "bfloat16")])
+def test_gpu_shared_levels_on_prefill_tiles_match_float64(heads, D, ps, dtype):
+    """Many requests under shared prefixes (groups of 70 and 40 below a system prompt): both
+    shared levels on the prefill kernel (several tiles, KV split over its grid), the suffixes
+    on decode, across GQA 1-32, head dims 64-256 and page sizes 1-64."""
+    rng = np.random.default_rng(D + ps + heads[1])
+    batch = shared_batch(rng, ps, groups=((70, max(1, 96 // ps)), (40, max(1, 40 // ps))), system_pages=max(1, 700 // ps),
+                         loners=3, suffix_pages=(1, max(2, 48 // ps)))
+    c = gpu_case(batch, *heads, D, ps, dtype)
+    w = gpu_wrapper(c, 3)
+    out, lse = gpu_run(c, w)
+    assert w.info.num_levels == 3 and w.info.level_prefill_items[:2].all() and not w.info.level_prefill_items[2]
+    check_gpu(c, out, lse, Variant())
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("variant", list(REF))
 @pytest.mark.parametrize("qo_len", [1, 3])
-def test_gpu_variants_with_absolute_positions(variant, qo_len):
+@pytest.mark.parametrize("prefill", [True, False])
+def test_gpu_variants_with_absolute_positions(variant, qo_len, prefill):
+    """Every cascade variant on either family: positions (causal, window, ALiBi) are the
+    queries' real ones on every level, also where a prefill tile holds several requests' queries."""
     rng = np.random.default_rng(7)
-    batch = shared_batch(rng, 16, groups=((4, 3), (3, 2)), system_pages=6, loners=1, suffix_pages=(2, 4))
+    batch = shared_batch(rng, 16, groups=((12, 3), (9, 2)), system_pages=6, loners=1, suffix_pages=(2, 4))
     B = len(batch[0]) - 1
-    c = _case(batch, 32, 8, 128, 16, qo=np.arange(B + 1) * qo_len)
-    w = _wrapper(c, 3, variant)
-    out, lse = _run(c, w, variant)
-    _check(c, out, lse, REF[variant])
+    c = gpu_case(batch, 32, 8, 128, 16, qo=np.arange(B + 1) * qo_len)
+    w = gpu_wrapper(c, 3, variant, prefill=prefill)
+    out, lse = gpu_run(c, w, variant)
+    assert bool(w.info.level_prefill_items[:2].all()) == prefill
+    check_gpu(c, out, lse, REF[variant])
 
 
 @pytest.mark.gpu
 def test_gpu_matches_single_format_on_the_same_cache_and_is_bitwise_deterministic():
     import torch
-    c = _case(one_prefix_batch(16, 1024, 128, 16, seed=3), 32, 8, 128, 16)
-    w = _wrapper(c)
-    out, lse = _run(c, w)
+    c = gpu_case(one_prefix_batch(16, 1024, 128, 16, seed=3), 32, 8, 128, 16)
+    w = gpu_wrapper(c)
+    out, lse = gpu_run(c, w)
     single = W.BatchDecodeWrapper(32, 8, 128, 16, max_batch=c.B, max_pages=int(c.kv_indptr[-1]))
     single.plan(c.kv_indptr, c.idx, c.last)
     so, sl = torch.empty_like(out), torch.empty_like(lse)
@@ -316,9 +287,14 @@ def test_gpu_matches_single_format_on_the_same_cache_and_is_bitwise_deterministi
     torch.cuda.synchronize()
     diff = float((out.float() - so.float()).norm() / so.float().norm())
     assert diff < 1e-2 and float((lse - sl).abs().max()) < 1e-2, (diff, float((lse - sl).abs().max()))
-    again, lse2 = _run(c, w)
-    other, lse3 = _run(c, _wrapper(c))
+    again, lse2 = gpu_run(c, w)
+    other, lse3 = gpu_run(c, gpu_wrapper(c))
     assert torch.equal(out, again) and torch.equal(out, other) and torch.equal(lse, lse2) and torch.equal(lse, lse3)
+    assert w.info.level_prefill_items[0] > 0   # 16 queries over the prefix: on prefill tiles
+    wd = gpu_wrapper(c, prefill=False)   # every level on decode: the same attention
+    dec, dlse = gpu_run(c, wd)
+    assert wd.prefill is None and not wd.info.level_prefill_items.any()
+    assert float((dec.float() - out.float()).norm() / out.float().norm()) < 1e-2 and float((dlse - lse).abs().max()) < 1e-2
 
 
 @pytest.mark.gpu
@@ -328,24 +304,27 @@ def test_gpu_graph_replays_across_replans():
     from rtattn.graphs import StepGraph
     from rtattn.runtime import Stream
     rng = np.random.default_rng(11)
-    H, Hk, D, ps, pool, maxb = 32, 8, 128, 16, 400, 12
+    H, Hk, D, ps, pool, maxb = 32, 8, 128, 16, 400, 16
     w = C.CascadeWrapper(3, H, Hk, D, ps, max_batch=maxb, max_pages=pool, variant="alibi")
     gen = torch.Generator(device="cuda").manual_seed(1)
     k, v = (torch.randn((pool, ps, Hk, D), generator=gen, device="cuda").to(torch.bfloat16) for _ in range(2))
     q = torch.randn((maxb, H, D), generator=gen, device="cuda").to(torch.bfloat16)
     out = torch.zeros_like(q)
     lse = torch.zeros((maxb, H), device="cuda")
-    params = _params("alibi", H)
+    params = variant_params("alibi", H)
     s = Stream()
-    steps = [((3, 2), (2, 1)), ((4, 2),), ((2, 3), (2, 2), (2, 1)), ((1, 1),)]
+    # groups come and go, and the shared prefix moves between the families (13 and 15 queries: prefill)
+    steps = [((3, 2), (2, 1)), ((12, 2),), ((2, 3), (2, 2), (2, 1)), ((10, 1), (4, 2)), ((1, 1),)]
+    families = []
     graph = None
     for step, groups in enumerate(steps):
         kv_indptr, idx, last, _ = shared_batch(rng, ps, groups=groups, loners=1, pool=pool)
         B = len(kv_indptr) - 1
         torch.cuda.synchronize()
         w.plan(None, kv_indptr, idx, last, share_prefixes=True, stream=s)
-        if graph is None:
-            graph = StepGraph([w.prepare(q[:B], k, v, out=out[:B], lse=lse[:B], params=params, stream=s)], s)
+        families.append(bool(w.info.level_prefill_items.any()))
+        if graph is None:   # q/out/lse sized for the largest batch the graph replays
+            graph = StepGraph([w.prepare(q, k, v, out=out, lse=lse, params=params, stream=s)], s)
         out.fill_(float("nan"))
         lse.fill_(float("nan"))
         torch.cuda.synchronize()
@@ -353,9 +332,10 @@ def test_gpu_graph_replays_across_replans():
         s.synchronize()
         c = SimpleNamespace(q=q[:B], k=k, v=v, qo=np.arange(B + 1), kv_indptr=kv_indptr, idx=idx, last=last, ps=ps,
                             dtype="bfloat16")
-        _check(c, out[:B], lse[:B], Variant(alibi=True))
+        check_gpu(c, out[:B], lse[:B], Variant(alibi=True))
         eager_o, eager_l = torch.empty_like(q[:B]), torch.empty_like(lse[:B])
         w.run(q[:B], k, v, out=eager_o, lse=eager_l, params=params, stream=s)
         s.synchronize()
         assert torch.equal(eager_o, out[:B]) and torch.equal(eager_l, lse[:B]), f"step {step}: graph != eager"
     graph.close()
+    assert families == [False, True, False, True, False]
