@@ -196,6 +196,25 @@ def test_bad_input_is_refused_before_any_launch(fake_gpu):
         w.plan(None, kv_indptr, outside, last, share_prefixes=True)
 
 
+def test_smoke_cases_plan_on_the_families_they_name(fake_gpu):
+    """tools/smoke_cascade.py's cases, planned by the wrapper on the fake GPU: each uses the
+    prefill family exactly when it says so (the GPU run checks the same)."""
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).parent.parent / "tools" / "smoke_cascade.py"
+    spec = importlib.util.spec_from_file_location("smoke_cascade", path)
+    smoke = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(smoke)
+    for name, make, (H, Hk), D, ps, levels, variant, dtype, qo_len, prefill in smoke.CASES:
+        kv_indptr, idx, last, pool = make(np.random.default_rng(len(name)), ps)
+        B = len(kv_indptr) - 1
+        qo = np.arange(B + 1, dtype=np.int32) * qo_len
+        w = C.CascadeWrapper(levels, H, Hk, D, ps, max_batch=B + 2, max_pages=pool + 2, max_qo_tokens=int(qo[-1]) + 2,
+                             variant=variant, dtype=dtype, prefill=prefill)
+        info = w.plan(qo, kv_indptr, idx, last, share_prefixes=True)
+        assert bool(info.level_prefill_items.any()) == prefill and info.num_levels == levels, name
+
+
 def test_level_kernels_and_the_fold_compile(isolated_cache):
     from rtattn.codegen.spec import standard
     from rtattn.kernels import compile_spec

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole project's GPU evidence in one device call, most important first, each stage under
 # its own time limit so a slow one cannot take the rest with it:
-#   1. isolated smoke checks of the newest kernels (fp8 KV, prefill), one process per case;
+#   1. isolated smoke checks of the newest kernels (fp8 KV, prefill, cascade), one process per case;
 #   2. the GPU tier (pytest-xdist) with the compute-sanitizers beside it (tools/gpu_check.sh),
 #      while FlashInfer's JIT modules build on the CPU;
 #   3. benchmarks against FlashInfer on an otherwise idle GPU: decode, prefill, cascade, host path.
@@ -44,6 +44,7 @@ timeout 300 "$PY" tools/bench_decode.py --prebuild-fi "${BD_ARGS[@]}" > "$LOGS/f
 stage smoke-fp8 "$T_SMOKE" "$PY" tools/smoke_decode.py --fp8 --no-timing
 stage smoke-prefill "$T_SMOKE" bash -c "for i in \$(seq 0 23); do timeout 60 $PY tools/smoke_prefill.py \$i & done; wait"
 grep -h -E "^(ok |BAD|EXC)" "$LOGS/smoke-prefill.log" | sort | uniq -c | sort -rn | head -5
+stage smoke-cascade "$T_SMOKE" bash -c "for i in \$(seq 0 11); do timeout 60 $PY tools/smoke_cascade.py \$i & done; wait"
 stage gpu-tier "$T_TIER" env OUT="$LOGS/tier" PYTEST_ARGS="-n 8 -vv" SAN_PARALLEL=1 SAN_TIMEOUT="${SAN_TIMEOUT:-70}" \
     bash tools/gpu_check.sh ${GPU_CHECK_ARGS:-}
 wait
