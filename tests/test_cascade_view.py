@@ -12,15 +12,25 @@ def test_shared_prefix_view_json(capsys):
     r = json.loads(capsys.readouterr().out)
     assert r["num_levels"] == 3 and [lv["groups"] for lv in r["levels"]] == [1, 4, 16]
     assert [lv["kv_tokens"] for lv in r["levels"]] == [1024, 4 * 512, 16 * 100]
-    assert r["levels"][0]["kv_tokens_read"] == 1024 * 2    # 16 queries in tiles of 8
+    assert r["levels"][0]["kv_tokens_read"] == 1024        # 16 queries in one prefill tile (KV split over CTAs)
+    assert r["levels"][0]["prefill_items"] == r["levels"][0]["items"] >= 2 and r["prefill"]["tile_q"] == 32
+    assert [lv["prefill_items"] for lv in r["levels"][1:]] == [0, 0]   # 4 queries a group, 1 a request: decode
     assert r["single_format_kv_tokens"] == 16 * (1024 + 512 + 100)
     assert sum(p["bytes"] for p in r["plan_set"]) == r["plan_set_bytes"]
+
+
+def test_decode_only_view(capsys):
+    assert main(["--shared-prefix", "1024", "--batch", "16", "--kv-dist", "const:100", "--kernel", "decode",
+                 "--reps", "1", "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["prefill"] is None and r["levels"][0]["kv_tokens_read"] == 1024 * 2   # 16 queries in decode tiles of 8
+    assert not any(lv["prefill_items"] for lv in r["levels"])
 
 
 def test_shared_prefix_view_renders(capsys):
     assert main(["--shared-prefix", "256", "--batch", "8", "--kv-dist", "const:40", "--reps", "1"]) == 0
     out = capsys.readouterr().out
-    assert "cascade plan" in out and "fewer" in out and "fold_rows" in out
+    assert "cascade plan" in out and "fewer" in out and "fold_rows" in out and "prefill" in out
 
 
 def test_bad_cascade_arguments_are_one_line(capsys):

@@ -5,7 +5,9 @@
 
 Every request's KV is the shared prefix, then (with --groups G:T) its group's own T tokens,
 then its own tokens from --kv-dist. The levels are found from the page ids alone
-(share_prefixes, as CascadeWrapper.plan(..., share_prefixes=True) does).
+(share_prefixes, as CascadeWrapper.plan(..., share_prefixes=True) does), and each group goes to
+the kernel family CascadeWrapper gives it (prefill tiles for groups of many queries; with
+--kernel decode every group on decode, as CascadeWrapper(prefill=False)).
 """
 from __future__ import annotations
 
@@ -38,7 +40,10 @@ def shared_prefix_batch(prefix: int, groups: tuple[int, int] | None, own, page_s
 
 
 def analyze_cascade(a, own, hq: int, hk: int) -> dict:
+    from rtattn.cascade import shared_prefill_tile
+    from rtattn.families.prefill import tile_config
     from rtattn.plan.cascade import CascadePlanner
+    from rtattn.plan.devices import get_device
     groups = None
     if a.groups:
         try:
@@ -53,8 +58,10 @@ def analyze_cascade(a, own, hq: int, hk: int) -> dict:
     B = len(own)
     g = hq // hk
     rows = 16 if g <= 16 and a.head_dim > 128 else 32
+    tile = None if a.kernel == "decode" else shared_prefill_tile(get_device(a.device), a.head_dim, g, a.page_size)
     cp = CascadePlanner.create(B, B, pool, hq, hk, a.head_dim, a.page_size, num_levels=a.levels, device=a.device,
-                               mode=a.mode, max_rows=rows)
+                               mode=a.mode, max_rows=rows,
+                               prefill_tile=tile and tile_config(tile, a.head_dim, g))
     buf = cp.planset.allocate()
     info = cp.plan_shared(None, kv_indptr, idx, last, out=buf)
     ts = []
@@ -70,12 +77,15 @@ def analyze_cascade(a, own, hq: int, hk: int) -> dict:
         levels.append(dict(level=lvl, groups=int(mine.size), shared_groups=int((u.batch.qo_len[mine] > 1).sum()),
                            query_rows=int(u.batch.qo_len[mine].sum()), kv_tokens=int(kv.sum()),
                            pages=int(np.diff(u.batch.kv_indptr)[mine].sum()),
-                           items=int(info.level_items[lvl]), kv_tokens_read=int(info.level_kv_tokens[lvl])))
+                           items=int(info.level_items[lvl]), prefill_items=int(info.level_prefill_items[lvl]),
+                           kv_tokens_read=int(info.level_kv_tokens[lvl])))
     single = int((np.diff(kv_indptr).astype(np.int64) * a.page_size - a.page_size + last).sum())
     read = int(info.level_kv_tokens.sum())
     return dict(cascade=True, batch=B, heads=[hq, hk], group=g, head_dim=a.head_dim, page_size=a.page_size,
                 shared_prefix=a.shared_prefix, groups=list(groups) if groups else None, num_levels=info.num_levels,
-                tile_q=cp.planner.tile_q, rows=rows, num_ctas=cp.num_ctas, num_items=info.plan.num_items,
+                tile_q=cp.planner.tile_q, rows=rows, num_ctas=cp.num_ctas, num_items=int(info.level_items.sum()),
+                prefill=None if cp.prefill is None else dict(tile_q=cp.prefill.tile_q, rows=cp.prefill.tile.max_rows,
+                                                             num_ctas=cp.prefill.num_ctas),
                 state_rows=info.num_state_rows, levels=levels, single_format_kv_tokens=single,
                 cascade_kv_tokens_read=read, read_ratio=single / max(read, 1),
                 plan_us=round(float(np.median(ts)) * 1e6, 2), plan_set_bytes=cp.planset.plan_bytes,
@@ -86,18 +96,23 @@ def render_cascade(r: dict) -> None:
     from rich.console import Console
     from rich.table import Table
     con = Console()
-    con.rule(f"[bold]rtattn cascade plan[/] · {r['num_levels']} levels · decode kernel family")
+    pf = r["prefill"]
+    con.rule(f"[bold]rtattn cascade plan[/] · {r['num_levels']} levels · "
+             + ("decode + prefill kernel families" if pf else "decode kernel family"))
     con.print(f"batch {r['batch']}  heads {r['heads'][0]}/{r['heads'][1]} (g={r['group']})  D={r['head_dim']}  "
               f"page {r['page_size']}  shared prefix {r['shared_prefix']} tokens"
               + (f", {r['groups'][0]} groups x {r['groups'][1]} tokens" if r["groups"] else ""))
-    con.print(f"query tile {r['tile_q']} queries ({r['rows']} rows); {r['num_ctas']} CTAs x {r['heads'][1]} KV heads; "
-              f"{r['num_items']} work items; {r['state_rows']} state rows folded; plan {r['plan_us']:.1f} µs (host)")
+    con.print(f"decode tile {r['tile_q']} queries ({r['rows']} rows), {r['num_ctas']} CTAs x {r['heads'][1]} KV heads"
+              + (f"; prefill tile {pf['tile_q']} queries ({pf['rows']} rows), {pf['num_ctas']} CTAs x "
+                 f"{r['heads'][1]} KV heads, for groups of more than {r['tile_q']} queries" if pf else ""))
+    con.print(f"{r['num_items']} work items; {r['state_rows']} state rows folded; plan {r['plan_us']:.1f} µs (host)")
     t = Table(title="levels (what each reads; KV tokens per KV head)", title_justify="left")
-    for col in ("level", "groups", "shared groups", "query rows", "KV tokens", "pages", "items", "KV tokens read"):
+    for col in ("level", "groups", "shared groups", "query rows", "KV tokens", "pages", "items", "on prefill",
+                "KV tokens read"):
         t.add_column(col, justify="right")
     for lv in r["levels"]:
         t.add_row(*(str(lv[k]) for k in ("level", "groups", "shared_groups", "query_rows", "kv_tokens", "pages",
-                                         "items", "kv_tokens_read")))
+                                         "items", "prefill_items", "kv_tokens_read")))
     con.print(t)
     con.print(f"single format reads {r['single_format_kv_tokens']} KV tokens, the cascade "
               f"{r['cascade_kv_tokens_read']}: {r['read_ratio']:.2f}x fewer")

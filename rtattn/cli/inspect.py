@@ -105,7 +105,8 @@ def build_parser() -> Parser:
     ap.add_argument("--window", type=int, default=None, metavar="N",
                     help="sliding window (window_left = N): tiles read only the KV their rows see")
     ap.add_argument("--kernel", default=None, choices=["decode", "prefill"],
-                    help="tile family (default: decode if --qo-len * group <= 16)")
+                    help="tile family (default: decode if --qo-len * group <= 16); with --shared-prefix, "
+                         "decode puts every cascade level on decode (default: as CascadeWrapper)")
     ap.add_argument("--seed", type=int, default=d["seed"])
     ap.add_argument("--reps", type=int, default=200, help="plan() runs timed (median)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")

@@ -21,7 +21,7 @@ group's first KV position) sit next to the plans.
 
 Plan set parts: "plan" (the decode PlanLayout of the union: its requests are all the groups),
 "prefill" (the prefill family's PlanLayout: its queues and items; it borrows the union's
-requests and page ids, `PREFILL_BORROWED`), "q_pos" [max_qo_tokens], "kv_offset"
+requests, page ids and empty merge map: `PREFILL_BORROWED`), "q_pos" [max_qo_tokens], "kv_offset"
 [pseudo-requests], "fold_indptr" [max_qo_tokens + 1], "fold_rows" [state rows], "fold_info"
 [FOLD_INFO_LEN] = (query rows, state rows, levels).
 """
@@ -41,8 +41,10 @@ from .planset import PlanSet
 from .tiles import TileConfig
 
 FOLD_INFO_LEN = 4
-# What the prefill part reads from the union plan ("plan"): the pseudo-requests and page ids.
-PREFILL_BORROWED = ("req_qo_start", "req_qo_len", "req_kv_page_start", "req_kv_len", "kv_indices")
+# What the prefill part reads from the union plan ("plan"): the pseudo-requests and page ids, and
+# the (empty) merge map: nothing merges in a cascade's kernels, the fold does.
+PREFILL_BORROWED = ("req_qo_start", "req_qo_len", "req_kv_page_start", "req_kv_len", "kv_indices",
+                    "merge_indptr", "merge_qo_row", "merge_partial_start", "merge_partial_stride")
 
 
 def prefill_groups(qo_len: np.ndarray, kv_len: np.ndarray, decode_tile_q: int) -> np.ndarray:
