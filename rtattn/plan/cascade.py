@@ -41,6 +41,7 @@ from .planset import PlanSet
 from .tiles import TileConfig
 
 FOLD_INFO_LEN = 4
+PREFILL_MEMO = 8   # shared-group schedules remembered (CascadePlanner._prefill_items)
 # What the prefill part reads from the union plan ("plan"): the pseudo-requests and page ids, and
 # the (empty) merge map: nothing merges in a cascade's kernels, the fold does.
 PREFILL_BORROWED = ("req_qo_start", "req_qo_len", "req_kv_page_start", "req_kv_len", "kv_indices",
@@ -130,6 +131,7 @@ class CascadePlanner:
                       "fold_rows": self.max_state_rows, "fold_info": FOLD_INFO_LEN})
         self.planset = PlanSet(parts)
         self._views = F.ViewCache(self._part_views)
+        self._prefill_memo: dict = {}
         self._ar = np.arange(max(self.max_state_rows, b.max_tiles, b.max_batch) + 1, dtype=np.int64)
         self._ar32 = np.arange(b.max_tiles + 1, dtype=np.int32)
         self._ones = np.ones(b.max_tiles, np.int32)
@@ -295,19 +297,31 @@ class CascadePlanner:
     def _prefill_items(self, pb: Batch, real0: np.ndarray, groups: np.ndarray | None):
         """The prefill family's items for `groups` (None: none): each group one request of its
         real query count (tiles of the prefill tile_q), no causal horizon (the kernel masks with
-        the levels' positions), KV split by Algorithm 1 over the prefill grid."""
+        the levels' positions), KV split by Algorithm 1 over the prefill grid.
+
+        The schedule depends only on the groups' query and KV lengths, which consecutive decode
+        steps keep (a shared prefix does not grow; requests joining or leaving change it): the
+        last few are remembered (`PREFILL_MEMO` entries) and a step with the same shared groups
+        reuses its schedule -- the same items it would compute."""
         if groups is None:
             groups = self._ar[:0]
-        qo_len = pb.qo_len.take(groups)
-        G = groups.shape[0]
-        qo_indptr = np.zeros(G + 1, np.int64)
-        np.cumsum(qo_len, out=qo_indptr[1:])
-        res = self.prefill._schedule(Batch(qo_indptr, None, None, None, qo_len, pb.kv_len.take(groups),
-                                           self.page_size, qo_len.item(qo_len.argmax()) if G else 0), partials=False)
-        it = res["items"] if res["final"] is None else res["items"].take(res["final"], axis=1)
-        sub = it[0].copy()
-        grp = groups.take(sub)
-        it[1] += real0.take(grp) - qo_indptr.take(sub)
+        qo_len, kv_len = pb.qo_len.take(groups), pb.kv_len.take(groups)
+        key = qo_len.tobytes() + kv_len.tobytes()
+        hit = self._prefill_memo.get(key)
+        if hit is None:
+            G = groups.shape[0]
+            qo_indptr = np.zeros(G + 1, np.int64)
+            np.cumsum(qo_len, out=qo_indptr[1:])
+            res = self.prefill._schedule(Batch(qo_indptr, None, None, None, qo_len, kv_len, self.page_size,
+                                               qo_len.item(qo_len.argmax()) if G else 0), partials=False)
+            it = res["items"] if res["final"] is None else res["items"].take(res["final"], axis=1)
+            it[1] -= qo_indptr.take(it[0])   # rows relative to the group's first
+            if len(self._prefill_memo) >= PREFILL_MEMO:
+                self._prefill_memo.clear()
+            hit = self._prefill_memo[key] = (it, res)
+        it, res = hit[0].copy(), hit[1]
+        grp = groups.take(it[0])
+        it[1] += real0.take(grp)
         it[0] = grp
         return it, res
 
