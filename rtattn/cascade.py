@@ -258,7 +258,7 @@ class CascadeWrapper:
         self._in_flight[slot] = True
         self._slot = slot ^ 1
         k = self.kernel
-        k.info, k._nnz = info.plan, info.union.batch.kv_indptr.item(-1)   # what its run() checks the caches against
+        k.info, k._nnz = info.plan, info.num_pages   # what its run() checks the caches against
         self.info = info
         return info
 

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from rtattn.plan.cascade import CascadePlanner, execute_cascade, prefill_groups
-from rtattn.plan.layout import indptr_from_lengths
-from rtattn.plan.prefix_tree import share_prefixes
+from rtattn.plan.layout import indptr_from_lengths, validate_batch
+from rtattn.plan.prefix_tree import prefix_union, share_prefixes
 from rtattn.plan.reference import Variant, reference_attention
 from rtattn.plan.tiles import select_tile
 
@@ -92,6 +92,34 @@ def test_a_shared_prefix_is_read_once_per_prefill_tile():
     info, _ = _check(kv_indptr, idx, last, pool, 16, 8, 2, 64,
                      prefill=dict(prefill_tile=select_tile("h200", 8, 2, 64, 64, kernel="prefill"), prefill_ctas=7))
     assert info.prefill.tile_q == 32 and info.level_prefill_items[0] > 2
+
+
+@pytest.mark.parametrize("mode", ["auto", "balanced", "contiguous", "naive", "batch-invariant"])
+@pytest.mark.parametrize("shape", [(64, 512, 8, 16), (9, 600, 3, 1), (40, 9, 2, 64), (33, 7, 5, 4), (100, 3, 1, 16)])
+def test_the_one_prefix_path_writes_the_general_plan(mode, shape):
+    """plan_shared's path for one prefix under decode requests (no union arrays, the fold map in
+    closed form) writes byte for byte the plan set of the general path, over suffixes of equal
+    and unequal lengths (split or not), and the float64 executor runs it to plain attention."""
+    B, prefix_pages, suffix_pages, ps = shape
+    kv_indptr, idx, last, pool = one_prefix_batch(B, prefix_pages * ps, suffix_pages * ps, ps, seed=B)
+    last = np.random.default_rng(B).integers(1, ps + 1, B).astype(np.int32)   # unequal suffixes
+    cp = CascadePlanner.create(B, B, pool, 8, 2, 64, ps, num_levels=3, mode=mode, num_ctas=5, max_rows=16,
+                               **prefill_kw(8, 2, 64, rows=64, num_ctas=4))
+    for lp in (last, np.full(B, ps, np.int32)):
+        fast, full = cp.planset.allocate(), cp.planset.allocate()
+        info = cp.plan_shared(None, kv_indptr, idx, lp, out=fast)
+        assert info.union is None and info.level_prefill_items[0] > 0   # the one-prefix path
+        ref = cp.plan_union(prefix_union(validate_batch(None, kv_indptr, idx, lp, ps), 3), full)
+        assert bytes(fast) == bytes(full)
+        assert (info.num_state_rows, info.num_pages, info.level_items.tolist()) == \
+            (ref.num_state_rows, ref.num_pages, ref.level_items.tolist())
+    if B * prefix_pages * ps <= 64 * 600:
+        q = np.random.default_rng(1).standard_normal((B, 8, 64))
+        k, v = np.random.default_rng(2).standard_normal((2, pool, ps, 2, 64))
+        O, S = execute_cascade(info, q, k, v)
+        Or, Sr = reference_attention(q, k, v, np.arange(B + 1), kv_indptr, idx, lp, ps)
+        np.testing.assert_allclose(O, Or, atol=1e-12)
+        np.testing.assert_allclose(S, Sr, atol=1e-12)
 
 
 @pytest.mark.parametrize("qo_len", [6, 40])

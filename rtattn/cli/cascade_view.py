@@ -70,6 +70,10 @@ def analyze_cascade(a, own, hq: int, hk: int) -> dict:
         cp.plan_shared(None, kv_indptr, idx, last, out=buf)
         ts.append(time.perf_counter() - t)
     u = info.union
+    if u is None:   # the one-prefix fast path plans without the union's arrays: build them to show them
+        from rtattn.plan.layout import validate_batch
+        from rtattn.plan.prefix_tree import prefix_union
+        u = prefix_union(validate_batch(None, kv_indptr, idx, last, a.page_size), a.levels)
     levels = []
     for lvl in range(info.num_levels):
         mine = np.flatnonzero(u.level_of == lvl)

@@ -35,7 +35,7 @@ import numpy as np
 from . import fields as F
 from .inspector import Planner, PlanInfo, _repeat_index
 from .layout import Batch, validate_batch
-from .prefix_tree import prefix_union
+from .prefix_tree import one_shared_prefix, prefix_union
 from .levels import Union, check_causal, union_batch
 from .planset import PlanSet
 from .tiles import TileConfig
@@ -57,18 +57,20 @@ def prefill_groups(qo_len: np.ndarray, kv_len: np.ndarray, decode_tile_q: int) -
 @dataclass
 class CascadeInfo:
     plan: PlanInfo          # the union plan (decode part; its counts are for pseudo-requests)
-    union: Union
+    level_of: np.ndarray    # int32[pseudo-requests]: the level of each group
     num_levels: int
     num_qo_tokens: int
     num_state_rows: int
+    num_pages: int          # page ids the levels hold (a shared page once per group)
     views: dict
     prefill: PlanInfo | None = None   # the prefill part (None: the planner has no prefill family)
+    union: Union | None = None        # the levels as one pseudo-batch (None from the one-prefix path)
 
     def _parts(self):
         return [p for p in (self.plan, self.prefill) if p is not None]
 
     def _item_levels(self, part: PlanInfo) -> np.ndarray:
-        return self.union.level_of.take(part.views["item_request"][:part.num_items])
+        return self.level_of.take(part.views["item_request"][:part.num_items])
 
     @property
     def level_items(self) -> np.ndarray:
@@ -135,6 +137,8 @@ class CascadePlanner:
         self._ar = np.arange(max(self.max_state_rows, b.max_tiles, b.max_batch) + 1, dtype=np.int64)
         self._ar32 = np.arange(b.max_tiles + 1, dtype=np.int32)
         self._ones = np.ones(b.max_tiles, np.int32)
+        self._level01 = np.ones(max_batch + 1, np.int32)   # one prefix: group 0 on level 0, the requests on 1
+        self._level01[0] = 0
 
     def _part_views(self, buf) -> dict:
         v = self.planset.views(buf)
@@ -193,6 +197,10 @@ class CascadePlanner:
             qo_indptr = self._ar32[:B + 1] if B < self._ar32.shape[0] else np.arange(B + 1, dtype=np.int32)
         batch = validate_batch(qo_indptr, kv_indptr, kv_indices, kv_last_page_len, self.page_size,
                                num_pages=num_pages, max_batch=self.max_batch, max_qo_tokens=self.max_qo_tokens)
+        if self.prefill is not None and batch.qo_max == 1 and batch.qo_indptr.item(-1) == B > self.planner.tile_q:
+            lcp = one_shared_prefix(batch, self.num_levels)
+            if lcp:   # (a decode query sits in its own last page, never shared: causal holds)
+                return self._plan_one_prefix(batch, lcp, out)
         union = prefix_union(batch, self.num_levels)
         if causal:
             R = union.req_qo_indptr.shape[0] - 1
@@ -221,7 +229,8 @@ class CascadePlanner:
         R = _state_rows(d_it, 0)
         parts = [(d_it, d_res, self.planner, v["plan"])]
         if self.prefill is not None:
-            p_it, p_res = self._prefill_items(pb, real0, None if on_prefill is None else np.flatnonzero(on_prefill))
+            pg = self._ar[:0] if on_prefill is None else np.flatnonzero(on_prefill)
+            p_it, p_res, _ = self._prefill_items(pb.qo_len.take(pg), pb.kv_len.take(pg), pg, real0.take(pg))
             R = _state_rows(p_it, R)
             parts.append((p_it, p_res, self.prefill, v["prefill"]))
         if R > self.max_state_rows:
@@ -233,10 +242,80 @@ class CascadePlanner:
         pv["req_kv_page_start"][:Bp] = pb.kv_indptr[:Bp]
         pv["req_kv_len"][:Bp] = pb.kv_len
         pv["kv_indices"][:nnz] = pb.kv_indices[:nnz]
+        for it, _, _, _ in parts:
+            it[7] = pb.kv_indptr.take(it[0])
+        infos = self._write_parts(buf, parts, R, Bp, N)
+        it = d_it if len(parts) == 1 or parts[1][0].shape[1] == 0 else np.concatenate([d_it, parts[1][0]], axis=1)
+        self._fold_map(v, it, union.level_of, N, L, R)
+        v["q_pos"][:N] = union.q_pos
+        v["kv_offset"][:Bp] = union.kv_offset
+        v["fold_info"][:3] = (N, R, L)
+        return CascadeInfo(infos[0], union.level_of, L, N, R, nnz, v, infos[1] if len(infos) > 1 else None, union)
+
+    def _plan_one_prefix(self, batch: Batch, lcp: int, out=None) -> CascadeInfo:
+        """plan_union for the step of serving parallel samples or a system prompt, without the
+        union's intermediate arrays: B decode requests over one prefix of `lcp` pages (group 0,
+        on prefill tiles), each with its own pages (groups 1..B, on decode). The plan set is
+        byte for byte plan_union's (tests/test_cascade_plan.py); the fold map is written in
+        closed form where every row has the same prefill chunks and one suffix item."""
+        buf = out if out is not None else self.planset.allocate()
+        v = self._views.get(buf)
+        B, ps, n = batch.batch, self.page_size, batch.kv_indptr.item(1)
+        own, P, Bp = n - lcp, lcp * ps, B + 1
+        nnz = lcp + B * own
+        if nnz > self.planner.bounds.max_pages:
+            raise ValueError(f"the levels hold {nnz} pages, exceeding max_pages={self.planner.bounds.max_pages} "
+                             f"(a page counts once per level group that holds it)")
+        suffix = batch.kv_len - P
+        res = self.planner._schedule(Batch(self._ar32[:B + 1], None, None, None, self._ones[:B], suffix, ps, 1),
+                                     partials=False)
+        d_it = res["items"] if res["final"] is None else res["items"].take(res["final"], axis=1)
+        req = d_it[0].copy()               # the request (= query row) of each suffix item
+        R = _state_rows(d_it, 0)
+        d_it[7] = req * own
+        d_it[7] += lcp
+        d_it[0] += 1                       # group b + 1 is request b's suffix
+        p_it, p_res, tmpl = self._prefill_items(np.array([B]), np.array([P]), self._ar[:1], self._ar[:1])
+        Rd, R = R, _state_rows(p_it, R)
+        if R > self.max_state_rows:
+            raise ValueError(f"plan needs {R} state rows, exceeding {self.max_state_rows}")
+        p_it[7] = 0
+        pv = v["plan"]
+        pv["req_qo_start"][0] = 0
+        pv["req_qo_start"][1:Bp] = self._ar[:B]
+        pv["req_qo_len"][0] = B
+        pv["req_qo_len"][1:Bp] = 1
+        pv["req_kv_page_start"][0] = 0
+        np.multiply(self._ar[:B], own, out=pv["req_kv_page_start"][1:Bp], casting="unsafe")
+        pv["req_kv_page_start"][1:Bp] += lcp
+        pv["req_kv_len"][0] = P
+        pv["req_kv_len"][1:Bp] = suffix
+        m = batch.kv_indices[:n * B].reshape(B, n)
+        ids = pv["kv_indices"]
+        ids[:lcp] = m[0, :lcp]
+        ids[lcp:nnz].reshape(B, own)[:] = m[:, lcp:]
+        parts = [(d_it, res, self.planner, pv), (p_it, p_res, self.prefill, v["prefill"])]
+        infos = self._write_parts(buf, parts, R, Bp, B)
+        level_of = self._level01[:Bp]
+        if tmpl is not None and d_it.shape[1] == B:   # c prefill chunks per row, then its one suffix item
+            c = tmpl.shape[1]
+            fr = v["fold_rows"][:R].reshape(B, c + 1)
+            np.add(tmpl, Rd, out=fr[:, :c])
+            fr[:, c][req] = self._ar[:B]
+            np.multiply(self._ar[:B + 1], c + 1, out=v["fold_indptr"][:B + 1], casting="unsafe")
+        else:
+            self._fold_map(v, np.concatenate([d_it, p_it], axis=1), level_of, B, 2, R)
+        np.subtract(batch.kv_len, 1, out=v["q_pos"][:B])
+        v["kv_offset"][0] = 0
+        v["kv_offset"][1:Bp] = P
+        struct.pack_into("=3i", v["fold_info"], 0, B, R, 2)
+        return CascadeInfo(infos[0], level_of, 2, B, R, nnz, v, infos[1])
+
+    def _write_parts(self, buf, parts, R: int, Bp: int, N: int) -> list[PlanInfo]:
+        """Each family's items, queues and header into its plan part."""
         infos = []
         for it, res, planner, part in parts:
             n, C = it.shape[1], planner.num_ctas
-            it[7] = pb.kv_indptr.take(it[0])
             part["_items"][:, :n] = it
             wi = part["work_indptr"]
             wi[0] = 0
@@ -246,15 +325,16 @@ class CascadePlanner:
             infos.append(PlanInfo(n, 0, R, Bp, N, C, planner.tile_q, self.page_size, res["L"], res["split_tiles"],
                                   res["loads"], buf if isinstance(buf, np.ndarray) else np.frombuffer(buf, np.uint8),
                                   part, res["mode"]))
-        # The fold map: each query row's state rows in (level, KV start) order. State rows are
-        # numbered in item order (decode's items, then prefill's), so expanded element e (item
-        # owner[e], row j[e]) IS state row e, and the fold's order is the argsort of the keys
-        # (row * L + level, KV start).
-        it = d_it if len(parts) == 1 or parts[1][0].shape[1] == 0 else np.concatenate([d_it, parts[1][0]], axis=1)
-        ql = it[2]
-        owner, j = _repeat_index(ql, self._ar)
+        return infos
+
+    def _fold_map(self, v: dict, it: np.ndarray, level_of: np.ndarray, N: int, L: int, R: int) -> None:
+        """The fold map: each query row's state rows in (level, KV start) order. State rows are
+        numbered in item order (decode's items, then prefill's), so expanded element e (item
+        owner[e], row j[e]) IS state row e, and the fold's order is the argsort of the keys
+        (row * L + level, KV start)."""
+        owner, j = _repeat_index(it[2], self._ar)
         row = it[1].take(owner) + j
-        item_key = union.level_of.take(it[0]).astype(np.int64) << 31
+        item_key = level_of.take(it[0]).astype(np.int64) << 31
         item_key += it[3]
         key = row * (L << 31)
         key += item_key.take(owner)
@@ -262,10 +342,6 @@ class CascadePlanner:
         fi = v["fold_indptr"]
         fi[0] = 0
         np.cumsum(np.bincount(row, minlength=N), out=fi[1:N + 1])
-        v["q_pos"][:N] = union.q_pos
-        v["kv_offset"][:Bp] = union.kv_offset
-        v["fold_info"][:3] = (N, R, L)
-        return CascadeInfo(infos[0], union, L, N, R, v, infos[1] if len(infos) > 1 else None)
 
     def _decode_items(self, pb: Batch, real0: np.ndarray, groups: np.ndarray | None):
         """The decode family's items for `groups` (None: all): their query tiles (tile_q real
@@ -294,18 +370,18 @@ class CascadePlanner:
         it[0] = grp
         return it, res
 
-    def _prefill_items(self, pb: Batch, real0: np.ndarray, groups: np.ndarray | None):
-        """The prefill family's items for `groups` (None: none): each group one request of its
-        real query count (tiles of the prefill tile_q), no causal horizon (the kernel masks with
-        the levels' positions), KV split by Algorithm 1 over the prefill grid.
+    def _prefill_items(self, qo_len: np.ndarray, kv_len: np.ndarray, groups: np.ndarray, row0: np.ndarray):
+        """The prefill family's items for `groups` (pseudo-requests of qo_len queries from real
+        row row0, over kv_len KV tokens): each group one request of its real query count (tiles
+        of the prefill tile_q), no causal horizon (the kernel masks with the levels' positions),
+        KV split by Algorithm 1 over the prefill grid. Returns (items, schedule, template): for
+        one group whose every row has the same number c of states, template [rows, c] is each
+        row's state rows (counted from the part's first) in KV order, else None.
 
         The schedule depends only on the groups' query and KV lengths, which consecutive decode
         steps keep (a shared prefix does not grow; requests joining or leaving change it): the
         last few are remembered (`PREFILL_MEMO` entries) and a step with the same shared groups
         reuses its schedule -- the same items it would compute."""
-        if groups is None:
-            groups = self._ar[:0]
-        qo_len, kv_len = pb.qo_len.take(groups), pb.kv_len.take(groups)
         key = qo_len.tobytes() + kv_len.tobytes()
         hit = self._prefill_memo.get(key)
         if hit is None:
@@ -318,12 +394,27 @@ class CascadePlanner:
             it[1] -= qo_indptr.take(it[0])   # rows relative to the group's first
             if len(self._prefill_memo) >= PREFILL_MEMO:
                 self._prefill_memo.clear()
-            hit = self._prefill_memo[key] = (it, res)
-        it, res = hit[0].copy(), hit[1]
+            hit = self._prefill_memo[key] = (it, res, _fold_template(it, qo_len) if G == 1 else None)
+        it, res, tmpl = hit[0].copy(), hit[1], hit[2]
         grp = groups.take(it[0])
-        it[1] += real0.take(grp)
+        it[1] += row0.take(it[0])
         it[0] = grp
-        return it, res
+        return it, res, tmpl
+
+
+def _fold_template(it: np.ndarray, qo_len: np.ndarray):
+    """One group's items (rows relative to its first): [rows, c], each row's state rows (from
+    0, in item order) in KV order, where every row has c states; else None."""
+    ql = it[2]
+    ends = np.cumsum(ql)
+    owner, j = _repeat_index(ql, np.arange(int(ends[-1]) + 1 if ql.shape[0] else 1), ends)
+    row = it[1].take(owner) + j
+    state = (ends - ql).take(owner) + j
+    cnt = np.bincount(row, minlength=int(qo_len[0]))
+    if cnt.shape[0] == 0 or cnt.min() != cnt.max():
+        return None
+    order = (row.astype(np.int64) << 31 | it[3].take(owner)).argsort(kind="stable")
+    return state[order].reshape(cnt.shape[0], int(cnt[0]))
 
 
 def _state_rows(it: np.ndarray, first: int) -> int:

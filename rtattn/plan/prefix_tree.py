@@ -140,24 +140,33 @@ def prefix_order(kv_indptr, kv_indices) -> np.ndarray:
 def prefix_union(batch: Batch, max_levels: int = 2) -> Union:
     """The cascade of a validated batch (rtattn.plan.layout.validate_batch) as one pseudo-batch:
     share_prefixes + union_batch, with a fast path for the common step of serving parallel
-    samples or a system prompt -- one prefix shared by every request, equal page counts --
-    that touches each page id once (a 2-D view: request i against request i+1)."""
-    B, ps = batch.batch, batch.page_size
-    kv_indptr, ids = batch.kv_indptr, batch.kv_indices
-    if max_levels >= 2 and B >= 2 and kv_indptr.item(1) >= 2:
-        n = kv_indptr.item(1)
-        d = kv_indptr[1:] - kv_indptr[:-1]
-        if d[d.argmin()] == d[d.argmax()]:          # equal page counts
-            nnz = n * B
-            diff = (ids[n:nnz] != ids[:nnz - n]).reshape(B - 1, n)   # request i+1 vs request i, page by page
-            cols = diff.any(axis=0)
-            first = cols.argmax()
-            lcp = int(first) if cols[first] and first < n - 1 else n - 1   # pages every request shares
-            # one prefix and nothing deeper: every neighbour pair differs right after it
-            if lcp and (lcp == n - 1 or diff[:, lcp].all()):
-                return _one_prefix(batch, ids[:nnz].reshape(B, n), lcp)
-    return union_batch(share_prefixes(kv_indptr, ids, batch.kv_last_page_len, ps, batch.qo_indptr,
-                                      max_levels=max_levels), ps)
+    samples or a system prompt (`one_shared_prefix`)."""
+    lcp = one_shared_prefix(batch, max_levels)
+    if lcp:
+        B, n = batch.batch, batch.kv_indptr.item(1)
+        return _one_prefix(batch, batch.kv_indices[:n * B].reshape(B, n), lcp)
+    return union_batch(share_prefixes(batch.kv_indptr, batch.kv_indices, batch.kv_last_page_len, batch.page_size,
+                                      batch.qo_indptr, max_levels=max_levels), batch.page_size)
+
+
+def one_shared_prefix(batch: Batch, max_levels: int = 2) -> int:
+    """Pages of the one prefix every request shares, when that is the batch's whole prefix tree
+    (equal page counts, nothing shared deeper), else 0: touches each page id once (a 2-D view,
+    request i against request i+1)."""
+    B, kv_indptr, ids = batch.batch, batch.kv_indptr, batch.kv_indices
+    if max_levels < 2 or B < 2 or kv_indptr.item(1) < 2:
+        return 0
+    n = kv_indptr.item(1)
+    d = kv_indptr[1:] - kv_indptr[:-1]
+    if d[d.argmin()] != d[d.argmax()]:          # unequal page counts
+        return 0
+    nnz = n * B
+    diff = (ids[n:nnz] != ids[:nnz - n]).reshape(B - 1, n)   # request i+1 vs request i, page by page
+    cols = diff.any(axis=0)
+    first = cols.argmax()
+    lcp = int(first) if cols[first] and first < n - 1 else n - 1   # pages every request shares
+    # one prefix and nothing deeper: every neighbour pair differs right after it
+    return lcp if lcp and (lcp == n - 1 or diff[:, lcp].all()) else 0
 
 
 def _one_prefix(batch: Batch, m: np.ndarray, lcp: int) -> Union:
