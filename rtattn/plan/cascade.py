@@ -230,8 +230,9 @@ class CascadePlanner:
         parts = [(d_it, d_res, self.planner, v["plan"])]
         if self.prefill is not None:
             pg = self._ar[:0] if on_prefill is None else np.flatnonzero(on_prefill)
-            p_it, p_res, _ = self._prefill_items(pb.qo_len.take(pg), pb.kv_len.take(pg), pg, real0.take(pg))
-            R = _state_rows(p_it, R)
+            p_it, p_res, _, p_rows = self._prefill_items(pb.qo_len.take(pg), pb.kv_len.take(pg), pg, real0.take(pg))
+            p_it[5] += R
+            R += p_rows
             parts.append((p_it, p_res, self.prefill, v["prefill"]))
         if R > self.max_state_rows:
             raise ValueError(f"plan needs {R} state rows, exceeding {self.max_state_rows}")
@@ -270,13 +271,16 @@ class CascadePlanner:
         res = self.planner._schedule(Batch(self._ar32[:B + 1], None, None, None, self._ones[:B], suffix, ps, 1),
                                      partials=False)
         d_it = res["items"] if res["final"] is None else res["items"].take(res["final"], axis=1)
+        Rd = d_it.shape[1]                 # one query row per suffix item: state row = item
         req = d_it[0].copy()               # the request (= query row) of each suffix item
-        R = _state_rows(d_it, 0)
-        d_it[7] = req * own
+        d_it[5] = self._ar[:Rd]
+        d_it[6] = -1
+        np.multiply(req, own, out=d_it[7])
         d_it[7] += lcp
         d_it[0] += 1                       # group b + 1 is request b's suffix
-        p_it, p_res, tmpl = self._prefill_items(np.array([B]), np.array([P]), self._ar[:1], self._ar[:1])
-        Rd, R = R, _state_rows(p_it, R)
+        p_it, p_res, tmpl, p_rows = self._prefill_items(np.array([B]), np.array([P]), self._ar[:1], self._ar[:1])
+        p_it[5] += Rd
+        R = Rd + p_rows
         if R > self.max_state_rows:
             raise ValueError(f"plan needs {R} state rows, exceeding {self.max_state_rows}")
         p_it[7] = 0
@@ -392,14 +396,15 @@ class CascadePlanner:
                                                qo_len.item(qo_len.argmax()) if G else 0), partials=False)
             it = res["items"] if res["final"] is None else res["items"].take(res["final"], axis=1)
             it[1] -= qo_indptr.take(it[0])   # rows relative to the group's first
+            rows = _state_rows(it, 0)         # state rows from the part's first
             if len(self._prefill_memo) >= PREFILL_MEMO:
                 self._prefill_memo.clear()
-            hit = self._prefill_memo[key] = (it, res, _fold_template(it, qo_len) if G == 1 else None)
-        it, res, tmpl = hit[0].copy(), hit[1], hit[2]
+            hit = self._prefill_memo[key] = (it, res, _fold_template(it, qo_len) if G == 1 else None, rows)
+        it, res, tmpl, rows = hit[0].copy(), hit[1], hit[2], hit[3]
         grp = groups.take(it[0])
         it[1] += row0.take(it[0])
         it[0] = grp
-        return it, res, tmpl
+        return it, res, tmpl, rows
 
 
 def _fold_template(it: np.ndarray, qo_len: np.ndarray):
