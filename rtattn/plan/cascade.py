@@ -278,7 +278,7 @@ class CascadePlanner:
         np.multiply(req, own, out=d_it[7])
         d_it[7] += lcp
         d_it[0] += 1                       # group b + 1 is request b's suffix
-        p_it, p_res, tmpl, p_rows = self._prefill_items(np.array([B]), np.array([P]), self._ar[:1], self._ar[:1])
+        p_it, p_res, tmpl, p_rows = self._prefill_items(np.array([B]), np.array([P]), self._ar[:1], None)
         p_it[5] += Rd
         R = Rd + p_rows
         if R > self.max_state_rows:
@@ -323,7 +323,7 @@ class CascadePlanner:
             part["_items"][:, :n] = it
             wi = part["work_indptr"]
             wi[0] = 0
-            np.cumsum(res["counts"], out=wi[1:C + 1])
+            wi[1:C + 1] = np.add.accumulate(res["counts"])   # (cumsum casting into int32 out= is slower)
             part["merge_indptr"][0] = 0
             struct.pack_into("=8i", part["plan_info"], 0, n, 0, R, Bp, planner.tile_q, self.page_size, C, N)
             infos.append(PlanInfo(n, 0, R, Bp, N, C, planner.tile_q, self.page_size, res["L"], res["split_tiles"],
@@ -374,7 +374,7 @@ class CascadePlanner:
         it[0] = grp
         return it, res
 
-    def _prefill_items(self, qo_len: np.ndarray, kv_len: np.ndarray, groups: np.ndarray, row0: np.ndarray):
+    def _prefill_items(self, qo_len: np.ndarray, kv_len: np.ndarray, groups: np.ndarray, row0: np.ndarray | None):
         """The prefill family's items for `groups` (pseudo-requests of qo_len queries from real
         row row0, over kv_len KV tokens): each group one request of its real query count (tiles
         of the prefill tile_q), no causal horizon (the kernel masks with the levels' positions),
@@ -401,9 +401,10 @@ class CascadePlanner:
                 self._prefill_memo.clear()
             hit = self._prefill_memo[key] = (it, res, _fold_template(it, qo_len) if G == 1 else None, rows)
         it, res, tmpl, rows = hit[0].copy(), hit[1], hit[2], hit[3]
-        grp = groups.take(it[0])
-        it[1] += row0.take(it[0])
-        it[0] = grp
+        if row0 is not None:   # None: one group, pseudo-request 0 from row 0 (the items say so already)
+            grp = groups.take(it[0])
+            it[1] += row0.take(it[0])
+            it[0] = grp
         return it, res, tmpl, rows
 
 
