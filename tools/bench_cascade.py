@@ -95,23 +95,33 @@ def bench_plan(reps: int) -> None:
 
     print(f"plan() host time, h200 description, {HQ}/{HKV} heads, page {PAGE} (median us of {reps}; "
           f"plain and cascade interleaved; the cascade plans as CascadeWrapper: shared groups on prefill tiles)")
-    print(f"{'row':>14} {'batch':>5} {'levels':>6} {'plain':>8} {'cascade':>8} {'ratio':>6} {'levels given':>12}")
+    print("each call is another decode step (the requests' last pages fill up: 8 page tables in turn); 'cold' "
+          "forgets the shared groups' schedules before every call (a step after requests joined or left)")
+    print(f"{'row':>14} {'batch':>5} {'levels':>6} {'plain':>8} {'cascade':>8} {'ratio':>6} {'cold':>8} "
+          f"{'cold ratio':>10} {'levels given':>12}")
     for name, spec in rows():
         kv_indptr, idx, last, total = page_tables(spec)
         B = len(last)
+        steps = [1 + (np.arange(B, dtype=np.int32) + k) % PAGE for k in range(8)]
         qo = np.arange(B + 1, dtype=np.int32)
         plain = Planner(B, B, int(kv_indptr[-1]), HQ, HKV, D, PAGE)
         pbuf = plain.layout.allocate()
         casc = CascadePlanner.create(B, B, total, HQ, HKV, D, PAGE, num_levels=3, max_rows=32, prefill_tile=prefill)
         cbuf = casc.planset.allocate()
         lv = share_prefixes(kv_indptr, idx, last, PAGE, max_levels=3)
-        a = b = c = None
+        step = iter(range(1 << 62))
+
+        def cold():
+            casc._prefill_memo.clear()
+            casc.plan_shared(None, kv_indptr, idx, steps[next(step) % 8], out=cbuf)
+        a = b = c = d = None
         for _ in range(3):   # interleaved: a busy shared CPU slows all alike
-            a1 = med(lambda: plain.plan(qo, kv_indptr, idx, last, out=pbuf))
-            b1 = med(lambda: casc.plan_shared(None, kv_indptr, idx, last, out=cbuf))
+            a1 = med(lambda: plain.plan(qo, kv_indptr, idx, steps[next(step) % 8], out=pbuf))
+            b1 = med(lambda: casc.plan_shared(None, kv_indptr, idx, steps[next(step) % 8], out=cbuf))
+            d1 = med(cold)
             c1 = med(lambda: casc.plan(lv, out=cbuf))
-            a, b, c = min(a or a1, a1), min(b or b1, b1), min(c or c1, c1)
-        print(f"{name:>14} {B:5d} {len(lv):6d} {a:8.1f} {b:8.1f} {b / a:6.2f} {c:12.1f}")
+            a, b, c, d = (min(x or y, y) for x, y in ((a, a1), (b, b1), (c, c1), (d, d1)))
+        print(f"{name:>14} {B:5d} {len(lv):6d} {a:8.1f} {b:8.1f} {b / a:6.2f} {d:8.1f} {d / a:10.2f} {c:12.1f}")
 
 
 # ---------------------------------------------------------------- GPU
