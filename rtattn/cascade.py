@@ -25,6 +25,7 @@ everywhere in rtattn.
 """
 from __future__ import annotations
 
+import ctypes
 import re
 
 import numpy as np
@@ -42,7 +43,6 @@ from rtattn.plan.prefix_tree import share_prefixes as levels_from_page_tables
 from rtattn.runtime import DeviceBuffer, Event, PinnedBuffer, export, memcpy_htod_async
 from rtattn.runtime import launch as launch_path
 from rtattn.runtime.launch import KernelCall, Launch, Params
-from rtattn.tensors import cuda_tensor
 from rtattn import wrapper as W
 from rtattn.wrapper import BatchDecodeWrapper
 from rtattn.wrapper_base import host_array as _host
@@ -84,6 +84,19 @@ def shared_prefill_tile(device: plan_devices.Device, head_dim: int, group: int, 
     if page_size > 128 or group > PREFILL_ROWS[-1]:
         return None
     return choose_tile(device, head_dim, group, PREFILL_ROWS[-1])
+
+
+OUT_MEMBERS = ("o", "o_stride_tok", "o_stride_head", "lse")
+OUT_MEMBERS_BYTES = 32   # four 8-byte members
+
+
+def _out_members_at(cstruct) -> int:
+    """Byte offset of the output members (OUT_MEMBERS, adjacent) in a packed struct."""
+    ct = cstruct.ctypes_type()
+    at = [getattr(ct, m).offset for m in OUT_MEMBERS]
+    if [b - a for a, b in zip(at, at[1:])] != [8, 8, 8]:
+        raise AssertionError(f"{cstruct.name}: {OUT_MEMBERS} are not adjacent 8-byte members")
+    return at[0]
 
 
 class _LevelsKernel(BatchDecodeWrapper):
@@ -200,6 +213,17 @@ class CascadeWrapper:
             ptrs = self.planner.kernel_plan_ptrs(k.workspace_ptr)["prefill"]
             self._prefill_ptrs = tuple(ptrs[f] for f in FIELD_NAMES)
             self._write_prefill_ptrs = FieldWriter(k.kernels.rendered.params, [f"plan.{f}" for f in FIELD_NAMES])
+        # The fold's arguments: fixed but for the output (o, its strides, lse), which it copies from
+        # the decode kernel's arguments (the same members in the same order in both structs).
+        ws, ptrs = k.workspace_ptr, self.planner.planset.device_ptrs(k.workspace_ptr)
+        fs = params_struct(dtype)
+        self._fold_template = fs.pack(
+            state_o=ws + k.state_o_offset, state_lse=ws + k.state_lse_offset, o=0, o_stride_tok=0, o_stride_head=0,
+            lse=0, fold_indptr=ptrs["fold_indptr"], fold_rows=ptrs["fold_rows"], fold_info=ptrs["fold_info"],
+            num_qo_heads=num_qo_heads)
+        self._fold_out_at = _out_members_at(fs)
+        self._out_at = _out_members_at(k.kernels.rendered.params)
+        self._eager: CascadeLaunch | None = None
         # The plan set in two pinned buffers, used in turn (as BatchDecodeWrapper's plans).
         nbytes = self.planner.planset.plan_bytes
         self._pinned = tuple(PinnedBuffer(nbytes, self.device) for _ in range(2))
@@ -265,56 +289,72 @@ class CascadeWrapper:
     # ------------------------------------------------------------------ run
     def run(self, q, k_cache, v_cache=None, *, out=None, lse=None, stream=None, sm_scale=None, params=None):
         """Attention of every planned query over all its levels; arguments as
-        BatchDecodeWrapper.run(). Returns out, or (out, lse) when lse was asked for."""
-        launch = self._prepare(q, k_cache, v_cache, out, lse, stream, sm_scale, params, exact=True)
+        BatchDecodeWrapper.run(). Returns out, or (out, lse) when lse was asked for. The
+        launch's argument buffers are rewritten on every call (the driver copies them at
+        enqueue), as BatchDecodeWrapper.run()'s."""
+        k = self.kernel
+        levels = k._bind(k._reusable(), q, k_cache, v_cache, out, lse, stream, sm_scale, params, exact=True)
+        launch = self._eager
+        if launch is None or launch.levels is not levels:
+            launch = self._eager = self._launch(levels)
+        else:
+            self._bind_calls(launch)
         launch()
-        return (launch.out, launch.lse) if launch.lse is not None else launch.out
+        return (levels.out, levels.lse) if levels.lse is not None else levels.out
 
     def prepare(self, q, k_cache, v_cache=None, *, out=None, lse=None, stream=None, sm_scale=None,
                 params=None) -> "CascadeLaunch":
-        """Validate and pack both kernels' arguments; the returned callable launches them
-        (graph capture calls it once, StepGraph replays it). q/out/lse may be sized for the
-        largest batch it will replay, as BatchDecodeWrapper.prepare()."""
-        return self._prepare(q, k_cache, v_cache, out, lse, stream, sm_scale, params, exact=False)
-
-    def _prepare(self, q, k_cache, v_cache, out, lse, stream, sm_scale, params, exact: bool) -> "CascadeLaunch":
+        """Validate and pack every kernel's arguments into a launch of its own; calling it
+        launches them (graph capture calls it once, StepGraph replays it). q/out/lse may be
+        sized for the largest batch it will replay, as BatchDecodeWrapper.prepare()."""
         if self.info is None:
             raise RuntimeError("run() before plan(): call plan() for this step first")
         k = self.kernel
-        levels = k._bind(k._new_launch(), q, k_cache, v_cache, out, lse, stream, sm_scale, params, exact=exact)
-        ov = cuda_tensor("out", levels.out, levels.stream)
-        lv = cuda_tensor("lse", levels.lse, levels.stream) if levels.lse is not None else None
-        ptrs = self.planner.planset.device_ptrs(self.workspace_ptr)
-        ws = self.workspace_ptr
-        fold = Params(params_struct(self.dtype).pack(
-            state_o=ws + self.kernel.state_o_offset, state_lse=ws + self.kernel.state_lse_offset,
-            o=ov.ptr, o_stride_tok=ov.strides[0], o_stride_head=ov.strides[1], lse=lv.ptr if lv is not None else 0,
-            fold_indptr=ptrs["fold_indptr"], fold_rows=ptrs["fold_rows"], fold_info=ptrs["fold_info"],
-            num_qo_heads=self.num_qo_heads))
-        pdl = k.pdl and k.kernels.pdl_capable
+        return self._launch(k._bind(k._new_launch(), q, k_cache, v_cache, out, lse, stream, sm_scale, params,
+                                    exact=False))
+
+    def _launch(self, levels) -> "CascadeLaunch":
+        """The launch list over the decode kernel's bound launch `levels`: its call, the prefill
+        kernel's (the same arguments with the prefill plan's pointers) and the fold's (its
+        fixed arguments, and the output pointers and strides of the decode arguments)."""
+        pdl = self.kernel.pdl and self.kernel.kernels.pdl_capable
         calls = list(levels.calls)     # the decode kernel over its groups (no merge kernel: _LevelsKernel)
-        if self.prefill is not None:   # the prefill kernel over its groups: the decode arguments, its plan
-            args = Params(bytes(levels.args))
-            self._write_prefill_ptrs(args.buffer, self._prefill_ptrs)
+        if self.prefill is not None:
             r = self.prefill.rendered
             calls.append(KernelCall(self.prefill.kernel, (self.planner.prefill.num_ctas, self.kernel.num_kv_heads, 1),
-                                    (r.threads, 1, 1), r.smem_bytes, args, pdl))
+                                    (r.threads, 1, 1), r.smem_bytes, Params(len(levels.args)), pdl))
         # The fold reads the states after griddepcontrol.wait: PDL overlaps its launch only.
         calls.append(KernelCall(fold_function(self.dtype, self.head_dim, self.softmax, self.device.ordinal),
-                                (self.fold_ctas, 1, 1), (THREADS, 1, 1), 0, fold, pdl))
-        return CascadeLaunch(self, levels, calls)
+                                (self.fold_ctas, 1, 1), (THREADS, 1, 1), 0, Params(self._fold_template), pdl))
+        launch = CascadeLaunch(self, levels, calls)
+        self._bind_calls(launch)
+        return launch
+
+    def _bind_calls(self, launch: "CascadeLaunch") -> None:
+        """Copy what the decode arguments hold for this call into the prefill and fold arguments."""
+        src = ctypes.addressof(launch.levels.args.buffer)
+        if self.prefill is not None:
+            args = launch.calls[1].params
+            ctypes.memmove(args.buffer, src, args.nbytes)
+            self._write_prefill_ptrs(args.buffer, self._prefill_ptrs)
+        ctypes.memmove(ctypes.addressof(launch.calls[-1].params.buffer) + self._fold_out_at, src + self._out_at,
+                       OUT_MEMBERS_BYTES)
 
 
 class CascadeLaunch(Launch):
     """A validated cascade step: calling it enqueues the levels' kernels (decode, then prefill
     where the wrapper has it) and the fold, one launch list. `levels` is the decode kernel's
-    launch (its arguments and the plan checks of a replay)."""
+    launch (its arguments, outputs and the plan checks of a replay)."""
 
     def __init__(self, wrapper: CascadeWrapper, levels, calls):
         super().__init__(calls, device=wrapper.device)
         self.wrapper, self.levels = wrapper, levels
-        self.out, self.lse, self.stream = levels.out, levels.lse, levels.stream
-        self.window_left, self.tokens = levels.window_left, levels.tokens
+
+    out = property(lambda self: self.levels.out)
+    lse = property(lambda self: self.levels.lse)
+    stream = property(lambda self: self.levels.stream, lambda self, s: None)   # (Launch's default: the levels')
+    window_left = property(lambda self: self.levels.window_left)
+    tokens = property(lambda self: self.levels.tokens)
 
     @property
     def fold_params(self) -> bytes:
@@ -325,4 +365,4 @@ class CascadeLaunch(Launch):
 
     def __call__(self, stream=None) -> None:
         self.levels.check_plan()
-        launch_path.enqueue(self.calls, self.stream if stream is None else stream, self.device)
+        launch_path.enqueue(self.calls, self.levels.stream if stream is None else stream, self.device)

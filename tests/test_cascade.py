@@ -134,6 +134,28 @@ def test_every_argument_is_fixed_across_replans(fake_gpu):
     assert w.spec.variant_type.startswith("rtattn::LevelPositions<rtattn::StandardAttention<false, false, false, true")
 
 
+def test_run_rewrites_one_launch_list_as_prepare_packs_it(fake_gpu):
+    """run() binds one reusable launch list per wrapper (argument buffers rewritten in place);
+    every call's arguments are those prepare() packs for the same tensors: the prefill kernel's
+    are the decode kernel's with the prefill plan, the fold's carry that call's out and lse."""
+    kv_indptr, idx, last, pool = one_prefix_batch(20, 256, 40, 16)
+    w = C.CascadeWrapper(2, 32, 8, 128, 16, max_batch=20, max_pages=pool)
+    w.plan(None, kv_indptr, idx, last, share_prefixes=True)
+    assert w.info.level_prefill_items[0] > 0
+    kc, vc = cuda((pool, 16, 8, 128), ptr=1 << 32), cuda((pool, 16, 8, 128), ptr=1 << 33)
+    k, calls = fake_gpu.kernels[0], set()
+    for o_ptr, lse_ptr in ((1 << 34, 1 << 35), (1 << 36, 0), (1 << 37, 1 << 38)):
+        q, o = cuda((20, 32, 128), ptr=1 << 39), cuda((20, 32, 128), ptr=o_ptr)
+        lse = cuda((20, 32), "float32", ptr=lse_ptr) if lse_ptr else None
+        w.run(q, kc, vc, out=o, lse=lse)
+        ran = enqueued(k)
+        calls.add(tuple(id(c) for c, _ in ran))
+        assert [a for _, a in ran] == [bytes(c.params) for c in w.prepare(q, kc, vc, out=o, lse=lse).calls]
+        f = params_struct("bfloat16").ctypes_type().from_buffer_copy(ran[2][1])
+        assert (f.o, f.lse or 0, f.o_stride_tok, f.o_stride_head) == (o_ptr, lse_ptr, 32 * 128, 128)   # (null: None)
+    assert len(calls) == 1   # the same three calls every time
+
+
 def test_levels_in_flashinfer_convention(fake_gpu):
     kv_indptr, idx, last, pool = one_prefix_batch(4, 64, 20, 16)
     w = C.CascadeWrapper(2, 8, 8, 64, 16, max_batch=4, max_pages=pool)
