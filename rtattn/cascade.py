@@ -299,7 +299,11 @@ class CascadeWrapper:
             launch = self._eager = self._launch(levels)
         else:
             self._bind_calls(launch)
-        launch()
+        levels.check_plan()
+        # Eager, a plan with nothing on prefill tiles skips that kernel (a prepared launch keeps it:
+        # later plans it replays may use it).
+        idle = self.prefill is not None and self.info.prefill.num_items == 0
+        launch_path.enqueue(launch.calls[::2] if idle else launch.calls, levels.stream, self.device)
         return (levels.out, levels.lse) if levels.lse is not None else levels.out
 
     def prepare(self, q, k_cache, v_cache=None, *, out=None, lse=None, stream=None, sm_scale=None,

@@ -82,8 +82,10 @@ def test_plan_is_one_copy_of_one_plan_set_and_the_kernel_reads_it(fake_gpu):
     w.run(q, kc, vc, out=o, lse=lse)
     k = fake_gpu.kernels[0]
     assert k.grids == [(w.kernel.num_ctas, 8)] and len(k.launches) == 1
-    (dec, dec_args), (pre, pre_args), (fc, fold) = enqueued(k)
-    assert [c.name for c in (dec, fc)] == ["decode", "fold"] and pre is not None and all(c.pdl for c in (dec, pre, fc))
+    (dec, dec_args), (fc, fold) = enqueued(k, 2)   # 6 queries on the prefix: nothing on prefill tiles, run() skips it
+    pre = w.prepare(q, kc, vc, out=o, lse=lse).calls[1]   # a prepared launch keeps it for later plans
+    pre_args = bytes(pre.params)
+    assert [c.name for c in (dec, fc)] == ["decode", "fold"] and all(c.pdl for c in (dec, pre, fc))
     ps = k.rendered.params.ctypes_type()
     st = ps.from_buffer_copy(dec_args)
     assert st.plan.work_indptr == w.workspace_ptr + w.kernel.layout.offsets["work_indptr"]
@@ -154,6 +156,13 @@ def test_run_rewrites_one_launch_list_as_prepare_packs_it(fake_gpu):
         f = params_struct("bfloat16").ctypes_type().from_buffer_copy(ran[2][1])
         assert (f.o, f.lse or 0, f.o_stride_tok, f.o_stride_head) == (o_ptr, lse_ptr, 32 * 128, 128)   # (null: None)
     assert len(calls) == 1   # the same three calls every time
+    # a plan with nothing on prefill tiles: run() skips the idle prefill kernel, prepare() keeps it
+    w.plan(None, *one_prefix_batch(6, 256, 40, 16)[:3], share_prefixes=True)
+    assert not w.info.level_prefill_items.any()
+    n = len(k.enqueued)
+    w.run(cuda((6, 32, 128)), kc, vc, out=cuda((6, 32, 128), ptr=1 << 34))
+    assert [c.name for c, _ in k.enqueued[n:]] == ["decode", "fold"]
+    assert len(w.prepare(cuda((6, 32, 128)), kc, vc, out=cuda((6, 32, 128), ptr=1 << 34)).calls) == 3
 
 
 def test_levels_in_flashinfer_convention(fake_gpu):
