@@ -44,7 +44,8 @@ timeout 300 "$PY" tools/bench_decode.py --prebuild-fi "${BD_ARGS[@]}" > "$LOGS/f
 stage smoke-fp8 "$T_SMOKE" "$PY" tools/smoke_decode.py --fp8 --no-timing
 stage smoke-prefill "$T_SMOKE" bash -c "for i in \$(seq 0 23); do timeout 60 $PY tools/smoke_prefill.py \$i & done; wait"
 grep -h -E "^(ok |BAD|EXC)" "$LOGS/smoke-prefill.log" | sort | uniq -c | sort -rn | head -5
-stage smoke-cascade "$T_SMOKE" bash -c "for i in \$(seq 0 11); do timeout 60 $PY tools/smoke_cascade.py \$i & done; wait"
+stage smoke-cascade "$((T_SMOKE + 40))" bash -c "for i in \$(seq 0 11); do timeout 90 $PY tools/smoke_cascade.py \$i & done; wait"
+grep -h -E "^(ok |BAD|EXC)" "$LOGS/smoke-cascade.log" | sort | uniq -c | sort -rn | head -5
 stage gpu-tier "$T_TIER" env OUT="$LOGS/tier" PYTEST_ARGS="-n 8 -vv" SAN_PARALLEL=1 SAN_TIMEOUT="${SAN_TIMEOUT:-70}" \
     bash tools/gpu_check.sh ${GPU_CHECK_ARGS:-}
 wait
@@ -53,7 +54,7 @@ stage bench-decode "$T_BENCH" "$PY" tools/bench_decode.py "${BD_ARGS[@]}" --dead
 stage bench-prefill "$T_BENCH" "$PY" tools/bench_prefill.py --libs rt fa2 --budget-s "$((T_BENCH - 30))" \
     --rows 16x1024 4x4096 32x512 1x16384 chunk16x4096+512 8x2048-softcap 8x2048-alibi 8x2048-window mtd64x4096-q4 mtd64x4096-q1
 stage bench-cascade "$T_BENCH" "$PY" tools/bench_cascade.py --deadline "$((T_BENCH / 2))" --samples 15 \
-    --libs rt-casc,rt-single,fi-casc,fi-cc
+    --libs rt-casc,rt-dec,rt-single,fi-casc,fi-cc
 stage bench-overhead "$T_BENCH" "$PY" tools/bench_overhead.py --batches 1,16,64 --reps 5
 
 echo "== gpu_all summary (logs: \$OUT/logs.tgz)"
