@@ -378,9 +378,11 @@ class CascadePlanner:
         """The prefill family's items for `groups` (pseudo-requests of qo_len queries from real
         row row0, over kv_len KV tokens): each group one request of its real query count (tiles
         of the prefill tile_q), no causal horizon (the kernel masks with the levels' positions),
-        KV split by Algorithm 1 over the prefill grid. Returns (items, schedule, template): for
-        one group whose every row has the same number c of states, template [rows, c] is each
-        row's state rows (counted from the part's first) in KV order, else None.
+        KV split by Algorithm 1 over the prefill grid. `row0` None: the one group is
+        pseudo-request 0 from row 0. Returns (items, schedule, template, state rows):
+        item_partial counts the state rows from the part's first; for one group whose every row
+        has the same number c of states, template [rows, c] is each row's state rows (counted
+        the same way) in KV order, else None.
 
         The schedule depends only on the groups' query and KV lengths, which consecutive decode
         steps keep (a shared prefix does not grow; requests joining or leaving change it): the
@@ -401,7 +403,7 @@ class CascadePlanner:
                 self._prefill_memo.clear()
             hit = self._prefill_memo[key] = (it, res, _fold_template(it, qo_len) if G == 1 else None, rows)
         it, res, tmpl, rows = hit[0].copy(), hit[1], hit[2], hit[3]
-        if row0 is not None:   # None: one group, pseudo-request 0 from row 0 (the items say so already)
+        if row0 is not None:   # (None: the items say so already)
             grp = groups.take(it[0])
             it[1] += row0.take(it[0])
             it[0] = grp
