@@ -401,7 +401,8 @@ class CascadePlanner:
             rows = _state_rows(it, 0)         # state rows from the part's first
             if len(self._prefill_memo) >= PREFILL_MEMO:
                 self._prefill_memo.clear()
-            hit = self._prefill_memo[key] = (it, res, _fold_template(it, qo_len) if G == 1 else None, rows)
+            tmpl = _fold_template(it, qo_len, self.prefill.tile_q) if G == 1 else None
+            hit = self._prefill_memo[key] = (it, res, tmpl, rows)
         it, res, tmpl, rows = hit[0].copy(), hit[1], hit[2], hit[3]
         if row0 is not None:   # (None: the items say so already)
             grp = groups.take(it[0])
@@ -410,19 +411,21 @@ class CascadePlanner:
         return it, res, tmpl, rows
 
 
-def _fold_template(it: np.ndarray, qo_len: np.ndarray):
-    """One group's items (rows relative to its first): [rows, c], each row's state rows (from
-    0, in item order) in KV order, where every row has c states; else None."""
-    ql = it[2]
-    ends = np.cumsum(ql)
-    owner, j = _repeat_index(ql, np.arange(int(ends[-1]) + 1 if ql.shape[0] else 1), ends)
-    row = it[1].take(owner) + j
-    state = (ends - ql).take(owner) + j
-    cnt = np.bincount(row, minlength=int(qo_len[0]))
-    if cnt.shape[0] == 0 or cnt.min() != cnt.max():
+def _fold_template(it: np.ndarray, qo_len: np.ndarray, tile_q: int):
+    """One group's items (rows relative to its first, state rows in it[5] from 0): [rows, c],
+    each row's state rows in KV order, where every query tile has the same c chunks (balanced
+    plans of one group: its tiles read the same KV); else None."""
+    N, n = int(qo_len[0]), it.shape[1]
+    T = -(-N // tile_q)
+    if n % T:
         return None
-    order = (row.astype(np.int64) << 31 | it[3].take(owner)).argsort(kind="stable")
-    return state[order].reshape(cnt.shape[0], int(cnt[0]))
+    c = n // T
+    order = (it[1].astype(np.int64) << 31 | it[3]).argsort(kind="stable")   # by tile, then by KV
+    if not (it[1].take(order).reshape(T, c) == (np.arange(T) * tile_q)[:, None]).all():
+        return None
+    base = it[5].take(order).reshape(T, c)   # state row of each tile's chunks at its first row
+    r = np.arange(N)
+    return base[r // tile_q] + (r % tile_q)[:, None]
 
 
 def _state_rows(it: np.ndarray, first: int) -> int:
