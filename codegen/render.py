@@ -51,33 +51,6 @@ def params_struct(spec: AttentionSpec) -> CStruct:
     return CStruct("Params", tuple(members))
 
 
-def decode_smem_bytes(spec: AttentionSpec) -> int:
-    """Mirror of rtattn::DecodeShape::smem_bytes (a static_assert in the source checks it)."""
-    return _q_bytes(spec) + decode_scratch_bytes(spec)
-
-
-def _q_bytes(spec: AttentionSpec) -> int:
-    return spec.rows * spec.head_dim * 2
-
-
-def kv_elem_bytes(spec: AttentionSpec) -> int:
-    return 1 if spec.kv_is_fp8 else 2
-
-
-def decode_scratch_bytes(spec: AttentionSpec) -> int:
-    """The KV stages; each also fits the warps' combine (float32 rows + m, l), which reuses the
-    one stage that is free at an item's end."""
-    kv = 2 * spec.num_warps * 16 * spec.head_dim * kv_elem_bytes(spec)
-    combine = spec.num_warps * 16 * (spec.head_dim + 2) * 4
-    return spec.stages * max(kv, combine)
-
-
-def min_blocks_per_sm(spec: AttentionSpec) -> int:
-    """Occupancy the kernel is compiled for: as many CTAs as 227 KiB of shared memory holds, at
-    most 2 (register budget: 255 per thread needs 1 CTA of 128 threads... 2 fit in 64K regs)."""
-    return max(1, min(2, (227 * 1024) // (decode_smem_bytes(spec) + 1024)))
-
-
 @dataclass(frozen=True)
 class Rendered:
     source: str
@@ -107,16 +80,17 @@ def _common(spec: AttentionSpec) -> tuple[CStruct, dict]:
 
 
 @functools.lru_cache(maxsize=None)
-def render(spec: AttentionSpec) -> Rendered:
+def render_decode(spec: AttentionSpec, smem_bytes: int, min_blocks: int) -> Rendered:
+    """Decode source for a spec, with the shared memory and the CTAs per SM it is compiled for
+    from the decode family's resource model (rtattn.families.decode.render)."""
     params, common = _common(spec)
     threads = spec.num_warps * 32
-    smem = decode_smem_bytes(spec)
     decode_name = f"rtattn_decode_{spec.uri}"
     merge_name = f"rtattn_merge_{spec.uri}"
     source = _ENV.get_template("decode.cu.jinja").render(
-        **common, smem_bytes=smem, threads=threads, min_blocks=min_blocks_per_sm(spec),
+        **common, smem_bytes=smem_bytes, threads=threads, min_blocks=min_blocks,
         decode_name=decode_name, merge_name=merge_name)
-    return Rendered(source, decode_name, merge_name, smem, threads, params)
+    return Rendered(source, decode_name, merge_name, smem_bytes, threads, params)
 
 
 @functools.lru_cache(maxsize=None)

@@ -176,28 +176,3 @@ BUILTINS = {
     "rope": rope,
     "custom_mask": custom_mask,
 }
-
-
-def default_stages(head_dim: int, arch: str) -> int:
-    """KV pipeline depth: 3 stages, except head_dim 256 before Hopper (A100's 163 KiB of shared
-    memory per block holds only 2)."""
-    return 2 if head_dim > 128 and int(re.match(r"sm_(\d+)", arch).group(1)) < 90 else 3
-
-
-def shipped_specs(arch: str = "sm_90") -> list[AttentionSpec]:
-    """Every kernel instance the package ships for `arch` (what rtattn-compile warms): every
-    built-in at every 16-bit type, head dim and row tile; with an fp8 cache, bf16 q and 16 fused
-    rows: every built-in and head dim for e4m3, plain attention for e5m2 (the rest compile on
-    first use, ~1 s each: CI compiles every shipped instance for two archs on 2 cores)."""
-    out = []
-    for make in BUILTINS.values():
-        for dtype in DTYPES:
-            for head_dim in HEAD_DIMS:
-                for m_tiles in ((1, 2) if head_dim <= 128 else (1,)):
-                    out.append(make(dtype=dtype, head_dim=head_dim, m_tiles=m_tiles,
-                                    stages=default_stages(head_dim, arch)))
-        for kv_dtype in FP8_DTYPES if make is BUILTINS["plain"] else ("float8_e4m3fn",):
-            for head_dim in HEAD_DIMS:
-                out.append(make(dtype="bfloat16", kv_dtype=kv_dtype, head_dim=head_dim,
-                                stages=default_stages(head_dim, arch)))
-    return out

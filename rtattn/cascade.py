@@ -31,7 +31,8 @@ import re
 import numpy as np
 
 from rtattn.codegen.cstruct import FieldWriter
-from rtattn.codegen.spec import BUILTINS, AttentionSpec, Param, default_stages
+from rtattn.codegen.spec import BUILTINS, AttentionSpec, Param
+from rtattn.families import decode as decode_family
 from rtattn.families.prefill import ROWS as PREFILL_ROWS, choose_tile, prefill_kernels, tile_config
 from rtattn.level_fold import CTAS_PER_SM, THREADS, fold_function, params_struct
 from rtattn.plan import devices as plan_devices
@@ -179,8 +180,8 @@ class CascadeWrapper:
         if isinstance(variant, AttentionSpec):
             base = variant.with_(m_tiles=m_tiles)
         elif variant in CASCADE_VARIANTS:
-            base = BUILTINS[variant](dtype=dtype, head_dim=head_dim, m_tiles=m_tiles,
-                                     stages=default_stages(head_dim, W.current_device(device).arch))
+            base = decode_family.builtin(BUILTINS[variant], W.current_device(device).arch, dtype=dtype,
+                                         head_dim=head_dim, m_tiles=m_tiles)
         else:
             raise ValueError(f"variant {variant!r} is not supported across cascade levels; use one of "
                              f"{CASCADE_VARIANTS} or an AttentionSpec")

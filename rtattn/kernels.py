@@ -19,9 +19,11 @@ import functools
 import os
 import re
 
-from rtattn.codegen.render import MERGE_THREADS, Rendered, render
+from rtattn.codegen.render import MERGE_THREADS, Rendered
 from rtattn.codegen.spec import AttentionSpec
+from rtattn.families import decode as family
 from rtattn.families import resources
+from rtattn.plan import devices as plan_devices
 from rtattn.runtime import Device, Module, compile_to_cubin
 from rtattn.runtime.launch import KernelCall, Params
 
@@ -40,10 +42,12 @@ def check_arch(arch) -> str:
     return arch
 
 
-def compile_spec(spec: AttentionSpec, arch: str, quiet: bool | None = None) -> tuple[Rendered, bytes]:
-    """Render and compile to CUBIN (through the on-disk cache); needs no GPU."""
+def compile_spec(spec: AttentionSpec, arch: str, quiet: bool | None = None, device=None) -> tuple[Rendered, bytes]:
+    """Render (with the decode family's resource numbers for `device`, a plan.devices.Device;
+    None: the named description of `arch`) and compile to CUBIN (through the on-disk cache);
+    needs no GPU."""
     check_arch(arch)
-    rendered = render(spec)
+    rendered = family.render(spec, device or resources.device_for_arch(arch))
     dev = tuple(os.environ.get("RTATTN_DEV_DEFINES", "").split())  # -D flags for A/B experiments
     cubin = compile_to_cubin(rendered.source, name=spec.uri, arch=arch, options=COMPILE_OPTIONS + dev, quiet=quiet)
     return rendered, bytes(cubin)
@@ -85,7 +89,7 @@ class DecodeKernels(LoadedKernels):
     def __init__(self, spec: AttentionSpec, device: Device | None = None):
         self.spec = spec
         device = device or Device()
-        rendered, cubin = compile_spec(spec, device.arch)
+        rendered, cubin = compile_spec(spec, device.arch, device=plan_devices.from_props(device.props))
         super().__init__(rendered, cubin, rendered.decode_name, device)
         self.decode = self.kernel
 

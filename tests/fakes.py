@@ -6,9 +6,11 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from rtattn import prefill_wrapper as PW
 from rtattn import wrapper as W
 from rtattn import wrapper_base as B
-from rtattn.codegen.render import render
+from rtattn.codegen.render import render_prefill
+from rtattn.families.decode import render
 from rtattn.runtime import export
 from rtattn.runtime import launch as launch_mod
 from rtattn.kernels import LoadedKernels
@@ -27,7 +29,7 @@ class FakeKernels(LoadedKernels):
     _next_handle = 0xD000
 
     def __init__(self, spec):
-        self.rendered = render(spec)
+        self.rendered = render(spec, "h200")
         self.ctas_per_sm = 2
         FakeKernels._next_handle += 0x10   # distinct functions per spec, as loaded modules have
         self.kernel = self.decode = SimpleNamespace(handle=FakeKernels._next_handle, name="decode", owner=self)
@@ -43,6 +45,39 @@ class FakeKernels(LoadedKernels):
         self.grids.append(calls[0].grid[:2])
         self.merges.append(len(calls) > 1)
         self.enqueued += [(c, bytes(c.params)) for c in calls]
+
+
+class FakePrefillKernels(LoadedKernels):
+    """The prefill family's LoadedKernels with no module (the real calls(), over fake functions).
+    Records every enqueued launch as (kernel names, grid of the first, argument bytes)."""
+
+    def __init__(self, spec, tile):
+        self.rendered = render_prefill(spec, tile)
+        self.ctas_per_sm, self.pdl_capable = 2, True
+        self.kernel = self.attention = SimpleNamespace(handle=0xA0, name="attention", owner=self)
+        self.merge = SimpleNamespace(handle=0xA1, name="merge", owner=self)
+        self.merge_ctas = 264
+        self.enqueued = []
+
+    def num_ctas(self, num_kv_heads):
+        return max(1, 132 * 2 // num_kv_heads)
+
+    def record(self, calls, stream):
+        self.enqueued.append(([c.name for c in calls], calls[0].grid, bytes(calls[0].params)))
+
+
+def install_prefill(monkeypatch, **kw) -> list:
+    """install(), plus BatchPrefillWrapper on the fake device with FakePrefillKernels; returns the
+    list the kernels made are appended to."""
+    dev = install(monkeypatch, lambda spec: None, **kw)
+    made = []
+
+    def kernels(spec, tile, ordinal):
+        made.append(FakePrefillKernels(spec, tile))
+        return made[-1]
+    monkeypatch.setattr(PW, "current_device", lambda d=None: dev)
+    monkeypatch.setattr(PW.family, "prefill_kernels", kernels)
+    return made
 
 
 def fake_enqueue(calls, stream, device=None):

@@ -15,7 +15,9 @@ import numpy as np
 import pytest
 
 from rtattn.codegen import spec as S
-from rtattn.codegen.render import decode_smem_bytes, params_struct
+from rtattn.codegen.render import params_struct
+from rtattn.families import decode as decode_family
+from rtattn.families.decode import smem_bytes as decode_smem_bytes
 from rtattn.kernels import compile_spec
 from rtattn.plan import reference as ref
 
@@ -47,11 +49,11 @@ def test_bad_element_types_are_refused(kw, match):
 
 
 def test_shipped_fp8_instances_are_named_and_sized():
-    names = [s.uri for s in S.shipped_specs("sm_90")]
+    names = [s.uri for s in decode_family.shipped("sm_90")]
     e4m3, e5m2 = ([n for n in names if f"_kv{f}_" in n] for f in ("e4m3", "e5m2"))
     assert len(e4m3) == len(S.BUILTINS) * len(S.HEAD_DIMS) and len(set(names)) == len(names)
     assert e5m2 == [f"plain_bfloat16_kve5m2_d{d}_m1_w4_s3" for d in S.HEAD_DIMS]
-    assert "rope_bfloat16_kve4m3_d256_m1_w4_s2" in [s.uri for s in S.shipped_specs("sm_80")]
+    assert "rope_bfloat16_kve4m3_d256_m1_w4_s2" in [s.uri for s in decode_family.shipped("sm_80")]
     # half the KV bytes per stage, but a stage also holds the warps' float32 combine: same size
     assert decode_smem_bytes(S.standard(kv_dtype="e4m3")) == decode_smem_bytes(S.standard())
     members = [m.name for m in params_struct(S.standard(kv_dtype="e5m2")).members]

@@ -1,7 +1,9 @@
 import pytest
 
 from rtattn.plan.devices import DEVICES, from_props, get_device
-from rtattn.plan.tiles import TileConfig, num_ctas_for, occupancy, select_tile, smem_bytes
+from rtattn.codegen.spec import standard
+from rtattn.families.decode import smem_bytes
+from rtattn.plan.tiles import TileConfig, num_ctas_for, occupancy, select_tile
 
 
 def test_named_devices():
@@ -41,10 +43,10 @@ def test_decode_tile_head_group_fusion():
 
 def test_occupancy_limits():
     h = get_device("h200")
-    assert occupancy(h, 128, 168, smem_bytes(3, 64, 128)) == 2     # smem bound
+    assert occupancy(h, 128, 168, smem_bytes(standard())) == 2     # smem bound
     assert occupancy(h, 128, 255, 4096) == 2                         # register bound
     assert occupancy(h, 128, 168, 300 * 1024) == 0                   # over opt-in
-    assert occupancy(get_device("a100"), 128, 168, smem_bytes(3, 64, 128)) == 1
+    assert occupancy(get_device("a100"), 128, 168, smem_bytes(standard())) == 1
 
 
 def test_num_ctas():

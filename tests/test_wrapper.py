@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from rtattn import wrapper as W
-from rtattn.codegen.render import render
+from rtattn.families.decode import render
 from rtattn.plan.layout import paged_kv
 from rtattn.runtime import export
 
@@ -130,7 +130,7 @@ def test_decode_kernels_calls_without_a_gpu():
     from rtattn.runtime.launch import Params
 
     k = object.__new__(DecodeKernels)
-    k.rendered = render(standard())
+    k.rendered = render(standard(), "h200")
     k.kernel, k.merge = SimpleNamespace(handle=0xD0, name="decode"), SimpleNamespace(handle=0xE0, name="merge")
     k.merge_ctas, k.pdl_capable = 264, False
     p = Params(64)

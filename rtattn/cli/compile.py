@@ -28,9 +28,9 @@ def _compile_one(args):
 
 def _compile(kind, key, arch):
     if kind == "decode":
-        from rtattn.codegen.spec import shipped_specs
+        from rtattn.families import decode
         from rtattn.kernels import compile_spec
-        spec = next(s for s in shipped_specs(arch) if s.uri == key)
+        spec = next(s for s in decode.shipped(arch) if s.uri == key)
         compile_spec(spec, arch, quiet=True)
     elif kind == "prefill":
         from rtattn.families import prefill
@@ -40,6 +40,22 @@ def _compile(kind, key, arch):
         from rtattn import merge
         from rtattn.runtime import compile_to_cubin
         compile_to_cubin(merge.source(), name="merge_states", arch=arch, quiet=True)
+
+
+def shipped_jobs(arch: str, text: str = "") -> list[tuple[str, str, str]]:
+    """(family, instance name, arch) of every shipped instance whose name contains `text`: each
+    decode spec, each prefill (spec, tile) and the merge_states kernel."""
+    from rtattn.families import decode, prefill
+    jobs = [("decode", s.uri, arch) for s in decode.shipped(arch) if text in s.uri]
+    jobs += [("prefill", n, arch) for n in (prefill.instance_name(s, t) for s, t in prefill.shipped(arch))
+             if text in n]
+    if text in "merge_states":
+        jobs.append(("merge_states", "merge_states", arch))
+    if not jobs:
+        raise CliError(f"--filter {text!r} matches no kernel instance (names look like "
+                       f"{decode.shipped(arch)[0].uri}, {prefill.instance_name(*prefill.shipped(arch)[0])} or "
+                       f"merge_states)")
+    return jobs
 
 
 def _default_arch() -> str:
@@ -53,7 +69,6 @@ def _main(argv) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from rtattn.codegen.spec import shipped_specs
     from rtattn.runtime import cache_dir
 
     ap = Parser(prog="rtattn-compile", description=__doc__.splitlines()[0])
@@ -65,15 +80,7 @@ def _main(argv) -> int:
         raise CliError(f"--jobs must be >= 1, got {args.jobs}")
     from rtattn.kernels import check_arch
     arch = check_arch(args.arch or _default_arch())
-    from rtattn.families import prefill
-    jobs = [("decode", s.uri, arch) for s in shipped_specs(arch) if args.filter in s.uri]
-    jobs += [("prefill", n, arch) for n in (prefill.instance_name(s, t) for s, t in prefill.shipped(arch))
-             if args.filter in n]
-    if args.filter in "merge_states":
-        jobs.append(("merge_states", "merge_states", arch))
-    if not jobs:
-        raise CliError(f"--filter {args.filter!r} matches no kernel instance (names look like "
-                       f"{shipped_specs(arch)[0].uri} or merge_states)")
+    jobs = shipped_jobs(arch, args.filter)
     console = Console(stderr=False)
     t0 = time.perf_counter()
     workers = min(args.jobs, len(jobs))
