@@ -20,10 +20,9 @@ from rtattn.families import prefill as family
 from rtattn.plan import devices as plan_devices
 from rtattn.plan.inspector import Planner, PlanInfo
 from rtattn.plan.layout import check_config, check_int
-from rtattn.runtime import as_stream, current_device
-from rtattn.runtime.launch import Params
-from rtattn.tensors import cuda_tensor, expect_inner_contiguous, expect_shape, expect_vector_aligned
-from rtattn.wrapper_base import KV_LAYOUTS, PlannedLaunch, PlannedWrapper, host_array, paged_strides
+from rtattn.runtime import current_device
+from rtattn.tensors import expect_inner_contiguous, expect_shape, expect_vector_aligned
+from rtattn.wrapper_base import KV_LAYOUTS, PlannedLaunch, PlannedWrapper, _checked, host_array
 
 PREFILL_KV_LAYOUTS = KV_LAYOUTS + ("ragged",)
 
@@ -59,14 +58,15 @@ class BatchPrefillWrapper(PlannedWrapper):
         self.device = current_device(device)
         self.num_qo_heads, self.num_kv_heads, self.head_dim = num_qo_heads, num_kv_heads, head_dim
         self.group = num_qo_heads // num_kv_heads
-        self.page_size, self.kv_layout, self.dtype = page_size, kv_layout, dtype
+        self.page_size, self.kv_layout = page_size, kv_layout
         self.spec = family.spec_for(variant, dtype, head_dim)
+        self.dtype, self.kv_dtype, self.o_dtype = self.spec.q_dtype, self.spec.kv_dtype, self.spec.o_dtype
         dev = plan_devices.from_props(self.device.props)
         mql = int(max_qo_len or max_qo_tokens)
         avg = float(avg_qo_len) if avg_qo_len is not None else float(min(mql, 1024))
         self.tile = family.choose_tile(dev, head_dim, self.group, avg, paged=not self.ragged, **(tile or {}))
         self.kernels = family.prefill_kernels(self.spec, self.tile, self.device.ordinal)
-        self.pdl = pdl
+        self.pdl, self.fused_merge = pdl, False   # split KV: always the merge kernel
         self.num_ctas = int(num_ctas) if num_ctas is not None else self.kernels.num_ctas(num_kv_heads)
         self.planner = Planner(max_batch, max_qo_tokens, max_pages, num_qo_heads, num_kv_heads, head_dim,
                                page_size, device=dev, mode=mode, num_ctas=self.num_ctas,
@@ -102,46 +102,34 @@ class BatchPrefillWrapper(PlannedWrapper):
             kv_indices, kv_last_page_len = host_array(kv_indices), host_array(kv_last_page_len)
         return self._plan_and_copy(qo_indptr, kv_indptr, kv_indices, kv_last_page_len, stream, window_left)
 
-    # ------------------------------------------------------------------ run
-    def prepare(self, q, k_cache, v_cache=None, *, out=None, lse=None, stream=None, sm_scale=None,
-                params: dict | None = None) -> "PrefillLaunch":
-        """Validate everything and pack the kernel arguments; the returned callable launches."""
-        if self.info is None:
-            raise RuntimeError("run() before plan(): call plan() for this step first")
-        stream = as_stream(stream)
-        qv = self._check_q(q, stream)
-        if self.ragged:
-            kv = self._ragged_caches(k_cache, v_cache, stream)
-            strides = tuple((t.strides[0], 0, t.strides[1]) for t in kv)
-        else:
-            kv = self._paged_caches(k_cache, v_cache, stream)
-            strides = (paged_strides(kv[0], self.kv_layout), paged_strides(kv[1], self.kv_layout))
-        out, ov, lse, lv = self._outputs(out, lse, stream)
-        self._same_device({"q": qv, "k_cache": kv[0], "v_cache": kv[1], "out": ov, "lse": lv})
-        args = Params(self._pack(qv, strides, (kv[0].ptr, kv[1].ptr), ov, lv, sm_scale,
-                                 self._extra_values(params or {}, stream)))
-        launch = PrefillLaunch(self, self.kernels.calls(args, self.num_ctas, self.num_kv_heads,
-                                                        merge=self._may_split, pdl=self.pdl), args)
-        launch.stream, launch.out, launch.lse, launch.window_left = stream, out, lse, self.window_left
-        launch.tokens = self.info.num_qo_tokens   # q/out/lse hold exactly the plan's tokens
-        launch.keep = (qv, kv, ov, lv, params)
-        return launch
-
-    def _ragged_caches(self, k, v, stream):
-        if v is None:
+    # ------------------------------------------------------------------ run (PlannedWrapper's)
+    def _caches(self, k_cache, v_cache, h):
+        """Paged caches as the decode wrapper's; ragged K and V [kv_tokens, H_kv, D] must hold
+        the tokens the plan reads (kv_indptr[-1])."""
+        if not self.ragged:
+            return super()._caches(k_cache, v_cache, h)
+        if v_cache is None:
             raise ValueError("ragged KV needs both k and v tensors [kv_tokens, H_kv, D]")
-        need = int(self.info.views["req_kv_len"][:self.info.batch].sum()) if self.info.batch else 0
         out = []
-        for name, t in (("k", k), ("v", v)):
-            tv = cuda_tensor(name, t, stream, dtype=self.dtype, ndim=3)
-            expect_shape(name, tv, (None, self.num_kv_heads, self.head_dim))
-            expect_inner_contiguous(name, tv)
-            expect_vector_aligned(name, tv)
-            if tv.shape[0] < need:
-                raise ValueError(f"{name} has {tv.shape[0]} tokens but the plan reads {need} (kv_indptr[-1])")
-            out.append(tv)
-        return tuple(out)
+        for name, t in (("k", k_cache), ("v", v_cache)):
+            f = self._imports.get(name, t, h, self._derive_ragged)
+            if f[0] < self._nnz:
+                raise ValueError(f"{name} has {f[0]} tokens but the plan reads {self._nnz} (kv_indptr[-1])")
+            out.append(f)
+        return out
+
+    def _derive_ragged(self, name, t):
+        """Ragged K or V [tokens, H_kv, D]: (..., ptr, token stride as the page stride, 0, head
+        stride): page size 1."""
+        t = _checked(name, t, self.kv_dtype, 3, self.device.ordinal)
+        expect_shape(name, t, (None, self.num_kv_heads, self.head_dim))
+        expect_inner_contiguous(name, t)
+        expect_vector_aligned(name, t)
+        return (t.shape[0], name, t.shape, t.ptr, t.strides[0], 0, t.strides[1])
 
 
 class PrefillLaunch(PlannedLaunch):
     """A validated launch of the prefill (and merge) kernels: calling it enqueues them."""
+
+
+BatchPrefillWrapper.launch_type = PrefillLaunch

@@ -1,13 +1,13 @@
 """What every planned attention wrapper shares (decode, prefill): the device workspace, the two
-pinned plan buffers and their async copy, the window and KV-pool checks, the fixed kernel
-arguments, and launches (rtattn.runtime.launch) that check their plan. Per-call validation and
-packing of the one Params struct come in two forms: BatchDecodeWrapper's fast path (tensor
-imports remembered, members written in place: rtattn/wrapper.py) and the plain one here, which
-BatchPrefillWrapper uses (moving prefill onto the fast path is the next step).
+pinned plan buffers and their async copy, the window and KV-pool checks, and the per-call path
+of run()/prepare(): tensors imported once per object (TensorImports) and checked there, what
+depends on the plan checked every call, the per-call members of the one Params struct written
+in place into a packed template (FieldWriter), launches (rtattn.runtime.launch) of prepared
+kernel calls that check their plan.
 
-A subclass builds `self.planner` and `self.kernels` (anything with `.rendered.params`), sets the
-head/page/dtype attributes and `_pool_given` (num_pages_pool known up front), then calls
-`_setup_buffers(workspace)`.
+A subclass builds `self.planner` and `self.kernels` (anything with `.rendered.params` and
+`.calls()`), sets the head/page attributes, `spec`, `fused_merge` and `_pool_given`
+(num_pages_pool known up front), then calls `_setup_buffers(workspace)`.
 
 LSE convention: natural logarithm (base e) of the sum of the attention weights' exponentials,
 log sum_j exp(s_j), with s_j the logits after sm_scale (and the variant's logits transform).
@@ -15,22 +15,27 @@ log sum_j exp(s_j), with s_j the logits after sm_scale (and the variant's logits
 from __future__ import annotations
 
 import math
+import numbers
 
 import numpy as np
 
+from rtattn.codegen.cstruct import FieldWriter
 from rtattn.codegen.spec import AttentionSpec
 from rtattn.plan.inspector import check_window
 from rtattn.runtime import DeviceBuffer, Event, PinnedBuffer, memcpy_htod_async, memset_d32
 from rtattn.runtime import launch as launch_path
-from rtattn.runtime.launch import Launch, Params
-from rtattn.tensors import (cuda_tensor, expect_inner_contiguous, expect_shape, expect_typed, expect_vector_aligned,
-                            same_device)
+from rtattn.runtime.launch import Launch, Params, stream_handle
+from rtattn.tensors import (TensorImports, cuda_tensor, expect_inner_contiguous, expect_shape, expect_typed,
+                            expect_vector_aligned, same_device)
 
 KV_LAYOUTS = ("NHD", "HND")
+FP8_SCALE_MEMBERS = ("k_scale", "v_scale", "k_scale_stride", "v_scale_stride", "k_scale_f", "v_scale_f")
+LOG2E = 1.4426950408889634
 
 
 class PlannedWrapper:
     spec: AttentionSpec
+    launch_type: type   # the family's PlannedLaunch subclass
 
     def _setup_buffers(self, workspace) -> None:
         self.layout = self.planner.layout
@@ -52,6 +57,14 @@ class PlannedWrapper:
         self.info = None
         self._nnz = 0   # pages the latest plan reads (kv_indptr[-1])
         self.window_left: int | None = None   # the planned window (sliding-window variants)
+        self._template, self._write = self._argument_template()
+        self._eager, self._eager_key = None, None
+        self._imports = TensorImports(self.device.ordinal)
+        sc = 1.0 / math.sqrt(self.head_dim)
+        self._default_scale = (sc, sc * LOG2E)
+        ps, hk, d = self.page_size, self.num_kv_heads, self.head_dim
+        self._per_page = (ps, hk, d) if self.kv_layout == "NHD" else (hk, ps, d)
+        self._no_scales = self._scales(None, None, 0)   # what run() packs when given no scales
 
     def _workspace(self, workspace):
         need = self.planner.workspace_bytes()
@@ -98,65 +111,192 @@ class PlannedWrapper:
 
     # ------------------------------------------------------------------ run
     def run(self, q, k_cache, v_cache=None, *, out=None, lse=None, stream=None, sm_scale=None,
-            params: dict | None = None):
-        """Attention for the planned batch: prepare() (validation, packing), then the launch.
-        q [tokens, H_qo, D]; the caches as the wrapper's class documents (paged: [pages,
-        page_size, H_kv, D] for NHD, [pages, H_kv, page_size, D] for HND, or one kv_cache
-        [pages, 2, ...] as k_cache). `out` (optional) [tokens, H_qo, D]; `lse`: None, True
-        (allocate) or a float32 [tokens, H_qo] tensor. Returns out, or (out, lse)."""
-        launch = self.prepare(q, k_cache, v_cache, out=out, lse=lse, stream=stream, sm_scale=sm_scale,
-                              params=params)
+            params: dict | None = None, k_scale=None, v_scale=None):
+        """Attention for the planned batch. q [tokens, H_qo, D]; the caches as the wrapper's class
+        documents (paged: [pages, page_size, H_kv, D] for NHD, [pages, H_kv, page_size, D] for HND,
+        or one kv_cache [pages, 2, ...] as k_cache). `out` (optional) [tokens, H_qo, D]; `lse`:
+        None, True (allocate) or a float32 [tokens, H_qo] tensor. `k_scale`/`v_scale`: fp8 caches
+        only (BatchDecodeWrapper). Returns out, or (out, lse) when lse was asked for."""
+        launch = self._bind(self._reusable(), q, k_cache, v_cache, out, lse, stream, sm_scale, params,
+                            k_scale, v_scale)
         launch()
         return (launch.out, launch.lse) if launch.lse is not None else launch.out
 
-    # ------------------------------------------------------------------ validation
-    def _check_q(self, q, stream):
-        qv = cuda_tensor("q", q, stream, dtype=self.dtype, ndim=3)
-        expect_shape("q", qv, (self.info.num_qo_tokens, self.num_qo_heads, self.head_dim))
-        expect_inner_contiguous("q", qv)
-        expect_vector_aligned("q", qv)
-        return qv
+    def prepare(self, q, k_cache, v_cache=None, *, out=None, lse=None, stream=None, sm_scale=None,
+                params: dict | None = None, k_scale=None, v_scale=None) -> "PlannedLaunch":
+        """Validate everything and pack the kernel arguments into a launch of its own; calling it
+        enqueues the kernels. Graph capture calls it once and replays; every pointer is fixed in it.
+        q, out and lse may hold more rows than the plan's tokens (size them for the largest batch
+        the launch will replay): later plans may use up to that many, and a plan with more is
+        refused before the replay."""
+        return self._bind(self._new_launch(), q, k_cache, v_cache, out, lse, stream, sm_scale, params,
+                          k_scale, v_scale, exact=False)
 
-    def _outputs(self, out, lse, stream):
-        """(out, out view, lse, lse view): allocated when not given; checked when given."""
-        n_tok, H, D, dt = self.info.num_qo_tokens, self.num_qo_heads, self.head_dim, self.dtype
+    def _new_launch(self) -> "PlannedLaunch":
+        args = Params(self._template)
+        calls = self.kernels.calls(args, self.num_ctas, self.num_kv_heads,
+                                   merge=self._may_split and not self.fused_merge, pdl=self.pdl)
+        return self.launch_type(self, calls, args)
+
+    def _reusable(self) -> "PlannedLaunch":
+        """The launch run() (and DecodeGraphs.step()) rebind on every call: its argument buffer is
+        rewritten each time, which is safe because the driver copies arguments at enqueue."""
+        key = (self._may_split and not self.fused_merge, self.pdl)
+        if self._eager is None or self._eager_key != key:
+            self._eager, self._eager_key = self._new_launch(), key
+        return self._eager
+
+    def _bind(self, launch: "PlannedLaunch", q, k_cache, v_cache, out, lse, stream, sm_scale, params,
+              k_scale=None, v_scale=None, exact: bool = True):
+        """Validate the tensors against the plan and write their pointers into `launch`'s arguments.
+        Per tensor object, the DLPack import and the checks that depend on it alone run once
+        (TensorImports); what depends on the plan (token count, pages read) is checked every call.
+        `exact`: q/out/lse hold exactly the plan's tokens (run()), else at least (prepare())."""
+        info = self.info
+        if info is None:
+            raise RuntimeError("run() before plan(): call plan() for this step first")
+        n_tok = info.num_qo_tokens
+        h = stream_handle(stream)
+        imp = self._imports
+        qa = imp.get("q", q, h, self._derive_rows)
+        if qa[0] != n_tok and (exact or qa[0] < n_tok):
+            _tokens_mismatch(qa, n_tok, exact)
+        ka, va = self._caches(k_cache, v_cache, h)
         if out is None:
-            out = DeviceBuffer(max(n_tok, 1) * H * D * 2, self.device).as_tensor(dt, (n_tok, H, D), stream=stream)
-        ov = cuda_tensor("out", out, stream, dtype=dt, ndim=3)
-        expect_shape("out", ov, (n_tok, H, D))
-        expect_inner_contiguous("out", ov)
-        expect_vector_aligned("out", ov, 4)
-        lv = None
+            out = DeviceBuffer(max(n_tok, 1) * self.num_qo_heads * self.head_dim * 2, self.device).as_tensor(
+                self.o_dtype, (n_tok, self.num_qo_heads, self.head_dim), stream=stream)
+        oa = imp.get("out", out, h, self._derive_rows)
+        if oa[0] != n_tok and (exact or oa[0] < n_tok):
+            _tokens_mismatch(oa, n_tok, exact)
+        tokens = min(qa[0], oa[0])
+        lse_ptr = 0
         if lse is True:
-            lse = DeviceBuffer(max(n_tok, 1) * H * 4, self.device).as_tensor("float32", (n_tok, H), stream=stream)
+            lse = DeviceBuffer(max(n_tok, 1) * self.num_qo_heads * 4, self.device).as_tensor(
+                "float32", (n_tok, self.num_qo_heads), stream=stream)
         if lse is not None:
-            lv = cuda_tensor("lse", lse, stream, dtype="float32", ndim=2)
-            expect_shape("lse", lv, (n_tok, H))
-            expect_lse_rows(lv, H)
-        return out, ov, (lse if lv is not None else None), lv
-
-    def _paged_caches(self, k_cache, v_cache, stream):
-        """Paged K and V views: [pages, page_size, H_kv, D] (NHD) or [pages, H_kv, page_size, D]
-        (HND), or one kv_cache [pages, 2, ...] passed as k_cache."""
-        D, Hk, ps = self.head_dim, self.num_kv_heads, self.page_size
-        per_page = (ps, Hk, D) if self.kv_layout == "NHD" else (Hk, ps, D)
-        if v_cache is None:  # one tensor [pages, 2, ...]: K at index 0, V at 1
-            kvt = cuda_tensor("kv_cache", k_cache, stream, dtype=self.dtype, ndim=5)
-            expect_shape("kv_cache", kvt, (None, 2) + per_page)
-            k = select(kvt, 1, 0)
-            v = select(kvt, 1, 1)
-            names = ("kv_cache[:, 0]", "kv_cache[:, 1]")
+            la = imp.get("lse", lse, h, self._derive_lse)
+            if la[0] != n_tok and (exact or la[0] < n_tok):
+                _tokens_mismatch(la, n_tok, exact)
+            lse_ptr, tokens = la[3], min(tokens, la[0])
+        if sm_scale is None:
+            scale = self._default_scale
         else:
-            k = cuda_tensor("k_cache", k_cache, stream, dtype=self.dtype, ndim=4)
-            v = cuda_tensor("v_cache", v_cache, stream, dtype=self.dtype, ndim=4)
-            names = ("k_cache", "v_cache")
-        for name, t in zip(names, (k, v)):
-            expect_shape(name, t, (None,) + per_page)
-            expect_inner_contiguous(name, t)
-            expect_vector_aligned(name, t)
-        self._learn_pool(zip(names, (k.shape[0], v.shape[0])))
-        return k, v
+            sc = float(sm_scale)
+            scale = (sc, sc * LOG2E)
+        kv_scales = self._no_scales if k_scale is None and v_scale is None else self._scales(k_scale, v_scale, h)
+        extra = self._extra(params, h) if (params or self._param_names) else ()
+        imp.order(h)
+        self._write(launch.args.buffer,
+                    qa[3:] + ka[3:] + va[3:] + oa[3:] + (lse_ptr,) + scale + kv_scales + extra)
+        launch.stream, launch.out, launch.lse, launch.window_left = stream, out, lse, self.window_left
+        launch.tokens = tokens   # rows q, out and lse hold: the most any replayed plan may use
+        launch.keep = (q, k_cache, v_cache, out, lse, params, k_scale, v_scale)
+        return launch
 
+    def _caches(self, k_cache, v_cache, h):
+        """The paged K and V caches' derived fields (pages, name, shape, ptr, 3 strides); a cache
+        with fewer pages than seen so far is checked against the plan and bounds the pool."""
+        imp = self._imports
+        if v_cache is None:
+            ka, va = imp.get("kv_cache", k_cache, h, self._derive_kv_pair)
+        else:
+            ka = imp.get("k_cache", k_cache, h, self._derive_cache)
+            va = imp.get("v_cache", v_cache, h, self._derive_cache)
+        pool = self.planner.num_pages_pool
+        if pool is None or ka[0] < pool or va[0] < pool:   # a smaller cache than seen: check it, learn it
+            self._learn_pool(((ka[1], ka[0]), (va[1], va[0])))
+        return ka, va
+
+    # What run() packs from a tensor, derived once per tensor object (TensorImports): plain numbers,
+    # led by (rows or pages, name, shape) for the per-call checks against the plan.
+    def _derive_rows(self, name, t):
+        """q / out [tokens, H_qo, D]: (..., ptr, token stride, head stride). q's rows are read with
+        16-byte loads, out's written two elements at a time."""
+        H, D = self.num_qo_heads, self.head_dim
+        t = _checked(name, t, self.o_dtype if name == "out" else self.dtype, 3, self.device.ordinal)
+        expect_shape(name, t, (None, H, D))
+        expect_inner_contiguous(name, t)
+        expect_vector_aligned(name, t, 16 if name == "q" else 4)
+        return (t.shape[0], name, t.shape, t.ptr, t.strides[0], t.strides[1])
+
+    def _derive_lse(self, name, t):
+        t = _checked(name, t, "float32", 2, self.device.ordinal)
+        expect_shape(name, t, (None, self.num_qo_heads))
+        expect_lse_rows(t, self.num_qo_heads)
+        return (t.shape[0], name, t.shape, t.ptr)
+
+    def _derive_cache(self, name, t):
+        """One K or V cache: (..., ptr, page stride, token stride, head stride)."""
+        t = _checked(name, self._kv_typed(name, t), self.kv_dtype, 4, self.device.ordinal)
+        return self._cache_fields(name, t)
+
+    def _derive_kv_pair(self, name, t):
+        """One [pages, 2, ...] cache: K at index 0, V at 1 of dimension 1."""
+        t = _checked("kv_cache", self._kv_typed("kv_cache", t), self.kv_dtype, 5, self.device.ordinal)
+        expect_shape("kv_cache", t, (None, 2) + self._per_page)
+        return tuple(self._cache_fields(f"kv_cache[:, {i}]", select(t, 1, i)) for i in (0, 1))
+
+    def _kv_typed(self, name, t):
+        if t.dtype != self.kv_dtype:
+            raise TypeError(f"{name} has dtype {t.dtype}, but this wrapper was built for kv_dtype={self.kv_dtype} "
+                            f"caches (pass kv_dtype={t.dtype!r} to BatchDecodeWrapper for such a cache)")
+        return t
+
+    def _cache_fields(self, name, t):
+        expect_shape(name, t, (None,) + self._per_page)
+        expect_inner_contiguous(name, t)
+        expect_vector_aligned(name, t)
+        return (t.shape[0], name, t.shape, t.ptr) + paged_strides(t, self.kv_layout)
+
+    def _scales(self, k_scale, v_scale, stream_handle: int) -> tuple:
+        """fp8 dequantization scales as FP8_SCALE_MEMBERS values (pointers, strides, host
+        factors); () for a 16-bit cache, which takes none."""
+        given = (("k_scale", k_scale), ("v_scale", v_scale))
+        if not self.spec.kv_is_fp8:
+            bad = [n for n, x in given if x is not None]
+            if bad:
+                raise ValueError(f"{bad[0]} applies to fp8 KV caches; this wrapper's kv_dtype is {self.kv_dtype}")
+            return ()
+        ptrs, strides, factors = [], [], []
+        for name, x in given:
+            ptr, stride, factor = 0, 0, 1.0
+            if isinstance(x, numbers.Real) and not isinstance(x, bool):
+                factor = float(x)
+                if not math.isfinite(factor):
+                    raise ValueError(f"{name}={x!r} is not finite")
+            elif x is not None:
+                ptr, stride = self._imports.get(name, x, stream_handle, self._derive_scale)
+            ptrs.append(ptr), strides.append(stride), factors.append(factor)
+        return tuple(ptrs + strides + factors)
+
+    def _derive_scale(self, name, t) -> tuple[int, int]:
+        """A scale tensor: float32 [1] (per tensor) or [H_kv] (per KV head): (ptr, element stride)."""
+        t = _checked(name, t, "float32", 1, self.device.ordinal)
+        if t.shape not in ((1,), (self.num_kv_heads,)):
+            raise ValueError(f"{name} has shape {list(t.shape)}, expected [1] (per tensor) or "
+                             f"[{self.num_kv_heads}] (per KV head)")
+        return t.ptr, (t.strides[0] if t.shape[0] > 1 else 0)
+
+    def _extra(self, params: dict | None, stream_handle: int) -> tuple:
+        """Variant parameters in member order: scalars as numbers, tensors as CUDA pointers.
+        The window comes from the plan (params may repeat it, not change it)."""
+        params = self._with_planned_window(params or {})
+        self._check_param_names(params)
+        out = []
+        for p in self.spec.params:
+            v = params[p.name]
+            if p.is_pointer:
+                derive = self._derive_sinks if p.name == "sinks" and self.spec.sinks else _pointer_of
+                out.append(self._imports.get(f"params[{p.name!r}]", v, stream_handle, derive))
+            else:
+                out.append(scalar_param(p, v))
+        return tuple(out)
+
+    def _derive_sinks(self, name, t) -> int:
+        expect_sinks(_checked(name, t, "float32", 1, self.device.ordinal), self.num_qo_heads)
+        return t.ptr
+
+    # ------------------------------------------------------------------ checks
     def _learn_pool(self, caches) -> None:
         """caches: (name, pages) of the K and V caches of a launch: each is checked against the
         plan (_check_pool) and the smallest bounds the pool from now on."""
@@ -179,9 +319,6 @@ class PlannedWrapper:
         if pages <= top:
             raise ValueError(f"{name} holds {pages} pages but the plan reads page {top}")
 
-    def _same_device(self, tensors: dict) -> None:
-        same_device(tensors, self.device.ordinal)
-
     def _with_planned_window(self, params: dict) -> dict:
         """A sliding-window variant's params with the plan's window (params may repeat it, not
         change it)."""
@@ -200,24 +337,6 @@ class PlannedWrapper:
             raise ValueError(f"variant {self.spec.variant!r} takes parameters {sorted(names)}; "
                              f"missing {sorted(names - params.keys())}, unknown {sorted(params.keys() - names)}")
 
-    def _extra_values(self, params: dict, stream) -> dict:
-        """Variant parameters by name (the struct packer's form): scalars as numbers, tensor
-        parameters as CUDA DLPack tensors' pointers.
-        The window comes from the plan (params may repeat it, not change it)."""
-        params = self._with_planned_window(params)
-        self._check_param_names(params)
-        values = {}
-        for p in self.spec.params:
-            v = params[p.name]
-            if p.is_pointer:
-                t = cuda_tensor(f"params[{p.name!r}]", v, stream)
-                if p.name == "sinks" and self.spec.sinks:
-                    expect_sinks(t, self.num_qo_heads)
-                values[p.name] = t.ptr
-            else:
-                values[p.name] = scalar_param(p, v)
-        return values or {"unused_": 0}
-
     # ------------------------------------------------------------------ packing
     def _fixed_params(self) -> dict:
         """Kernel arguments that never change for this wrapper (workspace and plan pointers, head
@@ -232,17 +351,20 @@ class PlannedWrapper:
             merge_row_capacity=max(1, self.layout.bounds.max_merge_rows),
             page_shift=self.page_size.bit_length() - 1)
 
-    def _pack(self, qv, kv_strides, kv_ptrs, ov, lv, sm_scale, extra: dict) -> bytes:
-        """The Params struct. kv_strides: ((page, token, head) of K, same of V) in elements."""
-        (kp, kt, kh), (vp, vt, vh) = kv_strides
-        scale = 1.0 / math.sqrt(self.head_dim) if sm_scale is None else float(sm_scale)
-        return self.kernels.rendered.params.pack(
-            q=qv.ptr, q_stride_tok=qv.strides[0], q_stride_head=qv.strides[1],
-            k_cache=kv_ptrs[0], k_stride_page=kp, k_stride_tok=kt, k_stride_head=kh,
-            v_cache=kv_ptrs[1], v_stride_page=vp, v_stride_tok=vt, v_stride_head=vh,
-            o=ov.ptr, o_stride_tok=ov.strides[0], o_stride_head=ov.strides[1],
-            lse=lv.ptr if lv is not None else 0,
-            sm_scale=scale, sm_scale_log2=scale * 1.4426950408889634, extra=extra, **self._fixed)
+    def _argument_template(self):
+        """The packed argument struct with every fixed member set and the per-call ones zero, and
+        the writer of the per-call members (tensor pointers and strides, scales, variant params)."""
+        ps = self.kernels.rendered.params
+        per_call = ("q", "q_stride_tok", "q_stride_head",
+                    "k_cache", "k_stride_page", "k_stride_tok", "k_stride_head",
+                    "v_cache", "v_stride_page", "v_stride_tok", "v_stride_head",
+                    "o", "o_stride_tok", "o_stride_head", "lse", "sm_scale", "sm_scale_log2")
+        per_call += FP8_SCALE_MEMBERS if self.spec.kv_is_fp8 else ()
+        zeros = {n: 0 for n in per_call}
+        extra = {p.name: 0 for p in self.spec.params} or {"unused_": 0}
+        template = ps.pack(**zeros, extra=extra, **self._fixed)
+        writer = FieldWriter(ps, per_call + tuple(f"extra.{p.name}" for p in self.spec.params))
+        return template, writer
 
 
 class PlannedLaunch(Launch):
@@ -328,3 +450,21 @@ def paged_strides(t, layout: str) -> tuple[int, int, int]:
     if layout == "NHD":
         return t.strides[0], t.strides[1], t.strides[2]
     return t.strides[0], t.strides[2], t.strides[1]
+
+
+
+def _checked(name: str, t, dtype: str, ndim: int, device_id: int):
+    expect_typed(name, t, dtype, ndim)
+    same_device({name: t}, device_id)
+    return t
+
+
+def _tokens_mismatch(derived, n_tok: int, exact: bool = True):
+    _, name, shape = derived[:3]
+    want = [n_tok] + list(shape[1:])
+    least = "" if exact else "at least "
+    raise ValueError(f"{name} has shape {list(shape)}, expected {least}{want} (the plan has {n_tok} query tokens)")
+
+
+def _pointer_of(name, t) -> int:
+    return t.ptr

@@ -9,44 +9,15 @@ import numpy as np
 import pytest
 
 from rtattn import prefill_wrapper as PW
-from rtattn.codegen.render import render_prefill
 from rtattn.plan.layout import indptr_from_lengths, paged_kv
 from rtattn.runtime import export
-from rtattn.kernels import LoadedKernels
 
 import fakes
 
 
-class FakePrefillKernels(LoadedKernels):
-    """LoadedKernels with no module (the real calls(), over fake functions). Records every enqueued launch as (kernel names, grid of the first, argument bytes)."""
-
-    def __init__(self, spec, tile):
-        self.rendered = render_prefill(spec, tile)
-        self.ctas_per_sm, self.pdl_capable = 2, True
-        self.kernel = self.attention = SimpleNamespace(handle=0xA0, name="attention", owner=self)
-        self.merge = SimpleNamespace(handle=0xA1, name="merge", owner=self)
-        self.merge_ctas = 264
-        self.enqueued = []
-
-    def num_ctas(self, num_kv_heads):
-        return max(1, 132 * 2 // num_kv_heads)
-
-    def record(self, calls, stream):
-        self.enqueued.append(([c.name for c in calls], calls[0].grid, bytes(calls[0].params)))
-
-
 @pytest.fixture
 def fake_gpu(monkeypatch):
-    fakes.install(monkeypatch, lambda spec: None)
-    made = []
-
-    def kernels(spec, tile, ordinal):
-        made.append(FakePrefillKernels(spec, tile))
-        return made[-1]
-    monkeypatch.setattr(PW, "current_device", lambda d=None: fakes.fake_device())
-    monkeypatch.setattr(PW.family, "prefill_kernels", kernels)
-    monkeypatch.setattr(PW, "as_stream", lambda s=None: SimpleNamespace(handle=0))
-    return SimpleNamespace(kernels=made)
+    return SimpleNamespace(kernels=fakes.install_prefill(monkeypatch))
 
 
 def cuda(shape, dtype="bfloat16", ptr=1 << 30):
@@ -115,6 +86,61 @@ def test_bad_input_is_refused_naming_the_argument(fake_gpu):
         w.run(cuda((50, 32, 128)), cuda((8, 16, 8, 128)), cuda((8, 16, 8, 128)), params={"soft_cap": 1.0})
 
 
+def test_run_is_the_decode_fast_path(fake_gpu):
+    """run() imports each tensor object once (TensorImports) and rebinds one prepared launch,
+    writing only the per-call members; a new tensor object changes only its own pointer."""
+    w = PW.BatchPrefillWrapper(32, 8, 128, 16, max_batch=4, max_qo_tokens=64, max_pages=8)
+    ip, idx, last = paged_kv([20, 30], 16)
+    w.plan(indptr_from_lengths([20, 30]), ip, idx, last)
+    q, k, v = cuda((50, 32, 128)), cuda((8, 16, 8, 128), ptr=1 << 32), cuda((8, 16, 8, 128), ptr=1 << 33)
+    o1, o2 = cuda((50, 32, 128), ptr=1 << 34), cuda((50, 32, 128), ptr=1 << 35)
+    w.run(q, k, v, out=o1)
+    launch, imports = w._reusable(), w._imports.imports
+    w.run(q, k, v, out=o1)
+    assert w._imports.imports == imports and w._reusable() is launch
+    w.run(q, k, v, out=o2)
+    assert w._imports.imports == imports + 1
+    first, second, third = (w.kernels.rendered.params.ctypes_type().from_buffer_copy(e[2])
+                            for e in w.kernels.enqueued[-3:])
+    assert bytes(first) == bytes(second) and (third.o, third.q) == (o2.ptr, q.ptr)
+    assert bytes(w.kernels.enqueued[-1][2]) == bytes(launch.args)
+
+
+def test_prepare_takes_max_batch_tensors_and_refuses_a_larger_plan(fake_gpu):
+    w = PW.BatchPrefillWrapper(32, 8, 128, 16, max_batch=4, max_qo_tokens=128, max_pages=16)
+    ip, idx, last = paged_kv([20, 30], 16)
+    w.plan(indptr_from_lengths([20, 30]), ip, idx, last)
+    q, k, v = cuda((64, 32, 128)), cuda((16, 16, 8, 128), ptr=1 << 32), cuda((16, 16, 8, 128), ptr=1 << 33)
+    launch = w.prepare(q, k, v, out=cuda((64, 32, 128), ptr=1 << 34))
+    launch()
+    with pytest.raises(ValueError, match="q has shape"):
+        w.run(q, k, v)                     # run() is exact
+    ip, idx, last = paged_kv([40, 30], 16)
+    w.plan(indptr_from_lengths([40, 30]), ip, idx, last)
+    with pytest.raises(ValueError, match="prepared with 64 query tokens"):
+        launch()
+
+
+@pytest.mark.parametrize("family", ["decode", "prefill"])
+def test_misaligned_out_is_refused(fake_gpu, monkeypatch, family):
+    """out is written two elements at a time: a 2-byte aligned out is refused before launch
+    (shared by both wrappers)."""
+    from rtattn.wrapper import BatchDecodeWrapper
+    fakes.install(monkeypatch, fakes.FakeKernels)
+    ip, idx, last = paged_kv([20, 30], 16)
+    if family == "decode":
+        w = BatchDecodeWrapper(32, 8, 128, 16, max_batch=4, max_pages=8)
+        w.plan(ip, idx, last)
+        n = 2
+    else:
+        w = PW.BatchPrefillWrapper(32, 8, 128, 16, max_batch=4, max_qo_tokens=64, max_pages=8)
+        w.plan(indptr_from_lengths([20, 30]), ip, idx, last)
+        n = 50
+    q, k, v = cuda((n, 32, 128)), cuda((8, 16, 8, 128), ptr=1 << 32), cuda((8, 16, 8, 128), ptr=1 << 33)
+    with pytest.raises(ValueError, match="out: base pointer and strides must be 4-byte aligned"):
+        w.run(q, k, v, out=cuda((n, 32, 128), ptr=(1 << 34) + 2))
+
+
 # ----------------------------------------------------------------------------- GPU tier
 @pytest.mark.gpu
 def test_graph_replay_follows_the_plan():
@@ -167,7 +193,7 @@ def test_step_graph_mixing_decode_and_prefill():
     q_pre = torch.randn(1024, H, D, generator=gen, device="cuda").to(torch.bfloat16)
     o_dec, o_pre = torch.empty_like(q_dec), torch.empty_like(q_pre)
     dec = BatchDecodeWrapper(H, Hk, D, ps, max_batch=8, max_pages=pool, num_pages_pool=pool)
-    pre = BatchPrefillWrapper(H, Hk, D, ps, max_batch=8, max_qo_tokens=1024, max_pages=pool, num_pages_pool=pool)
+    pre = PW.BatchPrefillWrapper(H, Hk, D, ps, max_batch=8, max_qo_tokens=1024, max_pages=pool, num_pages_pool=pool)
     stream = torch.cuda.Stream()
     rng = np.random.default_rng(9)
     f64 = lambda t: t.float().cpu().numpy().astype(np.float64)  # noqa: E731
@@ -194,3 +220,34 @@ def test_step_graph_mixing_decode_and_prefill():
                                           plast, ps, ref.Variant(causal=True))
         assert rel_error(o_pre[:T].float().cpu().numpy(), want) < 2e-2
     graph.close()
+
+
+@pytest.mark.gpu
+def test_decode_graphs_step_runs_the_prefill_wrapper():
+    """DecodeGraphs(p).step() (the per-layer graph path) takes the prefill wrapper as it takes
+    decode's: right answers across two plans, one exec updated in place."""
+    import torch
+    from decode_cases import rel_error
+    from rtattn.graphs.decode_graphs import DecodeGraphs
+    from rtattn.plan import reference as ref
+    H, Hk, D, ps, pool = 16, 4, 128, 16, 200
+    gen = torch.Generator(device="cuda").manual_seed(10)
+    k = torch.randn(pool, ps, Hk, D, generator=gen, device="cuda").to(torch.bfloat16)
+    v = torch.randn(pool, ps, Hk, D, generator=gen, device="cuda").to(torch.bfloat16)
+    w = PW.BatchPrefillWrapper(H, Hk, D, ps, max_batch=8, max_qo_tokens=1024, max_pages=pool)
+    g = DecodeGraphs(w)
+    stream = torch.cuda.Stream()
+    rng = np.random.default_rng(10)
+    f64 = lambda t: t.float().cpu().numpy().astype(np.float64)  # noqa: E731
+    for qo, kv in (([4, 4, 4], [900, 40, 300]), ([300, 3, 77], [300, 1000, 77])):
+        ip, _, last = paged_kv(kv, ps)
+        idx = rng.permutation(pool)[: int(ip[-1])].astype(np.int32)
+        qi, T = indptr_from_lengths(qo), sum(qo)
+        q = torch.randn(T, H, D, generator=gen, device="cuda").to(torch.bfloat16)
+        out = torch.full((T, H, D), float("nan"), dtype=torch.bfloat16, device="cuda")
+        w.plan(qi, ip, idx, last, stream=stream)
+        g.step(q, k, v, out=out, stream=stream)
+        stream.synchronize()
+        want, _ = ref.reference_attention(f64(q), f64(k), f64(v), qi, ip, idx, last, ps, ref.Variant(causal=True))
+        assert rel_error(out.float().cpu().numpy(), want) < 2e-2
+    assert g.stats["replays"] == 2

@@ -2,12 +2,13 @@
 """Host cost of the per-layer path, without a GPU: rtattn's real launch code against a stub
 libcuda whose calls return at once (tools/stub_libcuda.c), so what is timed is Python and ctypes.
 
-    python tools/bench_host.py [--layers 32] [--batches 1,16,64,256] [--reps 2000]
+    python tools/bench_host.py [--layers 32] [--batches 1,16,64,256] [--reps 2000] [--families decode,prefill]
 
-Per batch: µs per call of run() (bind + enqueue of the decode and merge kernels) and of
-DecodeGraphs.step() (bind + kernel-node updates + graph launch, one exec updated per layer),
-each through the direct ctypes driver entry and through cuda.bindings; plus prepare() and
-plan(). The stream is a foreign stream object (a torch-like `.cuda_stream`), as
+Per family and batch: µs per call of run() (bind + enqueue of the attention and merge kernels)
+and of DecodeGraphs.step() (bind + kernel-node updates + graph launch, one exec updated per
+layer), each through the direct ctypes driver entry and through cuda.bindings; plus prepare()
+and plan(). decode: one query token per request; prefill: BatchPrefillWrapper on 4 query tokens
+per request (multi-token verification), causal. The stream is a foreign stream object (a torch-like `.cuda_stream`), as
 bench_overhead passes torch's; `run-h` is run() given the raw handle instead. The device, kernels and memory are the CPU tier's fakes (tests/fakes.py); tensors are
 rtattn views. Host time only: the driver's own work and framework tensors (torch's data_ptr,
 current stream) are not in it -- tools/bench_overhead.py measures those on the GPU.
@@ -23,6 +24,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+PREFILL_QO = 4   # query tokens per request of the prefill rows
 
 
 def _reexec_with_stub(argv) -> int:
@@ -67,6 +69,7 @@ def main(argv=None) -> int:
     ap.add_argument("--layers", type=int, default=32)
     ap.add_argument("--batches", type=lambda s: [int(x) for x in s.split(",")], default=[1, 16, 64, 256])
     ap.add_argument("--reps", type=int, default=2000)
+    ap.add_argument("--families", type=lambda s: s.split(","), default=["decode", "prefill"])
     args = ap.parse_args(argv)
     if os.environ.get("RTATTN_BENCH_HOST_STUB") != "1":
         return _reexec_with_stub(sys.argv[1:] if argv is None else argv)
@@ -74,55 +77,68 @@ def main(argv=None) -> int:
     sys.path.insert(0, str(ROOT / "tests"))
     import numpy as np
     import fakes
+    from rtattn import prefill_wrapper as PW
     from rtattn import wrapper as W
     from rtattn.graphs import DecodeGraphs
-    from rtattn.plan.layout import paged_kv
+    from rtattn.plan.layout import indptr_from_lengths, paged_kv
     from rtattn.runtime import export, libcuda
     from rtattn.runtime import launch as launch_mod
 
     real_enqueue = launch_mod.enqueue
+    fakes.install_prefill(_Patch())
     fakes.install(_Patch(), fakes.FakeKernels)
     launch_mod.enqueue = real_enqueue           # the real launch path, into the stub driver
     H, HK, D, PS, L = 32, 8, 128, 16, args.layers
     stream = _TorchLikeStream(0x5000)
     print(f"# host µs per call, stub driver, {L} layers, {H}/{HK} heads, D={D}, page {PS}")
-    print(f"{'batch':>6} {'entry':>9} {'run':>7} {'run-h':>7} {'step':>7} {'prepare':>8} {'plan':>7}")
-    for batch in args.batches:
-        pages_per = 1024 // PS
-        pool = batch * pages_per + 16
-        w = W.BatchDecodeWrapper(H, HK, D, PS, max_batch=batch, max_pages=pool)
-        kv = paged_kv([1024] * batch, PS, shuffle_seed=batch)
-        plan_us = per_call_us(lambda: w.plan(*kv), max(50, args.reps // 20))
-        base = 1 << 36
-        layers = []
-        for l in range(L):
-            b = base + l * (1 << 32)
-            layers.append((export(b, (batch, H, D), "bfloat16"), export(b + (1 << 30), (pool, PS, HK, D), "bfloat16"),
-                           export(b + (2 << 30), (pool, PS, HK, D), "bfloat16"), export(b + (3 << 30), (batch, H, D), "bfloat16")))
-        for entry in ("ctypes", "bindings"):
-            libcuda.set_entry(entry)
-            it = iter(range(10**12))
+    print(f"{'family':>7} {'batch':>6} {'entry':>9} {'run':>7} {'run-h':>7} {'step':>7} {'prepare':>8} {'plan':>7}")
+    for family in args.families:
+        qo_len = PREFILL_QO if family == "prefill" else 1
+        for batch in args.batches:
+            pages_per = 1024 // PS
+            pool = batch * pages_per + 16
+            kv = paged_kv([1024] * batch, PS, shuffle_seed=batch)
+            if family == "prefill":
+                w = PW.BatchPrefillWrapper(H, HK, D, PS, max_batch=batch, max_qo_tokens=batch * qo_len, max_pages=pool,
+                                           max_qo_len=qo_len)
+                qi = indptr_from_lengths([qo_len] * batch)
+                plan_us = per_call_us(lambda: w.plan(qi, *kv), max(50, args.reps // 20))
+            else:
+                w = W.BatchDecodeWrapper(H, HK, D, PS, max_batch=batch, max_pages=pool)
+                plan_us = per_call_us(lambda: w.plan(*kv), max(50, args.reps // 20))
+            rows = batch * qo_len
+            base = 1 << 36
+            layers = []
+            for l in range(L):
+                b = base + l * (1 << 32)
+                layers.append((export(b, (rows, H, D), "bfloat16"), export(b + (1 << 30), (pool, PS, HK, D), "bfloat16"),
+                               export(b + (2 << 30), (pool, PS, HK, D), "bfloat16"),
+                               export(b + (3 << 30), (rows, H, D), "bfloat16")))
+            for entry in ("ctypes", "bindings"):
+                libcuda.set_entry(entry)
+                it = iter(range(10**12))
 
-            def run():
-                q, k, v, o = layers[next(it) % L]
-                w.run(q, k, v, out=o, stream=stream)
+                def run():
+                    q, k, v, o = layers[next(it) % L]
+                    w.run(q, k, v, out=o, stream=stream)
 
-            def run_handle():
-                q, k, v, o = layers[next(it) % L]
-                w.run(q, k, v, out=o, stream=0x5000)
-            g = DecodeGraphs(w)
+                def run_handle():
+                    q, k, v, o = layers[next(it) % L]
+                    w.run(q, k, v, out=o, stream=0x5000)
+                g = DecodeGraphs(w)
 
-            def step():
-                q, k, v, o = layers[next(it) % L]
-                g.step(q, k, v, out=o, stream=stream)
+                def step():
+                    q, k, v, o = layers[next(it) % L]
+                    g.step(q, k, v, out=o, stream=stream)
 
-            def prepare():
-                q, k, v, o = layers[next(it) % L]
-                w.prepare(q, k, v, out=o, stream=stream)
-            r, rh = per_call_us(run, args.reps), per_call_us(run_handle, args.reps)
-            s, p = per_call_us(step, args.reps), per_call_us(prepare, args.reps // 4)
-            assert g.stats["param_updates"] > 0 and g.stats["reinstantiations"] == 0, g.stats
-            print(f"{batch:6d} {entry:>9} {r:7.1f} {rh:7.1f} {s:7.1f} {p:8.1f} {plan_us:7.1f}", flush=True)
+                def prepare():
+                    q, k, v, o = layers[next(it) % L]
+                    w.prepare(q, k, v, out=o, stream=stream)
+                r, rh = per_call_us(run, args.reps), per_call_us(run_handle, args.reps)
+                s, p = per_call_us(step, args.reps), per_call_us(prepare, args.reps // 4)
+                assert g.stats["param_updates"] > 0 and g.stats["reinstantiations"] == 0, g.stats
+                print(f"{family:>7} {batch:6d} {entry:>9} {r:7.1f} {rh:7.1f} {s:7.1f} {p:8.1f} {plan_us:7.1f}",
+                      flush=True)
     np.asarray(0)
     return 0
 
