@@ -50,6 +50,7 @@ from rtattn.merge import merge_state, merge_states  # noqa: E402
 from rtattn.runtime import NoDeviceError, has_device  # noqa: E402
 from rtattn.prefill_wrapper import BatchPrefillWrapper  # noqa: E402
 from rtattn.wrapper import BatchDecodeWrapper  # noqa: E402
+from rtattn.family_wrapper import multi_token_wrapper  # noqa: E402
 
-__all__ = ["BatchDecodeWrapper", "BatchPrefillWrapper", "CascadeWrapper", "AttentionSpec", "Param", "custom_variant", "merge_state", "merge_states",
+__all__ = ["BatchDecodeWrapper", "BatchPrefillWrapper", "CascadeWrapper", "multi_token_wrapper", "AttentionSpec", "Param", "custom_variant", "merge_state", "merge_states",
            "NoDeviceError", "has_device"]

@@ -126,3 +126,41 @@ def test_compile_check_arch_is_the_kernels_rule():
     for bad in ("sm_75", "compute_90", "90", None):
         with pytest.raises(ValueError, match="arch"):
             check_arch(bad)
+
+
+# ------------------------------------------------------------ prefill in both CLIs
+def test_inspect_prefill_shows_its_tile_and_the_blocks_its_mask_skips(capsys):
+    argv = ["--kernel", "prefill", "--causal", "--qo-len", "512", "--batch", "4", "--kv-dist", "const:2048",
+            "--reps", "1"]
+    assert inspect_cli.main(argv + ["--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["kernel"] == "prefill" and r["family_choice"].startswith("prefill: forced")
+    assert r["tile"]["rows"] == 128 and r["tile"]["q"] == 32 and r["tile"]["kv"] == 32
+    assert r["planned_kv_tokens"] < r["unmasked_kv_tokens"]   # causal: the hidden blocks are not planned
+    assert inspect_cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "prefill kernel" in out and "mask skip" in out and "T_q 32 tokens = 128 rows" in out
+
+
+@pytest.mark.parametrize("qo, want", [("1", "decode"), ("512", "prefill")])
+def test_inspect_default_family_is_the_cost_rules(capsys, qo, want):
+    assert inspect_cli.main(["--qo-len", qo, "--kv-dist", "const:1024", "--reps", "1", "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["kernel"] == want and r["family_choice"].startswith(want)
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_compile_warms_every_shipped_prefill_instance(arch):
+    from rtattn.families import prefill
+    names = [n for kind, n, _ in compile_cli.shipped_jobs(arch) if kind == "prefill"]
+    assert names == [prefill.instance_name(s, t) for s, t in prefill.shipped(arch)] and len(names) >= 20
+    assert all("prefill" in n for n in names)
+    assert [k for k, _, _ in compile_cli.shipped_jobs(arch, "prefill")] == ["prefill"] * len(names)
+
+
+def test_compile_builds_a_prefill_instance_into_the_cache(capsys, isolated_cache):
+    from rtattn.families import prefill
+    name = prefill.instance_name(*prefill.shipped("sm_90")[1])
+    assert compile_cli.main(["--arch", "sm_90", "--filter", name, "--jobs", "1"]) == 0
+    assert "1 instances for sm_90" in capsys.readouterr().out
+    assert any(isolated_cache.rglob("*.bin")) or any(p.is_file() for p in isolated_cache.rglob("*"))

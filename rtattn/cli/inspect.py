@@ -105,8 +105,8 @@ def build_parser() -> Parser:
     ap.add_argument("--window", type=int, default=None, metavar="N",
                     help="sliding window (window_left = N): tiles read only the KV their rows see")
     ap.add_argument("--kernel", default=None, choices=["decode", "prefill"],
-                    help="tile family (default: decode if --qo-len * group <= 16); with --shared-prefix, "
-                         "decode puts every cascade level on decode (default: as CascadeWrapper)")
+                    help="kernel family (default: the one rtattn.families.choice predicts faster); with "
+                         "--shared-prefix, decode puts every cascade level on decode (default: as CascadeWrapper)")
     ap.add_argument("--seed", type=int, default=d["seed"])
     ap.add_argument("--reps", type=int, default=200, help="plan() runs timed (median)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
@@ -122,6 +122,7 @@ def analyze(a) -> dict:
         from .cascade_view import analyze_cascade
         hq, hk = (int(x) for x in a.heads.split("/"))
         return analyze_cascade(a, parse_dist(a.kv_dist, a.batch, np.random.default_rng(a.seed)), hq, hk)
+    from rtattn.families.choice import choose_family
     from rtattn.plan.inspector import Planner
     from rtattn.plan.layout import check_config, indptr_from_lengths, paged_kv
     from rtattn.plan.verify import verify_plan
@@ -146,7 +147,9 @@ def analyze(a) -> dict:
     except ValueError:
         raise CliError(f"--heads {a.heads!r}: expected H_qo/H_kv, e.g. 32/8") from None
     g = check_config(hq, hk, a.head_dim, a.page_size)   # before paged_kv divides by the page size
-    kernel = a.kernel or ("decode" if int(qo.max()) * g <= 16 or g > 16 else "prefill")
+    choice = choose_family(hq, hk, a.head_dim, int(qo.max()), float(kv.mean()), len(kv),
+                           family=a.kernel or "auto", device=a.device)
+    kernel = choice.family
     kvp, idx, last = paged_kv(kv, a.page_size, shuffle_seed=a.seed)
     qi = indptr_from_lengths(qo)
     common = dict(max_batch=len(kv), max_qo_tokens=max(1, int(qo.sum())), max_pages=max(1, int(kvp[-1])),
@@ -169,6 +172,7 @@ def analyze(a) -> dict:
     full_kv = int((-(-qo // p.tile_q) * kv).sum())   # every tile over its request's whole KV
     return dict(
         mode=a.mode, mode_used=info.mode, workload=workload, device=a.device, kernel=kernel,
+        family_choice=str(choice),
         batch=int(len(kv)),
         heads=[hq, hk], group=g, head_dim=a.head_dim, page_size=a.page_size,
         kv_total=int(kv.sum()), kv_max=int(kv.max()), qo_total=int(qo.sum()),
@@ -202,6 +206,7 @@ def _bytes(n: int) -> str:
 
 def render(r: dict) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     con = Console()
@@ -211,6 +216,7 @@ def render(r: dict) -> None:
     con.print(f"workload {r['workload']}")
     if r["mode"] == "auto":
         con.print(f"mode auto chose {r['mode_used']}")
+    con.print(f"family {escape(r['family_choice'])}")
     con.print(f"batch {r['batch']}  query tokens {r['qo_total']}  KV tokens {r['kv_total']} "
               f"(max {r['kv_max']})  heads {r['heads'][0]}/{r['heads'][1]} (g={r['group']})  "
               f"D={r['head_dim']}  page {r['page_size']}")
