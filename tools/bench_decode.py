@@ -5,6 +5,7 @@
     python tools/bench_decode.py --quick                                  # 3 rows
     python tools/bench_decode.py --quick --fp8                            # 3 rows + the fp8 KV rows
     python tools/bench_decode.py --rows 'b16-*-kv4' s256x4096 --no-flashinfer
+    python tools/bench_decode.py --rows 'g*' --rt-modes auto auto+prefill  # both families (family choice)
     python tools/bench_decode.py --selftest                               # no GPU needed
 
 bf16, head_dim 128, page 16, NHD, pages scattered (random permutation of page ids), unless a
@@ -377,7 +378,8 @@ def rt_config(name: str) -> dict:
     arguments. '+fused' merges split rows inside the decode kernel (fused_merge=True); '+xN'
     runs N times the default grid (num_ctas); '+cN' sets chunk_tokens=N (the batch-invariant
     chunk; default: from the grid); '+nomerge' never launches the merge kernel (wrong
-    output wherever KV is split: a timing probe); '+DX' compiles the
+    output wherever KV is split: a timing probe); '+prefill' runs the row on the prefill family
+    (BatchPrefillWrapper, one query token per request: the family choice's A/B); '+DX' compiles the
     kernels with -DX (experiments behind a #ifdef, A/B in one run; kernels.py reads
     RTATTN_DEV_DEFINES)."""
     mode, *flags = name.split("+")
@@ -385,7 +387,7 @@ def rt_config(name: str) -> dict:
     waves = [int(f[1:]) for f in flags if f[:1] == "x" and f[1:].isdigit()]
     chunks = [int(f[1:]) for f in flags if f[:1] == "c" and f[1:].isdigit()]
     unknown = {f for f in flags if not f.startswith("D") and not (f[:1] in "xc" and f[1:].isdigit())} \
-        - {"nopdl", "nomerge", "fused"}
+        - {"nopdl", "nomerge", "fused", "prefill"}
     if unknown:
         raise ValueError(f"unknown rtattn config flags {sorted(unknown)} in {name!r}")
     if os.environ.get("RTATTN_DEV_DEFINES", "") != defines:
@@ -393,13 +395,20 @@ def rt_config(name: str) -> dict:
         os.environ["RTATTN_DEV_DEFINES"] = defines
         decode_kernels.cache_clear()
     return dict(mode=mode, pdl="nopdl" not in flags, waves=waves[-1] if waves else 1, merge="nomerge" not in flags,
-                fused_merge="fused" in flags, chunk_tokens=chunks[-1] if chunks else None)
+                fused_merge="fused" in flags, chunk_tokens=chunks[-1] if chunks else None,
+                family="prefill" if "prefill" in flags else "decode")
 
 
 def make_rt_wrapper(row: Row, x: Inputs, config: str):
     from rtattn.wrapper import BatchDecodeWrapper
     kw = rt_config(config)
     waves, merge = kw.pop("waves"), kw.pop("merge")
+    if kw.pop("family") == "prefill":
+        from rtattn.prefill_wrapper import BatchPrefillWrapper
+        kw.pop("fused_merge")
+        kw["chunk_tokens"] = kw["chunk_tokens"] or 2048
+        return BatchPrefillWrapper(row.hq, row.hkv, row.head_dim, row.page, max_batch=x.batch, max_qo_tokens=x.batch,
+                                   max_pages=x.pages, max_qo_len=1, variant=row.variant, dtype="bfloat16", **kw)
     kw.update(variant=row.variant, dtype="bfloat16", kv_dtype=row.kv, kv_layout="NHD")
     w = BatchDecodeWrapper(row.hq, row.hkv, row.head_dim, row.page, max_batch=x.batch, max_pages=x.pages, **kw)
     if waves != 1:
@@ -413,7 +422,11 @@ def bench_rtattn(ctx, x: Inputs, config: str = "auto") -> dict:
     import torch
     row = x.row
     w = make_rt_wrapper(row, x, config)
-    plan_us = _plan_us(lambda: w.plan(x.indptr, x.indices, x.last, window_left=row.window))
+    from rtattn.prefill_wrapper import BatchPrefillWrapper
+    # the prefill family's plan() takes the one query per request explicitly (decode's: None)
+    qo_indptr = np.arange(x.batch + 1, dtype=np.int32) if isinstance(w, BatchPrefillWrapper) else None
+    plan_us = _plan_us(lambda: w.plan(qo_indptr=qo_indptr, kv_indptr=x.indptr, kv_indices=x.indices,
+                                      kv_last_page_len=x.last, window_left=row.window))
     torch.cuda.synchronize()
     outs = x.new_outs()
     params = {k: v for k, v in (("soft_cap", row.soft_cap), ("sinks", x.sinks)) if v is not None}

@@ -15,6 +15,8 @@ distinct KV cache per layer so nothing stays in L2 between layers):
 * per path: *_us wall (enqueue -> stream synchronized), *_enqueue_us host time until the last
   launch returned, *_gpu_us device time (events): all per layer (step / layers)
 * inv: the same for a batch-invariant wrapper (inv_vs_auto_gpu: its step graph's GPU time / auto's)
+* pf: the same paths for BatchPrefillWrapper on PREFILL_QO query tokens per request (multi-token
+  verification, causal; --no-prefill skips it)
 * FlashInfer's BatchDecodeWithPagedKVCacheWrapper in the same run: plan_us, eager and a
   torch.cuda.CUDAGraph of the step (graph), when `import flashinfer` works.
 
@@ -32,6 +34,7 @@ import time
 import numpy as np
 
 H, HK, D, PS = 32, 8, 128, 16
+PREFILL_QO = 4   # query tokens per request of the prefill wrapper's rows
 
 
 def med(xs):
@@ -59,8 +62,9 @@ class Bench:
         shape = (self.pool, PS, HK, D)
         self.k = [torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(self.L)]
         self.v = [torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(self.L)]
-        self.q = [torch.randn((self.max_batch, H, D), device="cuda", dtype=torch.bfloat16) for _ in range(self.L)]
-        self.o = [torch.empty((self.max_batch, H, D), device="cuda", dtype=torch.bfloat16) for _ in range(self.L)]
+        rows = self.max_batch * PREFILL_QO   # decode uses the first batch rows, prefill batch x PREFILL_QO
+        self.q = [torch.randn((rows, H, D), device="cuda", dtype=torch.bfloat16) for _ in range(self.L)]
+        self.o = [torch.empty((rows, H, D), device="cuda", dtype=torch.bfloat16) for _ in range(self.L)]
         torch.cuda.synchronize()
         self.stream = torch.cuda.Stream()
         print(f"# {self.L} layers, KV pool {self.pool} pages/layer "
@@ -91,17 +95,32 @@ class Bench:
         return med(walls), med(enq), med(gpu)
 
     # ------------------------------------------------------------------ rtattn
-    def rtattn(self, batch, kv, mode="auto"):
-        """One wrapper in `mode`: plan, then every way of running a step's layers."""
+    def rtattn(self, batch, kv, mode="auto", family="decode"):
+        """One wrapper in `mode` (of `family`: decode, or prefill on PREFILL_QO tokens per request):
+        plan, then every way of running a step's layers."""
         from rtattn.graphs import DecodeGraphs, StepGraph
+        from rtattn.prefill_wrapper import BatchPrefillWrapper
         from rtattn.runtime import libcuda, memcpy_htod_async
         from rtattn.wrapper import BatchDecodeWrapper
         L, s, reps = self.L, self.stream, self.args.reps
-        w = BatchDecodeWrapper(H, HK, D, PS, max_batch=batch, max_pages=self.pool, mode=mode)
+        if family == "prefill":
+            rows = batch * PREFILL_QO
+            w = BatchPrefillWrapper(H, HK, D, PS, max_batch=batch, max_qo_tokens=rows, max_pages=self.pool,
+                                    max_qo_len=PREFILL_QO, mode=mode)
+            qi = np.arange(0, rows + 1, PREFILL_QO, dtype=np.int32)
+
+            def plan():
+                w.plan(qi, *kv, stream=s)
+        else:
+            rows = batch
+            w = BatchDecodeWrapper(H, HK, D, PS, max_batch=batch, max_pages=self.pool, mode=mode)
+
+            def plan():
+                w.plan(*kv, stream=s)
         plans = []
         for _ in range(reps * 2):
             t0 = time.perf_counter()
-            w.plan(*kv, stream=s)
+            plan()
             plans.append((time.perf_counter() - t0) * 1e6)
         s.synchronize()
         copies = []
@@ -112,8 +131,8 @@ class Bench:
             e1.record(s)
             s.synchronize()
             copies.append(e0.elapsed_time(e1) * 1e3)
-        q = [x[:batch] for x in self.q]
-        o = [x[:batch] for x in self.o]
+        q = [x[:rows] for x in self.q]
+        o = [x[:rows] for x in self.o]
         res = dict(plan_us=med(plans), plan_p90_us=float(np.percentile(plans, 90)), h2d_us=med(copies),
                    plan_bytes=int(w.layout.plan_bytes), chunk_tokens=int(w.info.chunk_tokens),
                    items=int(w.info.num_items), merge_rows=int(w.info.num_merge_rows))
@@ -222,6 +241,7 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--no-flashinfer", action="store_true")
     ap.add_argument("--no-invariant", action="store_true", help="skip the batch-invariant wrapper")
+    ap.add_argument("--no-prefill", action="store_true", help="skip the prefill wrapper's rows")
     args = ap.parse_args(argv)
     try:
         import torch
@@ -249,6 +269,8 @@ def main(argv=None) -> int:
             row = dict(batch=batch, kv_tokens=int(kv_lens.sum()), rt=b.rtattn(batch, kv))
             if not args.no_invariant:
                 row["inv"] = b.rtattn(batch, kv, mode="batch-invariant")
+            if not args.no_prefill:
+                row["pf"] = b.rtattn(batch, kv, family="prefill")
         if not args.no_invariant:
             row["inv_vs_auto_gpu"] = row["inv"]["graph_gpu_us"] / row["rt"]["graph_gpu_us"]
             a, i = row["rt"]["out0"], row["inv"]["out0"]
@@ -260,7 +282,7 @@ def main(argv=None) -> int:
                 row["rt_vs_fi_rel_diff"] = float((a - f).norm() / f.norm())
             except Exception as e:
                 row["fi"] = {"error": f"{type(e).__name__}: {e}"[:300]}
-        for side in ("rt", "inv", "fi"):
+        for side in ("rt", "inv", "pf", "fi"):
             row.get(side, {}).pop("out0", None)
         rows.append(row)
         print(f"# batch {batch} done at {time.perf_counter() - t_start:.1f} s: {json.dumps(row, default=str)}",
@@ -268,16 +290,19 @@ def main(argv=None) -> int:
 
     host = [("rt", "eager_enqueue_us", "eager"), ("rt", "eager_bindings_enqueue_us", "eager-b"),
             ("rt", "layer_graph_enqueue_us", "dg.step"), ("rt", "layer_graphs_enqueue_us", "dg.stepL"),
-            ("rt", "graph_enqueue_us", "stepgr"), ("fi", "eager_enqueue_us", "FI eager"),
+            ("rt", "graph_enqueue_us", "stepgr"), ("pf", "eager_enqueue_us", "pf eager"),
+            ("pf", "layer_graph_enqueue_us", "pf dg"), ("fi", "eager_enqueue_us", "FI eager"),
             ("fi", "graph_enqueue_us", "FI graph")]
     wall = [("rt", "eager_us", "eager"), ("rt", "layer_graph_us", "dg.step"), ("rt", "graph_us", "stepgr"),
-            ("rt", "graph_gpu_us", "rt gpu"), ("inv", "graph_gpu_us", "inv gpu"), ("fi", "eager_us", "FI eager"),
+            ("rt", "graph_gpu_us", "rt gpu"), ("inv", "graph_gpu_us", "inv gpu"), ("pf", "eager_us", "pf eager"),
+            ("pf", "graph_gpu_us", "pf gpu"), ("fi", "eager_us", "FI eager"),
             ("fi", "graph_us", "FI graph"), ("fi", "graph_gpu_us", "FI gpu")]
     plan = [("rt", "plan_us", "rt plan"), ("inv", "plan_us", "inv plan"), ("rt", "h2d_us", "rt h2d"),
             ("fi", "plan_us", "FI plan")]
     print(f"\nDecode overhead, {args.layers} layers/step, {H}/{HK} heads, D={D}, page {PS}, KV ~{args.kv}. {fi_note}")
     _table("host µs per layer, enqueue only (eager-b: cuda.bindings entry; dg.step: DecodeGraphs, one exec "
-           "updated per layer; dg.stepL: one exec per layer; stepgr: whole-step graph / layers)", host, rows)
+           "updated per layer; dg.stepL: one exec per layer; stepgr: whole-step graph / layers; pf: "
+           f"BatchPrefillWrapper, {PREFILL_QO} query tokens per request)", host, rows)
     _table("µs per layer, wall (enqueue to synchronized) and GPU (events), step / layers; "
            "inv = batch-invariant mode", wall, rows, extra=("inv_vs_auto_gpu", "inv/auto"))
     _table("plan() host µs and plan copy device µs, per step", plan, rows, extra=("rt_vs_fi_rel_diff", "rt~FI"))

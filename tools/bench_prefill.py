@@ -56,7 +56,11 @@ def _rows() -> list[Row]:
             Row("32x512", 32, "const:512"), Row("8x2048", 8, "const:2048"), Row("2x8192", 2, "const:8192"),
             Row("1x16384", 1, "const:16384"), Row("chunk16x4096+512", 16, "const:512", cached=4096),
             # multi-token decode (speculative verification): q_len 4 over a 4092-token prefix
-            Row("mtd64x4096-q4", 64, "const:4", cached=4092), Row("mtd64x4096-q1", 64, "const:1", cached=4095)]
+            Row("mtd64x4096-q4", 64, "const:4", cached=4092), Row("mtd64x4096-q1", 64, "const:1", cached=4095),
+            # the family choice's rows (rtattn.families.choice; --libs rt rtdec): 8/16/32/64 fused rows
+            # and a small batch (fixed costs)
+            Row("mtd64x4096-q2", 64, "const:2", cached=4094), Row("mtd64x4096-q8", 64, "const:8", cached=4088),
+            Row("mtd64x4096-q16", 64, "const:16", cached=4080), Row("mtd16x1024-q4", 16, "const:4", cached=1020)]
     var = [Row(f"{n}-{v}", b, d, variant=v) for v in ("softcap", "alibi", "window")
            for n, b, d in (("32x512", 32, "const:512"), ("8x2048", 8, "const:2048"), ("2x8192", 2, "const:8192"),
                            ("1x16384", 1, "const:16384"))]
@@ -206,21 +210,27 @@ def bench_rtattn(ctx, x: Inputs, tile: str | None) -> dict:
 
 
 def bench_rt_decode(ctx, x: Inputs) -> dict:
-    """The decode family on the same batch (multi-token decode: q_len x g <= 32 rows)."""
+    """The decode family on the same batch (multi-token decode: its tile holds 16 or 32 fused
+    rows; longer queries are split into tiles that each read the KV)."""
     import torch
-    from rtattn.codegen.spec import AttentionSpec
     from rtattn.wrapper import BatchDecodeWrapper
-    if int(x.qo.max()) * (HQ // HKV) > 32 or x.row.variant != "causal":
-        return {"ok": False, "rel_err": float("nan"), "note": "causal rows of <= 32 fused rows only"}
-    spec: AttentionSpec = rt_spec("causal").with_(m_tiles=1 if int(x.qo.max()) * (HQ // HKV) <= 16 else 2)
+    if x.row.variant != "causal":
+        return {"ok": False, "rel_err": float("nan"), "note": "causal rows only"}
     w = BatchDecodeWrapper(HQ, HKV, D, PAGE, max_batch=len(x.qo), max_pages=x.pages, max_qo_tokens=x.tokens,
-                           variant=spec)
+                           max_qo_len=int(x.qo.max()), variant="causal")
     w.plan(x.indptr, x.indices, x.last, qo_indptr=x.qo_indptr)
     outs = x.new_outs()
     launches = [w.prepare(x.q[c], x.k[c], x.v[c], out=outs[c], stream=ctx.stream) for c in range(x.copies)]
     res = _measure(ctx, x, [lambda l=l: l(torch.cuda.current_stream()) for l in launches], outs)
-    res.update(items=w.info.num_items, merge_rows=w.info.num_merge_rows)
+    res.update(items=w.info.num_items, merge_rows=w.info.num_merge_rows, rows=w.spec.rows)
     return res
+
+
+def family_choice(x: Inputs) -> str:
+    """What rtattn.families.choice predicts for the row (to compare with the rt / rtdec times)."""
+    from rtattn.families.choice import choose_family
+    c = choose_family(HQ, HKV, D, int(x.qo.max()), float(x.kv.mean()), len(x.qo))
+    return f"choice {c.family} (model: decode {c.estimates_us['decode']:.0f}, prefill {c.estimates_us['prefill']:.0f} us)"
 
 
 def bench_flashinfer(ctx, x: Inputs, backend: str) -> dict:
@@ -322,7 +332,8 @@ def main(argv=None) -> int:
         rt = next((r for k, r in res.items() if k.startswith("rt") and r.get("ok")), None)
         fa2 = res.get("fa2", {})
         ratio = f" ratio vs fa2 {rt['tflops'] / fa2['tflops']:.2f}" if rt and fa2.get("ok") else ""
-        print(f"{row.name:22s} " + " | ".join(cells) + ratio, flush=True)
+        choice = f" | {family_choice(x)}" if "rtdec" in args.libs and row.variant == "causal" else ""
+        print(f"{row.name:22s} " + " | ".join(cells) + ratio + choice, flush=True)
         for key, r in res.items():
             if not r.get("ok"):
                 print(f"    {key}: {r}", flush=True)

@@ -4,7 +4,8 @@
 #   1. isolated smoke checks of the newest kernels (fp8 KV, prefill, cascade), one process per case;
 #   2. the GPU tier (pytest-xdist) with the compute-sanitizers beside it (tools/gpu_check.sh),
 #      while FlashInfer's JIT modules build on the CPU;
-#   3. benchmarks against FlashInfer on an otherwise idle GPU: decode, prefill, cascade, host path.
+#   3. benchmarks against FlashInfer on an otherwise idle GPU: decode, prefill, the two families on
+#      the family choice's rows (multi-token decode, wide groups), cascade, host path.
 # Every log goes to $LOGS; a compact table is printed last and the logs are packed into
 # $OUT/logs.tgz (the device tool brings back only a few files).
 #   bash tools/gpu_all.sh            # carry .peer (FlashInfer wheels, tools/peer_setup.sh)
@@ -53,6 +54,9 @@ wait
 stage bench-decode "$T_BENCH" "$PY" tools/bench_decode.py "${BD_ARGS[@]}" --deadline "$((T_BENCH - 20))"
 stage bench-prefill "$T_BENCH" "$PY" tools/bench_prefill.py --libs rt fa2 --budget-s "$((T_BENCH - 30))" \
     --rows 16x1024 4x4096 32x512 1x16384 chunk16x4096+512 8x2048-softcap 8x2048-alibi 8x2048-window mtd64x4096-q4 mtd64x4096-q1
+stage bench-family 150 bash -c "$PY tools/bench_prefill.py --libs rt rtdec --rows 'mtd*' --budget-s 60 && \
+    $PY tools/bench_decode.py --no-flashinfer --rows 'g*' b16-all1024-kv8 s64x4096 --rt-modes auto auto+prefill \
+    --deadline 70"
 stage bench-cascade "$T_BENCH" "$PY" tools/bench_cascade.py --deadline "$((T_BENCH / 2))" --samples 15 \
     --libs rt-casc,rt-dec,rt-single,fi-casc,fi-cc
 stage bench-overhead "$T_BENCH" "$PY" tools/bench_overhead.py --batches 1,16,64 --reps 5
