@@ -183,7 +183,6 @@ def test_step_graph_mixing_decode_and_prefill():
     from decode_cases import rel_error
     from rtattn.graphs.step_graph import StepGraph
     from rtattn.plan import reference as ref
-    from rtattn.prefill_wrapper import BatchPrefillWrapper
     from rtattn.wrapper import BatchDecodeWrapper
     H, Hk, D, ps, pool = 16, 4, 128, 16, 300
     gen = torch.Generator(device="cuda").manual_seed(9)
