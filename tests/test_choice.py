@@ -116,3 +116,70 @@ def test_multi_token_wrapper_decode_tile_of_32_rows_and_forcing(fake_gpu):
                                    variant="plain")
     assert isinstance(w, rtattn.BatchPrefillWrapper) and w.tile.rows == 16 and not w.spec.causal
     assert np.isfinite(list(w.family_choice.estimates_us.values())).all()
+
+
+@pytest.mark.parametrize("heads, q", [((32, 8), 16), ((32, 2), 2), ((32, 1), 1)])
+def test_both_families_plans_execute_to_the_reference(fake_gpu, heads, q):
+    """The plan each family's wrapper makes for a causal verification batch (decode: 32-row
+    tiles, split into two at q16 g4) gives the reference's attention in float64."""
+    import rtattn
+    from rtattn.plan import reference as ref
+    from rtattn.plan.executor import execute_plan
+    from rtattn.plan.verify import verify_plan
+    hq, hk = heads
+    rng = np.random.default_rng(q)
+    kv = np.maximum(rng.integers(1, 300, 4), q)
+    kv[0] = 700
+    ip, _, last = paged_kv(kv, 16)
+    pool = int(ip[-1]) + 8
+    idx = rng.permutation(pool)[: int(ip[-1])].astype(np.int32)
+    qi = indptr_from_lengths([q] * len(kv))
+    qq = rng.standard_normal((int(qi[-1]), hq, 64))
+    k, v = rng.standard_normal((2, pool, 16, hk, 64))
+    want, _ = ref.reference_attention(qq, k, v, qi, ip, idx, last, 16, ref.Variant(causal=True))
+    for family in ("decode", "prefill"):
+        w = rtattn.multi_token_wrapper(hq, hk, 64, 16, max_batch=4, max_pages=pool, max_qo_len=q, family=family)
+        info = w.plan(qo_indptr=qi, kv_indptr=ip, kv_indices=idx, kv_last_page_len=last)
+        verify_plan(info.views, np.diff(qi), kv, tile_q=w.planner.tile_q, page_size=16, causal=True)
+        got = execute_plan(info.views, qq, k, v, ref.Variant(causal=True))
+        got = got[0] if isinstance(got, tuple) else got
+        assert np.linalg.norm(got - want) / np.linalg.norm(want) < 1e-12, family
+
+
+# ----------------------------------------------------------------------------- GPU tier
+@pytest.mark.gpu
+@pytest.mark.parametrize("heads, q", [((32, 8), 2), ((32, 8), 4), ((32, 8), 8), ((32, 8), 16), ((32, 2), 1),
+                                      ((32, 2), 2), ((32, 1), 1)])
+def test_both_families_give_the_reference_on_multi_token_batches(heads, q):
+    """multi_token_wrapper forced onto each family: causal verification batches (skewed KV,
+    scattered pages, outputs poisoned) match the float64 reference, O and LSE, and the choice's
+    family is one of the two checked."""
+    import torch
+    import rtattn
+    from decode_cases import lse_error, rel_error
+    from rtattn.plan import reference as ref
+    hq, hk = heads
+    D, ps, pool = 128, 16, 1024
+    rng = np.random.default_rng(q * 100 + hk)
+    kv = np.maximum(rng.integers(1, 2000, 6), q)
+    kv[0] = 3000   # one long request (split KV)
+    ip, _, last = paged_kv(kv, ps)
+    idx = rng.permutation(pool)[: int(ip[-1])].astype(np.int32)
+    qi = indptr_from_lengths([q] * len(kv))
+    T = int(qi[-1])
+    gen = torch.Generator(device="cuda").manual_seed(int(q * 10 + hk))
+    k = torch.randn(pool, ps, hk, D, generator=gen, device="cuda").to(torch.bfloat16)
+    v = torch.randn(pool, ps, hk, D, generator=gen, device="cuda").to(torch.bfloat16)
+    qt = torch.randn(T, hq, D, generator=gen, device="cuda").to(torch.bfloat16)
+    f64 = lambda t: t.float().cpu().numpy().astype(np.float64)  # noqa: E731
+    want_o, want_lse = ref.reference_attention(f64(qt), f64(k), f64(v), qi, ip, idx, last, ps, ref.Variant(causal=True))
+    for family in ("decode", "prefill"):
+        w = rtattn.multi_token_wrapper(hq, hk, D, ps, max_batch=len(kv), max_pages=pool, max_qo_len=q,
+                                       avg_kv_len=float(kv.mean()), family=family)
+        w.plan(qo_indptr=qi, kv_indptr=ip, kv_indices=idx, kv_last_page_len=last)
+        out = torch.full((T, hq, D), float("nan"), dtype=torch.bfloat16, device="cuda")
+        lse = torch.full((T, hq), float("nan"), dtype=torch.float32, device="cuda")
+        w.run(qt, k, v, out=out, lse=lse)
+        torch.cuda.synchronize()
+        assert rel_error(out.float().cpu().numpy(), want_o) < 2e-2, family
+        assert lse_error(lse.cpu().numpy(), want_lse) < 2e-2, family
