@@ -345,7 +345,7 @@ class PlannedWrapper:
         return dict(
             partial_o=ws + self.layout.partial_o_offset(),
             partial_lse=ws + self.layout.partial_lse_offset(self.num_qo_heads, self.head_dim),
-            merge_counters=self._counters, fused_merge=int(getattr(self, "fused_merge", False)),
+            merge_counters=self._counters, fused_merge=int(self.fused_merge),
             plan={name: ws + off for name, off in self.layout.offsets.items()},
             num_qo_heads=self.num_qo_heads, group_size=self.group,
             merge_row_capacity=max(1, self.layout.bounds.max_merge_rows),

@@ -155,7 +155,7 @@ def analyze(a) -> dict:
     common = dict(max_batch=len(kv), max_qo_tokens=max(1, int(qo.sum())), max_pages=max(1, int(kvp[-1])),
                   num_qo_heads=hq, num_kv_heads=hk, head_dim=a.head_dim,
                   page_size=a.page_size, device=a.device, causal=a.causal, kernel=kernel,
-                  max_qo_len=max(1, int(qo.max())))
+                  max_rows=choice.rows[kernel], max_qo_len=max(1, int(qo.max())))
     p = Planner(mode=a.mode, chunk_tokens=a.chunk_tokens, **common)
     args = (qi, kvp, idx, last)
     buf = p.layout.allocate()
