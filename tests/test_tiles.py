@@ -63,3 +63,19 @@ def test_prefill_tile():
     small = select_tile("h200", 32, 8, 128, max_qo_len=512, avg_qo_len=3, kernel="prefill")
     assert small.max_rows == 16
     assert isinstance(t, TileConfig)
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_planner_and_renderer_read_one_decode_resource_model(arch):
+    """Every shipped decode instance: the planner's tile (plan.tiles -> families.decode) has the
+    shared memory and stages the source is rendered (and static_asserted) with, on the arch's
+    device; the kernel is compiled for the CTAs that shared memory lets reside."""
+    from rtattn.families import decode as family
+    from rtattn.families.resources import blocks_by_smem, device_for_arch
+    dev = device_for_arch(arch)
+    for spec in family.shipped(arch):
+        r = family.render(spec, dev)
+        t = select_tile(dev, spec.rows, 1, spec.head_dim, max_qo_len=1, max_rows=spec.rows)
+        assert (t.smem_bytes, t.stages) == (r.smem_bytes, spec.stages), spec.uri
+        assert f"__launch_bounds__({r.threads}, {blocks_by_smem(dev, r.smem_bytes, 2)})" in r.source
+        assert f"== {r.smem_bytes}" in r.source   # the static_assert against rtattn::DecodeShape
