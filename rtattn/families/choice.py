@@ -12,9 +12,11 @@ kv_len KV tokens each, family f with tiles of R_f fused rows (tile_q_f = R_f // 
     flops_f  = batch * reads_f * kv_len * H_kv * 4 * R_f * D    (the MMA's rows, padding included)
     t_f (us) = FIXED_US + max(bytes_f / hbm_f, flops_f / mma_f)
 
-The family with the smaller t_f runs the batch; a tie (within TIE) goes to decode, the family
-of one-token steps (graphs and wrappers built for decode keep one kernel family). Every
-constant is a `FamilyCost` field, overridable (`costs=`), and the choice itself can be forced
+The family with the smaller t_f runs the batch; a tie (within TIE, about the model's error)
+goes to decode, the family one-token steps already run on. The choice is made once, for the
+sizes a wrapper is built for (rtattn.multi_token_wrapper, rtattn-inspect), not per plan():
+a captured graph fixes its kernels, and plans change underneath it. Every constant is a
+`FamilyCost` field, overridable (`costs=`), and the choice itself can be forced
 (`family="decode" | "prefill"`).
 """
 from __future__ import annotations
