@@ -36,6 +36,7 @@ struct RowSoftmax {
   // place; O rows rescaled to the new max. scale > 0 (log2 units after scaling).
   __device__ __forceinline__ void update(float (&s)[NT][4], float (&o)[DT][4], float scale) {
     if constexpr (SOFTMAX) {
+      float corr[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         float mx = -INFINITY;
@@ -45,7 +46,7 @@ struct RowSoftmax {
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
         const float m_new = fmaxf(m[h], mx * scale);
         const float base = m_new == -INFINITY ? 0.f : m_new;  // nothing visible yet: no NaN
-        const float corr = fast_exp2(m[h] - base);
+        corr[h] = fast_exp2(m[h] - base);
         m[h] = m_new;
         float sum = 0.f;
 #pragma unroll
@@ -54,11 +55,17 @@ struct RowSoftmax {
           s[n][2 * h + 1] = fast_exp2(fmaf(s[n][2 * h + 1], scale, -base));
           sum += s[n][2 * h] + s[n][2 * h + 1];
         }
-        l[h] = l[h] * corr + sum;
+        l[h] = l[h] * corr[h] + sum;
+      }
+      // Once a row's max is established it rarely moves: skip the O rescale (a multiply by
+      // exactly 1) when no row of the warp moved. A warp-uniform branch; results bit-identical.
+      if (__any_sync(0xffffffff, corr[0] != 1.f || corr[1] != 1.f)) {
 #pragma unroll
         for (int dn = 0; dn < DT; ++dn) {
-          o[dn][2 * h] *= corr;
-          o[dn][2 * h + 1] *= corr;
+          o[dn][0] *= corr[0];
+          o[dn][1] *= corr[0];
+          o[dn][2] *= corr[1];
+          o[dn][3] *= corr[1];
         }
       }
     } else {

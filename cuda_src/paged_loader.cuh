@@ -43,7 +43,7 @@ struct KVTileLoader {
     for (int i = 0; i < PASSES; ++i) {
       const int pos = pos0 + row0 + i * ROWS_PER_PASS;
       if constexpr (PAGED) {
-        page[i] = pos < end ? __ldg(pages + (pos >> p.page_shift)) : 0;
+        page[i] = pos < end ? __ldg(pages + (pos >> p.page_shift)) : 0;  // (pages: a register)
       } else {
         page[i] = base + (pos < end ? pos : 0);
       }
@@ -59,17 +59,25 @@ struct KVTileLoader {
     }
   }
   // Strides are read from the params (constant bank) at each use: no registers held for them.
+  // Byte offsets are 32 x 32 -> 64-bit products added to the 64-bit head pointer, one
+  // IMAD.WIDE.U32 each: the wrappers refuse a KV stride of 2^32 bytes or more, and page ids and
+  // token rows are non-negative int32.
   template <class P>
   __device__ __forceinline__ void issue(const P& p, T* k_dst, T* v_dst, int pos0, int end) const {
     const int vec = threadIdx.x % VECS;
+    const uint32_t slot_mask = PAGED ? (1u << p.page_shift) - 1u : 0u;
+    const uint32_t kp = uint32_t(p.k_stride_page) * sizeof(T), kt = uint32_t(p.k_stride_tok) * sizeof(T);
+    const uint32_t vp = uint32_t(p.v_stride_page) * sizeof(T), vt = uint32_t(p.v_stride_tok) * sizeof(T);
+    const char* kb = reinterpret_cast<const char*>(k_head);
+    const char* vb = reinterpret_cast<const char*>(v_head);
 #pragma unroll
     for (int i = 0; i < PASSES; ++i) {
       const int row = row0 + i * ROWS_PER_PASS, pos = pos0 + row;
       const int dst = Tile::at(row, vec);
-      const int64_t slot = PAGED ? (pos & ((1 << p.page_shift) - 1)) : 0;
+      const uint32_t slot = uint32_t(pos) & slot_mask, pg = uint32_t(page[i]);
       const bool valid = pos < end;
-      copy(k_dst + dst, k_head + int64_t(page[i]) * p.k_stride_page + slot * p.k_stride_tok, valid);
-      copy(v_dst + dst, v_head + int64_t(page[i]) * p.v_stride_page + slot * p.v_stride_tok, valid);
+      copy(k_dst + dst, kb + uint64_t(pg) * kp + uint64_t(slot) * kt, valid);
+      copy(v_dst + dst, vb + uint64_t(pg) * vp + uint64_t(slot) * vt, valid);
     }
   }
 };

@@ -23,6 +23,8 @@
 
 namespace rtattn {
 
+template <bool B> struct BoolConst { static constexpr bool value = B; };
+
 template <int HEAD_DIM, int NUM_WARPS, int MMA_Q, int TILE_KV, int STAGES, int ELEM_BYTES>
 struct PrefillShape {
   static constexpr int rows = 16 * MMA_Q * NUM_WARPS;
@@ -133,16 +135,21 @@ __device__ __forceinline__ void prefill_persistent(const P& p, char* smem) {
     }
 
     // Rows this thread holds: mi*16 + lane/4 + 8h of the warp's rows. Padding rows borrow the
-    // last real row's indices so hooks never see a query outside the request.
+    // last real row's indices so hooks never see a query outside the request. Only the hooks
+    // need them: kept in registers for a variant that transforms every logit, else recomputed
+    // in the (rare) masked blocks, so the common block holds no registers for them.
+    auto row_ids = [&](int (&idx)[MMA_Q][2], int (&head)[MMA_Q][2]) {
+#pragma unroll
+      for (int mi = 0; mi < MMA_Q; ++mi)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int r = min(warp_row0 + mi * 16 + lane / 4 + 8 * h, rows_valid - 1);
+          idx[mi][h] = qo_idx0 + r / heads;
+          head[mi][h] = first_qo_head + r % heads;
+        }
+    };
     int row_qo_idx[MMA_Q][2], row_qo_head[MMA_Q][2];
-#pragma unroll
-    for (int mi = 0; mi < MMA_Q; ++mi)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int r = min(warp_row0 + mi * 16 + lane / 4 + 8 * h, rows_valid - 1);
-        row_qo_idx[mi][h] = qo_idx0 + r / heads;
-        row_qo_head[mi][h] = first_qo_head + r % heads;
-      }
+    if constexpr (Variant::has_logits_transform) row_ids(row_qo_idx, row_qo_head);
 
     float o[MMA_Q][DT][4];
     RowSoftmax<Variant::use_softmax, NT, DT> sm[MMA_Q];
@@ -155,17 +162,11 @@ __device__ __forceinline__ void prefill_persistent(const P& p, char* smem) {
         for (int e = 0; e < 4; ++e) o[mi][dn][e] = 0.f;
     }
 
-    for (int blk = 0; blk < num_blocks; ++blk) {
-      cp_async_wait<STAGES - 2>();
-      __syncthreads();  // tile blk landed for everyone; everyone is past tile blk - 1
-      {
-        const int nb = blk + STAGES - 1, ns = nb % STAGES;
-        if (nb < num_blocks) {
-          ld.issue(p, k_stage(ns), v_stage(ns), lo + nb * TILE_KV, hi);
-          ld.fetch(p, pages, page_start, lo + (nb + 1) * TILE_KV, hi);
-        }
-        cp_async_commit();
-      }
+    // One KV block: S = QK^T, (mask,) online softmax, O += PV. Instantiated twice: blocks that
+    // the mask cuts (causal diagonal, window edge, the range's tail) and blocks it does not, so
+    // the common unmasked block carries no per-logit compare/select (a warp-uniform branch).
+    auto block = [&](auto masked, int blk) {
+      constexpr bool kMasked = decltype(masked)::value;
       const int st = blk % STAGES;
       T* ks = k_stage(st);
       const int pos0 = lo + blk * TILE_KV;
@@ -215,10 +216,8 @@ __device__ __forceinline__ void prefill_persistent(const P& p, char* smem) {
       }
 
       // ---- logits -> transform -> mask -> online softmax (scaled to log2 units) -> P fragments
-      const bool tail = pos0 + TILE_KV > hi;
-      bool need_mask = tail;
-      if constexpr (Variant::has_logits_mask)
-        need_mask = need_mask || !var.BlockUnmasked(p, q_lo, q_hi, pos0, pos0 + TILE_KV);
+      if constexpr (kMasked && Variant::has_logits_mask && !Variant::has_logits_transform)
+        row_ids(row_qo_idx, row_qo_head);
       uint32_t pa[MMA_Q][KS][4];
 #pragma unroll
       for (int mi = 0; mi < MMA_Q; ++mi) {
@@ -231,7 +230,7 @@ __device__ __forceinline__ void prefill_persistent(const P& p, char* smem) {
             float x = s[mi][n][e];
             if constexpr (Variant::has_logits_transform)  // else sm_scale_log2 joins the exponent's FMA
               x = var.LogitsTransform(p, x * p.sm_scale, row_qo_idx[mi][h], kv_pos, row_qo_head[mi][h], kv_head);
-            if (need_mask) {
+            if constexpr (kMasked) {
               bool keep = kv_pos < hi;
               if constexpr (Variant::has_logits_mask)
                 keep = keep && var.LogitsMask(p, row_qo_idx[mi][h], kv_pos, row_qo_head[mi][h], kv_head);
@@ -263,6 +262,28 @@ __device__ __forceinline__ void prefill_persistent(const P& p, char* smem) {
             MmaOp<T>::run(o[mi][2 * dp + 1], pa[mi][j], vb[2], vb[3]);
           }
         }
+    };
+
+    for (int blk = 0; blk < num_blocks; ++blk) {
+      cp_async_wait<STAGES - 2>();
+      __syncthreads();  // tile blk landed for everyone; everyone is past tile blk - 1
+      {
+        const int nb = blk + STAGES - 1, ns = nb % STAGES;
+        if (nb < num_blocks) {
+          ld.issue(p, k_stage(ns), v_stage(ns), lo + nb * TILE_KV, hi);
+          ld.fetch(p, pages, page_start, lo + (nb + 1) * TILE_KV, hi);
+        }
+        cp_async_commit();
+      }
+      const int pos0 = lo + blk * TILE_KV;
+      bool need_mask = pos0 + TILE_KV > hi;  // the range's tail block
+      if constexpr (Variant::has_logits_mask)
+        need_mask = need_mask || !var.BlockUnmasked(p, q_lo, q_hi, pos0, pos0 + TILE_KV);
+      if (need_mask) {
+        block(BoolConst<true>{}, blk);
+      } else {
+        block(BoolConst<false>{}, blk);
+      }
     }
     cp_async_wait<0>();  // only empty groups can remain; the next item refills every stage
 

@@ -84,6 +84,11 @@ def test_bad_input_is_refused_naming_the_argument(fake_gpu):
         w.run(cuda((50, 32, 128)), cuda((2, 16, 8, 128)), cuda((2, 16, 8, 128)))
     with pytest.raises(ValueError, match="variant 'causal' takes parameters"):
         w.run(cuda((50, 32, 128)), cuda((8, 16, 8, 128)), cuda((8, 16, 8, 128)), params={"soft_cap": 1.0})
+    huge = export(1 << 32, (8, 16, 8, 128), "bfloat16", 0, (2**31, 8 * 128, 128, 1))  # 4 GiB per page
+    with pytest.raises(ValueError, match="k_cache: page and token strides"):
+        w.run(cuda((50, 32, 128)), huge, cuda((8, 16, 8, 128)))
+    w.run(cuda((50, 32, 128)), export(1 << 32, (8, 16, 8, 128), "bfloat16", 0, (2**31 - 8, 8 * 128, 128, 1)),
+          cuda((8, 16, 8, 128)))   # just under 2**32 bytes: accepted
 
 
 def test_run_is_the_decode_fast_path(fake_gpu):

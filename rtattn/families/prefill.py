@@ -122,6 +122,11 @@ def shipped(arch: str = "sm_90") -> list[tuple[AttentionSpec, PrefillTile]]:
     return out
 
 
+# -default-device: the kernel's per-block body is a generic lambda (instantiated masked and
+# unmasked), which NVRTC compiles only with unannotated functions taken as device functions.
+PREFILL_OPTIONS = COMPILE_OPTIONS + ("-default-device",)
+
+
 def instance_name(spec: AttentionSpec, tile: PrefillTile) -> str:
     return f"prefill_{spec.variant}_{spec.dtype}_d{spec.head_dim}_{tile.tag}"
 
@@ -131,7 +136,7 @@ def compile_prefill(spec: AttentionSpec, tile: PrefillTile, arch: str, quiet: bo
     from rtattn.runtime import compile_to_cubin
     rendered = render_prefill(spec, tile)
     cubin = compile_to_cubin(rendered.source, name=instance_name(spec, tile), arch=arch,
-                             options=COMPILE_OPTIONS, quiet=quiet)
+                             options=PREFILL_OPTIONS, quiet=quiet)
     return rendered, bytes(cubin)
 
 
