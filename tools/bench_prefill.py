@@ -179,10 +179,11 @@ def rt_params(x: Inputs) -> dict | None:
 
 
 def parse_tile(tag: str) -> dict:
-    """'q128_kv64_w4_s2' -> tile overrides."""
+    """'q128_kv64_w4_s2' (optionally '_b3': CTAs per SM compiled for) -> tile overrides."""
     out = {}
     for part in tag.split("_"):
-        for key, name in (("kv", "tile_kv"), ("q", "rows"), ("w", "num_warps"), ("s", "stages")):
+        for key, name in (("kv", "tile_kv"), ("q", "rows"), ("w", "num_warps"), ("s", "stages"),
+                          ("b", "ctas_per_sm")):
             if part.startswith(key) and part[len(key):].isdigit():
                 out[name] = int(part[len(key):])
                 break

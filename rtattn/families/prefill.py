@@ -69,11 +69,13 @@ def spec_for(variant, dtype: str, head_dim: int) -> AttentionSpec:
 
 def choose_tile(device, head_dim: int, group: int, avg_qo_len: float = 1024, *, paged: bool = True,
                 rows: int | None = None, tile_kv: int | None = None, num_warps: int | None = None,
-                stages: int | None = None) -> PrefillTile:
+                stages: int | None = None, ctas_per_sm: int | None = None) -> PrefillTile:
     """The tile for a workload: the smallest ROWS covering the average fused rows (avg query length
     x g), at least the head group; head_dim 256 at most 64 rows (O alone is 128 registers per
     thread there). KV tile and stages: the largest that keep MAX_CTAS_PER_SM resident where the
-    shared memory allows it. Any argument given explicitly overrides the policy (A/B tests)."""
+    shared memory allows it. Any argument given explicitly overrides the policy (A/B tests);
+    ctas_per_sm is the register budget the kernel is compiled for (__launch_bounds__), capped by
+    the shared memory."""
     dev = plan_devices.get_device(device)
     if group > ROWS[-1]:
         raise ValueError(f"head group {group} exceeds the prefill kernel's {ROWS[-1]} rows")
@@ -96,7 +98,9 @@ def choose_tile(device, head_dim: int, group: int, avg_qo_len: float = 1024, *, 
     if smem > dev.smem_per_block_optin:
         raise ValueError(f"prefill tile {tile.tag} needs {smem} B of shared memory, more than the "
                          f"{dev.smem_per_block_optin} B one block may use on {dev.name}")
-    blocks = resources.blocks_by_smem(dev, smem, MAX_CTAS_PER_SM)
+    if ctas_per_sm is not None and not 1 <= ctas_per_sm <= 8:
+        raise ValueError(f"prefill ctas_per_sm={ctas_per_sm}: use 1 to 8")
+    blocks = resources.blocks_by_smem(dev, smem, ctas_per_sm or MAX_CTAS_PER_SM)
     return PrefillTile(rows, tile_kv, num_warps, stages, paged, blocks)
 
 
