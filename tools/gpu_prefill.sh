@@ -34,7 +34,7 @@ stage() {   # stage NAME LIMIT_S COMMAND...
     || { cat "$LOGS/pip.log"; echo "gpu_prefill: install FAILED"; exit 2; }
 PEER_DIR=${PEER_DIR:-$PWD/.peer} source tools/peer_setup.sh > "$LOGS/peer.log" 2>&1
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | head -1
-git rev-parse --short HEAD 2>/dev/null || true
+echo "commit: ${COMMIT:-unknown}"
 
 # fa2's JIT module builds (CPU) while the smoke runs.
 timeout 200 "$PY" tools/bench_prefill.py --libs fa2 --rows 32x512 --samples 2 > "$LOGS/fi-prebuild.log" 2>&1 &
