@@ -97,6 +97,23 @@ __device__ __forceinline__ void prefill_persistent(const P& p, char* smem) {
     const int num_blocks = hi > lo ? (hi - lo + TILE_KV - 1) / TILE_KV : 0;
 
     __syncthreads();  // the previous item's readers of q and of every stage are done
+    // ---- Query rows -> the swizzled q tile; rows past the item are zeros (their results are
+    // never written). Without a QueryTransform the rows are cp.async copies issued before the
+    // KV tiles, so they join the first pipeline group: one round trip for q and KV together
+    // (a register round trip per row waited on each load: several microseconds per item).
+    if constexpr (!Variant::has_query_transform) {
+      constexpr int QC = D / 8;  // 16-byte chunks per row; a thread keeps one column of chunks
+      static_assert(S::rows * QC % S::threads == 0 && S::threads % QC == 0, "whole passes of rows");
+#pragma unroll
+      for (int k = 0; k < S::rows * QC / S::threads; ++k) {
+        const int r = (tid + k * S::threads) / QC, c = tid % QC;
+        const bool valid = r < rows_valid;
+        const T* qp = valid ? p.q + int64_t(q_row0 + r / heads) * p.q_stride_tok +
+                                  int64_t(first_qo_head + r % heads) * p.q_stride_head + c * 8
+                            : p.q;
+        cp_async_16(q_smem + Tile::at(r, c), qp, valid);
+      }
+    }
     // ---- KV pipeline: STAGES - 1 tiles in flight before the first is computed.
     ld.fetch(p, pages, page_start, lo, hi);
 #pragma unroll
@@ -108,24 +125,26 @@ __device__ __forceinline__ void prefill_persistent(const P& p, char* smem) {
       cp_async_commit();
     }
 
-    // ---- Query rows -> the swizzled q tile (QueryTransform on the pair d, d + D/2); rows past
-    // the item are zeros (their results are never written).
-    constexpr int QV = D / 16;  // 8-element chunks per half row
-    for (int i = tid; i < S::rows * QV; i += S::threads) {
-      const int r = i / QV, c = (i % QV) * 8;
-      uint4 lo4 = make_uint4(0u, 0u, 0u, 0u), hi4 = lo4;
-      if (r < rows_valid) {
-        const T* qp = p.q + int64_t(q_row0 + r / heads) * p.q_stride_tok +
-                      int64_t(first_qo_head + r % heads) * p.q_stride_head + c;
-        lo4 = *reinterpret_cast<const uint4*>(qp);
-        hi4 = *reinterpret_cast<const uint4*>(qp + D / 2);
-        if constexpr (Variant::has_query_transform)
+    if constexpr (Variant::has_query_transform) {  // QueryTransform on the pair d, d + D/2
+      constexpr int QV = D / 16;  // 8-element chunks per half row
+      for (int i = tid; i < S::rows * QV; i += S::threads) {
+        const int r = i / QV, c = (i % QV) * 8;
+        uint4 lo4 = make_uint4(0u, 0u, 0u, 0u), hi4 = lo4;
+        if (r < rows_valid) {
+          const T* qp = p.q + int64_t(q_row0 + r / heads) * p.q_stride_tok +
+                        int64_t(first_qo_head + r % heads) * p.q_stride_head + c;
+          lo4 = *reinterpret_cast<const uint4*>(qp);
+          hi4 = *reinterpret_cast<const uint4*>(qp + D / 2);
           transform_query_chunks<T>(var, p, lo4, hi4, c, qo_idx0 + r / heads, first_qo_head + r % heads);
+        }
+        *reinterpret_cast<uint4*>(q_smem + Tile::at(r, c / 8)) = lo4;
+        *reinterpret_cast<uint4*>(q_smem + Tile::at(r, (c + D / 2) / 8)) = hi4;
       }
-      *reinterpret_cast<uint4*>(q_smem + Tile::at(r, c / 8)) = lo4;
-      *reinterpret_cast<uint4*>(q_smem + Tile::at(r, (c + D / 2) / 8)) = hi4;
-    }
-    __syncthreads();
+      __syncthreads();
+    } else if constexpr (kQRegs) {
+      cp_async_wait<STAGES - 2>();  // the first group (q and KV tile 0) landed ...
+      __syncthreads();              // ... for every thread
+    }  // else: the first block's wait covers q
     uint32_t qa[kQRegs ? MMA_Q : 1][kQRegs ? KT : 1][4];
     if constexpr (kQRegs) {
 #pragma unroll
