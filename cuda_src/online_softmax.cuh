@@ -34,6 +34,12 @@ struct RowSoftmax {
   }
   // Logits s (times `scale`: they reach the exponent as one fused multiply-add) -> weights, in
   // place; O rows rescaled to the new max. scale > 0 (log2 units after scaling).
+  // The max a row's weights are taken against moves only when the block's max exceeds it by more
+  // than kRescaleSlack (log2 units): weights then stay below 2^kRescaleSlack (exact in fp32 sums,
+  // bf16/fp16 P keeps its relative precision) and O is rescaled only when some row of the warp
+  // moved -- after a row's first blocks, almost never. m is the reference max, not the true max;
+  // l, O and the LSE (m + log2 l) are consistent with it.
+  static constexpr float kRescaleSlack = 8.f;
   __device__ __forceinline__ void update(float (&s)[NT][4], float (&o)[DT][4], float scale) {
     if constexpr (SOFTMAX) {
       float corr[2];
@@ -44,9 +50,11 @@ struct RowSoftmax {
         for (int n = 0; n < NT; ++n) mx = fmaxf(mx, fmaxf(s[n][2 * h], s[n][2 * h + 1]));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
-        const float m_new = fmaxf(m[h], mx * scale);
+        const float m_blk = mx * scale;
+        const bool move = m_blk > m[h] + kRescaleSlack;  // false while both are -inf
+        const float m_new = move ? m_blk : m[h];
         const float base = m_new == -INFINITY ? 0.f : m_new;  // nothing visible yet: no NaN
-        corr[h] = fast_exp2(m[h] - base);
+        corr[h] = move ? fast_exp2(m[h] - base) : 1.f;
         m[h] = m_new;
         float sum = 0.f;
 #pragma unroll
@@ -57,8 +65,7 @@ struct RowSoftmax {
         }
         l[h] = l[h] * corr[h] + sum;
       }
-      // Once a row's max is established it rarely moves: skip the O rescale (a multiply by
-      // exactly 1) when no row of the warp moved. A warp-uniform branch; results bit-identical.
+      // A warp-uniform branch: no row of the warp moved, no multiply.
       if (__any_sync(0xffffffff, corr[0] != 1.f || corr[1] != 1.f)) {
 #pragma unroll
         for (int dn = 0; dn < DT; ++dn) {
