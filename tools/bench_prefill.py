@@ -3,7 +3,7 @@ the prefill rows of shared/PERF.md, one process, the same inputs for every libra
 
     python tools/bench_prefill.py                      # every row, rtattn + FlashInfer fa2
     python tools/bench_prefill.py --rows 16x1024 2x8192 --libs rt fa2 fa3 sdpa
-    python tools/bench_prefill.py --rt-tiles q128_kv64_w4_s2 q128_kv32_w4_s2   # tile A/B
+    python tools/bench_prefill.py --rt-tiles default q128_kv32_w8_s3 q64_kv32_w4_s3_b3   # tile A/B
     python tools/bench_prefill.py --rows 'mtd*' --libs rt rtdec fa2        # multi-token decode
 
 32/8 heads, D = 128, bf16, page 16, pages scattered. TFLOP/s = 4 * H * D * attended (q, k)
@@ -156,8 +156,11 @@ def _measure(ctx, x: Inputs, calls, outs) -> dict:
     err = x.rel_err(outs)
     if not err < TOL:
         return {"ok": False, "rel_err": err}
-    for o in outs:
-        o.fill_(float("nan"))
+    if hasattr(outs, "poison"):
+        outs.poison()
+    else:
+        for o in outs:
+            o.fill_(float("nan"))
     est = x.flops / 300e12 * 1e6
     n = max(x.copies, int(math.ceil(min(64, max(1, 4000 / est)) / x.copies)) * x.copies)
     t = bc.time_graph(calls, ctx.stream, n, samples=ctx.samples)
@@ -257,8 +260,25 @@ def bench_flashinfer(ctx, x: Inputs, backend: str) -> dict:
     return _measure(ctx, x, calls, outs)
 
 
-def bench_sdpa(ctx, x: Inputs) -> dict:
-    """torch SDPA (cuDNN) on dense [B, H, L, D] copies of the same q/K/V (square causal rows)."""
+class _DenseOuts:
+    """SDPA's outputs [B, H, L, D] as the [tokens, H, D] rows the check reads (a copy outside the
+    timed region: the timed call writes SDPA's own layout, as a dense-attention user would)."""
+
+    def __init__(self, n, shape):
+        self.held, self.shape = [None] * n, shape
+
+    def __iter__(self):
+        B, L, H, Dh = self.shape
+        return iter(o.transpose(1, 2).reshape(B * L, H, Dh) for o in self.held)
+
+    def poison(self):
+        for o in self.held:
+            o.fill_(float("nan"))
+
+
+def bench_sdpa(ctx, x: Inputs, backend: str = "cudnn") -> dict:
+    """torch SDPA (cuDNN or flash backend) on dense [B, H, L, D] copies of the same q/K/V (square
+    causal rows; K/V repeated to the 32 query heads)."""
     import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -272,12 +292,12 @@ def bench_sdpa(ctx, x: Inputs) -> dict:
         k = x.k[c][pages].view(B, -1, HKV, D)[:, :L].transpose(1, 2).repeat_interleave(HQ // HKV, 1).contiguous()
         vv = x.v[c][pages].view(B, -1, HKV, D)[:, :L].transpose(1, 2).repeat_interleave(HQ // HKV, 1).contiguous()
         dense.append((q, k, vv))
-    outs = x.new_outs()
+    outs = _DenseOuts(x.copies, (B, L, HQ, D))
+    kind = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}[backend]
 
     def call(c):
-        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
-            o = F.scaled_dot_product_attention(*dense[c], is_causal=True)
-        outs[c].view(B, L, HQ, D).copy_(o.transpose(1, 2))
+        with sdpa_kernel([kind]):
+            outs.held[c] = F.scaled_dot_product_attention(*dense[c], is_causal=True)
     return _measure(ctx, x, [lambda c=c: call(c) for c in range(x.copies)], outs)
 
 
@@ -292,8 +312,10 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", nargs="*", default=["*"], help="row names or glob patterns")
     ap.add_argument("--libs", nargs="*", default=["rt", "fa2"],
-                    help="rt (prefill family), rtdec (decode family, <= 32 fused rows), fa2, fa3, sdpa")
-    ap.add_argument("--rt-tiles", nargs="*", default=[None], help="tile overrides to A/B, e.g. q128_kv32_w4_s2")
+                    help="rt (prefill family), rtdec (decode family, <= 32 fused rows), fa2, fa3, "
+                         "sdpa (torch SDPA, cuDNN backend), sdpa-flash (torch SDPA, flash backend)")
+    ap.add_argument("--rt-tiles", nargs="*", default=[None],
+                    help="tile overrides to A/B, e.g. default q128_kv32_w8_s3 ('default': the policy's tile, key rt)")
     ap.add_argument("--samples", type=int, default=20)
     ap.add_argument("--budget-s", type=float, default=400, help="stop starting rows after this many seconds")
     ap.add_argument("--json", help="write the results here")
@@ -312,6 +334,7 @@ def main(argv=None) -> int:
         res = {}
         for lib in args.libs:
             for tile in (args.rt_tiles if lib == "rt" else [None]):
+                tile = None if tile == "default" else tile
                 key = lib if tile is None else f"rt:{tile}"
                 try:
                     with torch.cuda.stream(ctx.stream):
@@ -319,8 +342,8 @@ def main(argv=None) -> int:
                             res[key] = bench_rtattn(ctx, x, tile)
                         elif lib in ("fa2", "fa3"):
                             res[key] = bench_flashinfer(ctx, x, lib)
-                        elif lib == "sdpa":
-                            res[key] = bench_sdpa(ctx, x)
+                        elif lib in ("sdpa", "sdpa-flash"):
+                            res[key] = bench_sdpa(ctx, x, "flash" if lib == "sdpa-flash" else "cudnn")
                         elif lib == "rtdec":
                             res[key] = bench_rt_decode(ctx, x)
                 except Exception as e:  # report and go on: one failing peer must not hide the rest
@@ -344,6 +367,14 @@ def main(argv=None) -> int:
               if r.get("rt", {}).get("ok") and r.get("fa2", {}).get("ok")]
     if ratios:
         print(f"rt/fa2: geomean {bc.geomean(ratios):.2f}, min {min(ratios):.2f} over {len(ratios)} rows")
+    peers = [k for k in ("fa2", "fa3", "sdpa", "sdpa-flash") if k in args.libs]
+    if "rt" in args.libs and peers:   # one compact table last: rtattn TFLOP/s and its ratio to each peer
+        print("row | rt TFLOP/s | " + " | ".join(f"rt/{k}" for k in peers))
+        for name, r in results.items():
+            rt = r.get("rt", {})
+            cells = [f"{rt['tflops'] / r[k]['tflops']:.2f}" if rt.get("ok") and r.get(k, {}).get("ok") else "-"
+                     for k in peers]
+            print(f"{name} | {rt['tflops']:.0f} | " + " | ".join(cells) if rt.get("ok") else f"{name} | - | ...")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1, default=str))
     return 0
