@@ -184,6 +184,17 @@ __device__ __forceinline__ void prefill_persistent(const P& p, char* smem) {
     // One KV block: S = QK^T, (mask,) online softmax, O += PV. Instantiated twice: blocks that
     // the mask cuts (causal diagonal, window edge, the range's tail) and blocks it does not, so
     // the common unmasked block carries no per-logit compare/select (a warp-uniform branch).
+    // The copies of tile blk + STAGES - 1 into the stage tile blk - 1 used (everyone is past it),
+    // issued between the QK products and the softmax: the integer work of the loader then runs
+    // while the tensor pipe finishes S (before the products it ran alone, after the barrier).
+    auto issue_next = [&](int blk) {
+      const int nb = blk + STAGES - 1, ns = nb % STAGES;
+      if (nb < num_blocks) {
+        ld.issue(p, k_stage(ns), v_stage(ns), lo + nb * TILE_KV, hi);
+        ld.fetch(p, pages, page_start, lo + (nb + 1) * TILE_KV, hi);
+      }
+      cp_async_commit();
+    };
     auto block = [&](auto masked, int blk) {
       constexpr bool kMasked = decltype(masked)::value;
       const int st = blk % STAGES;
@@ -233,6 +244,8 @@ __device__ __forceinline__ void prefill_persistent(const P& p, char* smem) {
           }
         }
       }
+
+      issue_next(blk);
 
       // ---- logits -> transform -> mask -> online softmax (scaled to log2 units) -> P fragments
       if constexpr (kMasked && Variant::has_logits_mask && !Variant::has_logits_transform)
@@ -286,14 +299,6 @@ __device__ __forceinline__ void prefill_persistent(const P& p, char* smem) {
     for (int blk = 0; blk < num_blocks; ++blk) {
       cp_async_wait<STAGES - 2>();
       __syncthreads();  // tile blk landed for everyone; everyone is past tile blk - 1
-      {
-        const int nb = blk + STAGES - 1, ns = nb % STAGES;
-        if (nb < num_blocks) {
-          ld.issue(p, k_stage(ns), v_stage(ns), lo + nb * TILE_KV, hi);
-          ld.fetch(p, pages, page_start, lo + (nb + 1) * TILE_KV, hi);
-        }
-        cp_async_commit();
-      }
       const int pos0 = lo + blk * TILE_KV;
       bool need_mask = pos0 + TILE_KV > hi;  // the range's tail block
       if constexpr (Variant::has_logits_mask)
