@@ -39,8 +39,11 @@ stage() {   # stage NAME LIMIT_S COMMAND...: run it, log it, remember its exit s
 PEER_DIR=${PEER_DIR:-$PWD/.peer} source tools/peer_setup.sh > "$LOGS/peer.log" 2>&1
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | head -1
 
-# FlashInfer's JIT builds (CPU) overlap stages 1-2.
+# FlashInfer's JIT builds (CPU) overlap stages 1-2 (fa3's prefill module takes ~90 s).
 timeout 300 "$PY" tools/bench_decode.py --prebuild-fi "${BD_ARGS[@]}" > "$LOGS/fi-prebuild.log" 2>&1 &
+case " ${ONLY:-bench-prefill-peers} " in *" bench-prefill-peers "*)
+    timeout 300 "$PY" tools/bench_prefill.py --libs fa3 --rows 32x512 --samples 2 > "$LOGS/fi-prebuild-fa3.log" 2>&1 & ;;
+esac
 
 stage smoke-fp8 "$T_SMOKE" "$PY" tools/smoke_decode.py --fp8 --no-timing
 stage smoke-prefill "$T_SMOKE" bash -c "for i in \$(seq 0 23); do timeout 60 $PY tools/smoke_prefill.py \$i & done; wait"
@@ -53,7 +56,9 @@ wait
 
 stage bench-decode "$T_BENCH" "$PY" tools/bench_decode.py "${BD_ARGS[@]}" --deadline "$((T_BENCH - 20))"
 stage bench-prefill "$T_BENCH" "$PY" tools/bench_prefill.py --libs rt fa2 --budget-s "$((T_BENCH - 30))" \
-    --rows 16x1024 4x4096 32x512 1x16384 chunk16x4096+512 8x2048-softcap 8x2048-alibi 8x2048-window mtd64x4096-q4 mtd64x4096-q1
+    --rows 16x1024 4x4096 32x512 1x16384 chunk16x4096+512 8x2048 8x2048-softcap 8x2048-alibi 8x2048-window mtd64x4096-q4 mtd64x4096-q1
+stage bench-prefill-peers "$T_BENCH" "$PY" tools/bench_prefill.py --libs rt fa3 sdpa sdpa-flash --samples 10 \
+    --budget-s "$((T_BENCH - 30))" --rows 16x1024 4x4096 32x512 1x16384
 stage bench-family 150 bash -c "$PY tools/bench_prefill.py --libs rt rtdec --rows 'mtd*' --budget-s 60 && \
     $PY tools/bench_decode.py --no-flashinfer --rows 'g*' b16-all1024-kv8 s64x4096 --rt-modes auto auto+prefill \
     --deadline 70"
