@@ -36,6 +36,14 @@ def test_head_dim_256_caps_rows_and_the_resource_model_reads_the_device():
     assert blocks_by_smem(H200, 200 * 1024, 2) == 1
 
 
+def test_ctas_per_sm_sets_the_register_budget_within_the_shared_memory():
+    t = P.choose_tile(H200, 128, 4, 1024, rows=64, ctas_per_sm=3)
+    assert t.min_blocks == 3 and t.tag.endswith("_b3")          # 64 KiB x 3 fit 228 KiB
+    assert P.choose_tile(H200, 128, 4, 1024, ctas_per_sm=3).min_blocks == 2   # 80 KiB: only 2 fit
+    with pytest.raises(ValueError, match="ctas_per_sm"):
+        P.choose_tile(H200, 128, 4, ctas_per_sm=0)
+
+
 def test_bad_tiles_are_refused():
     with pytest.raises(ValueError, match="rows"):
         P.PrefillTile(48, 64, 1, 2)
