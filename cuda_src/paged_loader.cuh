@@ -43,7 +43,7 @@ struct KVTileLoader {
     for (int i = 0; i < PASSES; ++i) {
       const int pos = pos0 + row0 + i * ROWS_PER_PASS;
       if constexpr (PAGED) {
-        page[i] = pos < end ? __ldg(pages + (pos >> p.page_shift)) : 0;  // (pages: a register)
+        page[i] = pos < end ? __ldg(pages + (pos >> p.page_shift)) : 0;
       } else {
         page[i] = base + (pos < end ? pos : 0);
       }

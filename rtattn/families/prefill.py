@@ -126,6 +126,16 @@ def shipped(arch: str = "sm_90") -> list[tuple[AttentionSpec, PrefillTile]]:
     return out
 
 
+def check_kv_strides(caches, strides) -> None:
+    """The prefill loader forms KV offsets as 32 x 32 -> 64-bit products (cuda_src/paged_loader.cuh):
+    every launcher of the prefill kernel refuses page and token strides of 2**32 bytes or more.
+    caches: (k, v) views; strides: their (page, token, head) strides in elements."""
+    for name, t, (sp, st, _) in zip(("k_cache", "v_cache"), caches, strides):
+        if not (0 <= sp * t.itemsize < 2**32 and 0 <= st * t.itemsize < 2**32):
+            raise ValueError(f"{name}: page and token strides must be non-negative and under 2**32 bytes "
+                             f"(the prefill loader's 32-bit offsets), got {sp} and {st} elements")
+
+
 # -default-device: the kernel's per-block body is a generic lambda (instantiated masked and
 # unmasked), which NVRTC compiles only with unannotated functions taken as device functions.
 PREFILL_OPTIONS = COMPILE_OPTIONS + ("-default-device",)
