@@ -79,7 +79,14 @@ __device__ __forceinline__ void prefill_persistent(const P& p, char* smem) {
   wait_for_previous_grid();
   allow_next_grid();
 
-  for (int item = item_begin; item < item_end; ++item) {
+  // Each CTA walks its queue from its own offset. LPT gives every queue the same shape (costs
+  // descending), so CTAs walking them in order reach their item prologues (plan reads, page ids,
+  // first tiles) together, and the CTA sharing an SM (block L + the SM count: the same queue of
+  // another KV head here) cannot hide them. Items are independent: the order changes no result.
+  const int num_items = item_end - item_begin;
+  const int first = int(int64_t(blockIdx.x + blockIdx.y * gridDim.x) * num_items / (gridDim.x * gridDim.y));
+  for (int k = 0; k < num_items; ++k) {
+    const int item = item_begin + (k + first < num_items ? k + first : k + first - num_items);
     const int b = p.plan.item_request[item], q_row0 = p.plan.item_qo_start[item];
     const int q_tokens = p.plan.item_qo_len[item];
     const int partial_row = p.plan.item_partial[item];
