@@ -112,8 +112,8 @@ __device__ __forceinline__ void prefill_persistent(const P& p, char* smem) {
       constexpr int QC = D / 8;  // 16-byte chunks per row; a thread keeps one column of chunks
       static_assert(S::rows * QC % S::threads == 0 && S::threads % QC == 0, "whole passes of rows");
 #pragma unroll
-      for (int k = 0; k < S::rows * QC / S::threads; ++k) {
-        const int r = (tid + k * S::threads) / QC, c = tid % QC;
+      for (int pass = 0; pass < S::rows * QC / S::threads; ++pass) {
+        const int r = (tid + pass * S::threads) / QC, c = tid % QC;
         const bool valid = r < rows_valid;
         const T* qp = valid ? p.q + int64_t(q_row0 + r / heads) * p.q_stride_tok +
                                   int64_t(first_qo_head + r % heads) * p.q_stride_head + c * 8
