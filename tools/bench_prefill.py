@@ -6,7 +6,8 @@ the prefill rows of shared/PERF.md, one process, the same inputs for every libra
     python tools/bench_prefill.py --rt-tiles default q128_kv32_w8_s3 q64_kv32_w4_s3_b3   # tile A/B
     python tools/bench_prefill.py --rows 'mtd*' --libs rt rtdec fa2        # multi-token decode
 
-32/8 heads, D = 128, bf16, page 16, pages scattered. TFLOP/s = 4 * H * D * attended (q, k)
+32/8 heads, D = 128, bf16, page 16, pages scattered (--heads, --head-dim, --page change them;
+rows named *-plain are non-causal). TFLOP/s = 4 * H * D * attended (q, k)
 pairs / time (causal: L(L+1)/2 per square request; a window of 1024 attends <= 1025 keys).
 Every library's output is checked against a float32 reference on sampled query rows before it
 is timed; a wrong output is reported, not timed. Timing: CUDA-graph replays (tools/bench_common).
@@ -38,7 +39,7 @@ class Row:
     batch: int
     dist: str            # "const:N" | "uniform:A:B" | "heavy:MEAN"
     cached: int = 0      # cached prefix tokens per request (chunked prefill)
-    variant: str = "causal"   # causal | softcap | alibi | window
+    variant: str = "causal"   # causal | softcap | alibi | window | plain (no mask)
 
     def lengths(self) -> np.ndarray:
         rng = bc.rng_for(self.name)
@@ -61,7 +62,7 @@ def _rows() -> list[Row]:
             # and a small batch (fixed costs)
             Row("mtd64x4096-q2", 64, "const:2", cached=4094), Row("mtd64x4096-q8", 64, "const:8", cached=4088),
             Row("mtd64x4096-q16", 64, "const:16", cached=4080), Row("mtd16x1024-q4", 16, "const:4", cached=1020)]
-    var = [Row(f"{n}-{v}", b, d, variant=v) for v in ("softcap", "alibi", "window")
+    var = [Row(f"{n}-{v}", b, d, variant=v) for v in ("softcap", "alibi", "window", "plain")
            for n, b, d in (("32x512", 32, "const:512"), ("8x2048", 8, "const:2048"), ("2x8192", 2, "const:8192"),
                            ("1x16384", 1, "const:16384"))]
     return base + var
@@ -70,11 +71,21 @@ def _rows() -> list[Row]:
 WINDOW, SOFTCAP = 1024, 50.0
 
 
+def set_shape(heads: str, head_dim: int, page: int) -> None:
+    """--heads 'HQ:HKV', --head-dim, --page: the module's shape, read by every library's call."""
+    global HQ, HKV, D, PAGE
+    hq, hkv = (int(v) for v in heads.split(":"))
+    if hq % hkv or head_dim not in (64, 128, 256) or page < 1 or page & (page - 1):
+        raise SystemExit(f"bad shape: heads {heads} (HQ a multiple of HKV), head dim {head_dim} (64/128/256), "
+                         f"page {page} (a power of two)")
+    HQ, HKV, D, PAGE = hq, hkv, head_dim, page
+
+
 def attended_pairs(qo, kv, variant: str) -> int:
     total = 0
     for lq, lk in zip(qo, kv):
         pos = np.arange(lk - lq, lk, dtype=np.int64)   # query positions
-        seen = pos + 1
+        seen = np.full_like(pos, lk) if variant == "plain" else pos + 1
         if variant == "window":
             seen = np.minimum(seen, WINDOW + 1)
         total += int(seen.sum())
@@ -125,7 +136,7 @@ class Inputs:
                 s = s + self.slopes[:, None, None] * (j[None, None, :] - qpos[None, :, None])
             if self.row.variant == "softcap":
                 s = SOFTCAP * torch.tanh(s / SOFTCAP)
-            keep = j[None, :] <= qpos[:, None]
+            keep = j[None, :] <= (qpos[:, None] if self.row.variant != "plain" else L)
             if self.row.variant == "window":
                 keep &= j[None, :] >= qpos[:, None] - WINDOW
             s = s.masked_fill(~keep[None], float("-inf"))
@@ -171,7 +182,7 @@ def _measure(ctx, x: Inputs, calls, outs) -> dict:
 
 def rt_spec(variant: str):
     from rtattn.codegen import spec as S
-    return {"causal": S.standard(causal=True), "softcap": S.standard(causal=True, soft_cap=True),
+    return {"causal": S.standard(causal=True), "plain": S.standard(), "softcap": S.standard(causal=True, soft_cap=True),
             "alibi": S.standard(causal=True, alibi=True), "window": S.standard(causal=True, window=True)}[variant]
 
 
@@ -246,7 +257,7 @@ def bench_flashinfer(ctx, x: Inputs, backend: str) -> dict:
     v = x.row.variant
     if v == "alibi" and backend == "fa3":
         return {"ok": False, "rel_err": float("nan"), "note": "fa3 has no ALiBi"}
-    kw = dict(causal=True, q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16)
+    kw = dict(causal=v != "plain", q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16)
     if v == "softcap":
         kw["logits_soft_cap"] = SOFTCAP
     if v == "window":
@@ -282,8 +293,8 @@ def bench_sdpa(ctx, x: Inputs, backend: str = "cudnn") -> dict:
     import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
-    if x.row.variant != "causal" or x.row.cached or len(set(x.qo.tolist())) != 1:
-        return {"ok": False, "rel_err": float("nan"), "note": "dense equal-length causal rows only"}
+    if x.row.variant not in ("causal", "plain") or x.row.cached or len(set(x.qo.tolist())) != 1:
+        return {"ok": False, "rel_err": float("nan"), "note": "dense equal-length causal or plain rows only"}
     B, L = len(x.qo), int(x.qo[0])
     pages = torch.from_numpy(x.indices.astype(np.int64)).cuda()
     dense = []
@@ -297,7 +308,7 @@ def bench_sdpa(ctx, x: Inputs, backend: str = "cudnn") -> dict:
 
     def call(c):
         with sdpa_kernel([kind]):
-            outs.held[c] = F.scaled_dot_product_attention(*dense[c], is_causal=True)
+            outs.held[c] = F.scaled_dot_product_attention(*dense[c], is_causal=x.row.variant == "causal")
     return _measure(ctx, x, [lambda c=c: call(c) for c in range(x.copies)], outs)
 
 
@@ -319,11 +330,16 @@ def main(argv=None) -> int:
     ap.add_argument("--samples", type=int, default=20)
     ap.add_argument("--budget-s", type=float, default=400, help="stop starting rows after this many seconds")
     ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--heads", default=f"{HQ}:{HKV}", help="query:KV heads (the neighbourhood: 32:32, 32:4 ...)")
+    ap.add_argument("--head-dim", type=int, default=D, help="64, 128 or 256")
+    ap.add_argument("--page", type=int, default=PAGE, help="page size (1 to 128, a power of two)")
     args = ap.parse_args(argv)
+    set_shape(args.heads, args.head_dim, args.page)
     rows = [r for r in _rows() if any(fnmatch.fnmatch(r.name, p) for p in args.rows)]
     import torch
     t0 = time.perf_counter()
-    print(f"clocks: {bc.warm_clocks(3.0):.0f} TFLOP/s bf16 matmul", flush=True)
+    print(f"shape: {HQ}/{HKV} heads, D = {D}, page {PAGE}; clocks: {bc.warm_clocks(3.0):.0f} TFLOP/s bf16 matmul",
+          flush=True)
     ctx = Ctx(args.samples)
     results = {}
     for row in rows:
