@@ -188,9 +188,6 @@ __device__ __forceinline__ void prefill_persistent(const P& p, char* smem) {
         for (int e = 0; e < 4; ++e) o[mi][dn][e] = 0.f;
     }
 
-    // One KV block: S = QK^T, (mask,) online softmax, O += PV. Instantiated twice: blocks that
-    // the mask cuts (causal diagonal, window edge, the range's tail) and blocks it does not, so
-    // the common unmasked block carries no per-logit compare/select (a warp-uniform branch).
     // The copies of tile blk + STAGES - 1 into the stage tile blk - 1 used (everyone is past it),
     // issued between the QK products and the softmax: the integer work of the loader then runs
     // while the tensor pipe finishes S (before the products it ran alone, after the barrier).
@@ -202,6 +199,9 @@ __device__ __forceinline__ void prefill_persistent(const P& p, char* smem) {
       }
       cp_async_commit();
     };
+    // One KV block: S = QK^T, (mask,) online softmax, O += PV. Instantiated twice: blocks that
+    // the mask cuts (causal diagonal, window edge, the range's tail) and blocks it does not, so
+    // the common unmasked block carries no per-logit compare/select (a warp-uniform branch).
     auto block = [&](auto masked, int blk) {
       constexpr bool kMasked = decltype(masked)::value;
       const int st = blk % STAGES;
