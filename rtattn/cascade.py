@@ -33,7 +33,7 @@ import numpy as np
 from rtattn.codegen.cstruct import FieldWriter
 from rtattn.codegen.spec import BUILTINS, AttentionSpec, Param
 from rtattn.families import decode as decode_family
-from rtattn.families.prefill import ROWS as PREFILL_ROWS, choose_tile, prefill_kernels, tile_config
+from rtattn.families.prefill import ROWS as PREFILL_ROWS, check_kv_strides, choose_tile, prefill_kernels, tile_config
 from rtattn.level_fold import CTAS_PER_SM, THREADS, fold_function, params_struct
 from rtattn.plan import devices as plan_devices
 from rtattn.plan.cascade import CascadeInfo, CascadePlanner
@@ -123,6 +123,12 @@ class _LevelsKernel(BatchDecodeWrapper):
         if workspace is not None:
             raise ValueError("CascadeWrapper allocates its own workspace")
         return DeviceBuffer(need, self.device)
+
+    def _cache_fields(self, name, t):
+        fields = super()._cache_fields(name, t)   # (pages, name, shape, ptr, page, token, head strides)
+        if self._prefill_planner is not None:      # the prefill kernel reads these caches too
+            check_kv_strides(name, fields[4], fields[5], t.itemsize)
+        return fields
 
     def _fixed_params(self) -> dict:
         fixed = super()._fixed_params()

@@ -220,6 +220,10 @@ def test_bad_input_is_refused_before_any_launch(fake_gpu):
     with pytest.raises(ValueError, match="q has shape"):
         w.run(cuda((5, 8, 64)), cuda((pool, 16, 8, 64)), cuda((pool, 16, 8, 64)))
     assert fake_gpu.kernels[0].launches == [] and fake_gpu.kernels[0].enqueued == []
+    assert w.prefill is not None   # the prefill kernel's loader bounds the caches' strides (2**32 bytes)
+    huge = export(1 << 32, (pool, 16, 8, 64), "bfloat16", 0, (2**31, 8 * 64, 64, 1))
+    with pytest.raises(ValueError, match="k_cache: page and token strides"):
+        w.run(cuda((4, 8, 64)), huge, cuda((pool, 16, 8, 64)))
     w.run(cuda((4, 8, 64)), cuda((pool, 16, 8, 64)), cuda((pool, 16, 8, 64)))   # the pool is now `pool` pages
     outside = idx.copy()
     outside[-1] = pool

@@ -126,14 +126,13 @@ def shipped(arch: str = "sm_90") -> list[tuple[AttentionSpec, PrefillTile]]:
     return out
 
 
-def check_kv_strides(caches, strides) -> None:
+def check_kv_strides(name: str, page_stride: int, token_stride: int, itemsize: int) -> None:
     """The prefill loader forms KV offsets as 32 x 32 -> 64-bit products (cuda_src/paged_loader.cuh):
-    every launcher of the prefill kernel refuses page and token strides of 2**32 bytes or more.
-    caches: (k, v) views; strides: their (page, token, head) strides in elements."""
-    for name, t, (sp, st, _) in zip(("k_cache", "v_cache"), caches, strides):
-        if not (0 <= sp * t.itemsize < 2**32 and 0 <= st * t.itemsize < 2**32):
-            raise ValueError(f"{name}: page and token strides must be non-negative and under 2**32 bytes "
-                             f"(the prefill loader's 32-bit offsets), got {sp} and {st} elements")
+    every launcher of the prefill kernel refuses a cache whose page or token stride (elements of
+    `itemsize` bytes) is negative or 2**32 bytes or more."""
+    if not (0 <= page_stride * itemsize < 2**32 and 0 <= token_stride * itemsize < 2**32):
+        raise ValueError(f"{name}: page and token strides must be non-negative and under 2**32 bytes "
+                         f"(the prefill loader's 32-bit offsets), got {page_stride} and {token_stride} elements")
 
 
 # -default-device: the kernel's per-block body is a generic lambda (instantiated masked and
