@@ -118,6 +118,11 @@ class BatchPrefillWrapper(PlannedWrapper):
             out.append(f)
         return out
 
+    def _cache_fields(self, name, t):
+        fields = super()._cache_fields(name, t)   # (pages, name, shape, ptr, page, token, head strides)
+        family.check_kv_strides(name, fields[4], fields[5], t.itemsize)
+        return fields
+
     def _derive_ragged(self, name, t):
         """Ragged K or V [tokens, H_kv, D]: (..., ptr, token stride as the page stride, 0, head
         stride): page size 1."""
@@ -125,6 +130,7 @@ class BatchPrefillWrapper(PlannedWrapper):
         expect_shape(name, t, (None, self.num_kv_heads, self.head_dim))
         expect_inner_contiguous(name, t)
         expect_vector_aligned(name, t)
+        family.check_kv_strides(name, t.strides[0], 0, t.itemsize)
         return (t.shape[0], name, t.shape, t.ptr, t.strides[0], 0, t.strides[1])
 
 
