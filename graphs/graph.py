@@ -9,6 +9,10 @@
 
 Every call goes through rtattn.runtime.driver.check. Graphs and executable graphs are
 destroyed explicitly (`destroy()`, `with`) or by a finalizer, whichever comes first.
+
+A graph belongs to the device of the stream it was captured on: every driver call on it runs in
+that device's context (the caller's current context is restored after), and it replays only on
+that device's streams.
 """
 from __future__ import annotations
 
@@ -17,10 +21,10 @@ from dataclasses import dataclass
 
 from cuda.bindings import driver as cu
 
-from rtattn.runtime import (CudaError, NoDeviceError, Stream, as_stream, check, current_device, has_device,
+from rtattn.runtime import (CudaError, Device, NoDeviceError, Stream, as_stream, check, has_device,
                             no_device_reason, pack_params)
 from rtattn.runtime import libcuda
-from rtattn.runtime.launch import stream_handle
+from rtattn.runtime.launch import check_stream, stream_handle
 
 __all__ = ["capture", "Graph", "GraphExec", "KernelNode", "UpdateResult", "GraphCaptureError"]
 
@@ -35,9 +39,10 @@ class GraphCaptureError(CudaError):
     """Capture refused or invalidated (legacy stream, an unsafe call during capture, ...)."""
 
 
-def _destroy(fn, handle) -> None:
+def _destroy(fn, handle, device) -> None:
     try:
-        fn(handle)
+        with device.active():
+            fn(handle)
     except Exception:  # interpreter shutdown: nothing sensible to do
         pass
 
@@ -64,24 +69,21 @@ def capture(fn, stream) -> "Graph":
     if not has_device():  # never call into the driver bindings without a device (DESIGN: no hangs)
         raise NoDeviceError(f"cannot capture a CUDA graph: {no_device_reason()}", call="cuStreamBeginCapture",
                             result_name="CUDA_ERROR_NO_DEVICE")
-    # owned streams know their device; borrowed ones (torch, cupy) use the current/first device's
-    # primary context, which those frameworks share
-    dev = getattr(s, "_device", None)
-    if dev is not None:
-        dev.set_current()
-    else:
-        current_device()
-    check(cu.cuStreamBeginCapture(s.handle, cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
-          "cuStreamBeginCapture")
+    # the stream's device: an owned stream knows it, a borrowed one (torch, cupy) asks the driver
+    dev = s.device
+    with dev.active():
+        check(cu.cuStreamBeginCapture(s.handle, cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
+              "cuStreamBeginCapture")
+        try:
+            fn()
+        except BaseException:
+            res, g = cu.cuStreamEndCapture(s.handle)
+            if res == cu.CUresult.CUDA_SUCCESS and int(g):
+                cu.cuGraphDestroy(g)
+            raise
+        res = cu.cuStreamEndCapture(s.handle)
     try:
-        fn()
-    except BaseException:
-        res, g = cu.cuStreamEndCapture(s.handle)
-        if res == cu.CUresult.CUDA_SUCCESS and int(g):
-            cu.cuGraphDestroy(g)
-        raise
-    try:
-        g = check(cu.cuStreamEndCapture(s.handle), "cuStreamEndCapture")
+        g = check(res, "cuStreamEndCapture")
     except CudaError as e:
         raise GraphCaptureError(f"{e} -- the capture was invalidated: something in the captured function "
                                 f"made a call that stream capture forbids (an allocation, a synchronous copy "
@@ -90,7 +92,7 @@ def capture(fn, stream) -> "Graph":
     if not int(g):
         raise GraphCaptureError("cuStreamEndCapture returned no graph: the capture was invalidated",
                                 call="cuStreamEndCapture", result_name="CUDA_ERROR_STREAM_CAPTURE_INVALIDATED")
-    return Graph(g)
+    return Graph(g, dev)
 
 
 @dataclass
@@ -114,11 +116,11 @@ class UpdateResult:
 
 
 class Graph:
-    """A captured CUgraph (owned: destroyed by destroy() or the finalizer)."""
+    """A captured CUgraph of `device` (owned: destroyed by destroy() or the finalizer)."""
 
-    def __init__(self, handle):
-        self.handle = handle
-        self._finalizer = weakref.finalize(self, _destroy, cu.cuGraphDestroy, handle)
+    def __init__(self, handle, device: Device):
+        self.handle, self.device = handle, device
+        self._finalizer = weakref.finalize(self, _destroy, cu.cuGraphDestroy, handle, device)
         self._nodes = None
 
     def nodes(self) -> list:
@@ -149,7 +151,8 @@ class Graph:
         return out
 
     def instantiate(self) -> "GraphExec":
-        ex = check(cu.cuGraphInstantiate(self._live(), 0), "cuGraphInstantiate")
+        with self.device.active():
+            ex = check(cu.cuGraphInstantiate(self._live(), 0), "cuGraphInstantiate")
         return GraphExec(ex, self)
 
     def _live(self):
@@ -194,8 +197,8 @@ class GraphExec:
 
     def __init__(self, handle, graph: Graph):
         self.handle = handle
-        self.graph = graph
-        self._finalizer = weakref.finalize(self, _destroy, cu.cuGraphExecDestroy, handle)
+        self.graph, self.device = graph, graph.device
+        self._finalizer = weakref.finalize(self, _destroy, cu.cuGraphExecDestroy, handle, graph.device)
         self._kernels: list[KernelNode] | None = None
         self._addr = int(handle)
         self._node_addrs: list[int] | None = None
@@ -207,21 +210,33 @@ class GraphExec:
         return self.handle
 
     def launch(self, stream) -> None:
-        """Replay on `stream` (ordered after earlier work there, e.g. the plan copy)."""
-        e = libcuda.entry()
-        if e is not None:
-            if not self._finalizer.alive:
-                raise ValueError("GraphExec used after destroy()")
-            res = e.graph_launch(self._addr, stream_handle(stream))
-            if res:
-                libcuda.fail(res, "cuGraphLaunch")
-        else:
-            check(cu.cuGraphLaunch(self._live(), stream_handle(stream)), "cuGraphLaunch")
+        """Replay on `stream` (ordered after earlier work there, e.g. the plan copy): a stream of
+        the graph's device."""
+        h, dev = stream_handle(stream), self.device
+        if h not in dev.streams_checked:
+            check_stream(h, dev)
+        prev = dev.enter()
+        try:
+            e = libcuda.entry()
+            if e is not None:
+                if not self._finalizer.alive:
+                    raise ValueError("GraphExec used after destroy()")
+                res = e.graph_launch(self._addr, h)
+                if res:
+                    libcuda.fail(res, "cuGraphLaunch")
+            else:
+                check(cu.cuGraphLaunch(self._live(), h), "cuGraphLaunch")
+        finally:
+            if prev is not None:
+                Device.leave(prev)
         self.launches += 1
 
     def upload(self, stream) -> None:
         """Pre-upload the executable so the first launch pays no setup."""
-        check(cu.cuGraphUpload(self._live(), as_stream(stream).handle), "cuGraphUpload")
+        h = as_stream(stream).handle
+        check_stream(h, self.device)
+        with self.device.active():
+            check(cu.cuGraphUpload(self._live(), h), "cuGraphUpload")
 
     def update(self, graph: Graph) -> UpdateResult:
         """Take `graph`'s node parameters if its topology matches (cuGraphExecUpdate).
@@ -229,7 +244,11 @@ class GraphExec:
         Returns UpdateResult(False, reason) when the driver refuses (topology, node type or
         function changed...): the caller then instantiates `graph` afresh. Other errors raise.
         """
-        res, info = cu.cuGraphExecUpdate(self._live(), graph._live())
+        if graph.device is not self.device:
+            raise ValueError(f"graph: captured on cuda:{graph.device.ordinal}, this executable graph is "
+                             f"cuda:{self.device.ordinal}'s")
+        with self.device.active():
+            res, info = cu.cuGraphExecUpdate(self._live(), graph._live())
         if res == cu.CUresult.CUDA_SUCCESS:
             return UpdateResult(True)
         if res == cu.CUresult.CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE:
@@ -257,7 +276,8 @@ class GraphExec:
         p.blockDimX, p.blockDimY, p.blockDimZ = k.block
         p.sharedMemBytes = k.smem
         p.kernelParams = addr
-        check(cu.cuGraphExecKernelNodeSetParams(self._live(), k.node, p), "cuGraphExecKernelNodeSetParams")
+        with self.device.active():
+            check(cu.cuGraphExecKernelNodeSetParams(self._live(), k.node, p), "cuGraphExecKernelNodeSetParams")
         del keep
 
     def matches(self, launch) -> bool:
@@ -277,7 +297,11 @@ class GraphExec:
             return
         if self._node_addrs is None:
             self._node_addrs = [int(n.node) for n in self.kernel_nodes()]
-        res = e.node_set_params(self._addr, self._node_addrs[index], call.node_params())
+        prev = self.device.enter()
+        try:
+            res = e.node_set_params(self._addr, self._node_addrs[index], call.node_params())
+        finally:
+            Device.leave(prev)
         if res:
             libcuda.fail(res, f"cuGraphExecKernelNodeSetParams({call.name})")
 

@@ -235,7 +235,7 @@ class CascadeWrapper:
         nbytes = self.planner.planset.plan_bytes
         self._pinned = tuple(PinnedBuffer(nbytes, self.device) for _ in range(2))
         self._arrays = tuple(b.array for b in self._pinned)
-        self._copied = tuple(Event(timing=False) for _ in range(2))
+        self._copied = tuple(Event(timing=False, device=self.device) for _ in range(2))
         self._in_flight = [False, False]
         self._slot = 0
         self.fold_ctas = self.device.props.sm_count * CTAS_PER_SM
@@ -284,7 +284,8 @@ class CascadeWrapper:
             info = self.planner.plan_shared(*plain, out=self._arrays[slot], causal=self.causal, num_pages=pool)
         else:
             info = self.planner.plan(levels, out=self._arrays[slot], causal=self.causal, num_pages=pool)
-        memcpy_htod_async(self.workspace_ptr, self._pinned[slot].ptr, self.planner.planset.plan_bytes, stream)
+        memcpy_htod_async(self.workspace_ptr, self._pinned[slot].ptr, self.planner.planset.plan_bytes, stream,
+                          self.device)
         self._copied[slot].record(stream)
         self._in_flight[slot] = True
         self._slot = slot ^ 1

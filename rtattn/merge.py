@@ -10,7 +10,7 @@ import functools
 
 from rtattn.codegen.cstruct import CStruct, Member
 from rtattn.runtime import DeviceBuffer, Module, as_stream, compile_to_cubin, current_device
-from rtattn.tensors import cuda_tensor, expect_inner_contiguous, expect_shape
+from rtattn.tensors import cuda_tensor, expect_inner_contiguous, expect_shape, same_device
 
 _KERNELS = {"bfloat16": "rtattn_merge_states_bf16", "float16": "rtattn_merge_states_f16",
             "float32": "rtattn_merge_states_f32"}
@@ -47,6 +47,7 @@ def merge_states(v, s, *, out=None, s_out=None, stream=None):
     st = cuda_tensor("s", s, stream, dtype="float32", ndim=3)
     expect_shape("s", st, (rows, n, heads))
     expect_inner_contiguous("v", vt)
+    same_device({"s": st}, vt.device_id)
     return _launch(vt, vt.strides[:3], st, st.strides, n, out, s_out, stream)
 
 
@@ -65,6 +66,7 @@ def merge_state(v_a, s_a, v_b, s_b, *, out=None, s_out=None, stream=None):
         if x.strides != y.strides:
             raise ValueError(f"{name}_a and {name}_b must have the same strides, got {x.strides} and {y.strides}")
     expect_inner_contiguous("v_a", va)
+    same_device({"v_b": vb, "s_a": sa, "s_b": sb}, va.device_id)
     # State b is state a shifted by a (possibly negative) element offset: a 2-state view.
     v_state = (vb.ptr - va.ptr) // va.itemsize
     s_state = (sb.ptr - sa.ptr) // 4
@@ -85,6 +87,7 @@ def _launch(vt, v_strides, st, s_strides, n, out, s_out, stream):
     expect_shape("out", ot, (rows, heads, d))
     expect_inner_contiguous("out", ot)
     so = cuda_tensor("s_out", s_out, stream, dtype="float32", ndim=2)
+    same_device({"out": ot, "s_out": so}, dev.ordinal)
     expect_shape("s_out", so, (rows, heads))
     if so.strides != (heads, 1):
         raise ValueError(f"s_out must be contiguous, got strides {so.strides}")

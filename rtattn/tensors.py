@@ -9,8 +9,14 @@ from rtattn.runtime import TensorView, as_tensor
 
 
 def cuda_tensor(name: str, obj, stream=None, *, dtype: str | None = None, ndim: int | None = None,
-                keep_producer: bool = True):
-    """View `obj` as CUDA memory, refusing wrong memory, dtype or rank with the tensor's name."""
+                keep_producer: bool = True, device_id: int | None = None):
+    """View `obj` as CUDA memory, refusing wrong memory, dtype or rank with the tensor's name.
+    `device_id`: the device it must be on, checked from `__dlpack_device__` before the import
+    (whose stream handshake would otherwise order a stream of one device after another's)."""
+    if device_id is not None and not isinstance(obj, TensorView) and hasattr(obj, "__dlpack_device__"):
+        code, dev = obj.__dlpack_device__()
+        if int(code) == 2 and int(dev) != device_id:   # kDLCUDA
+            raise ValueError(f"{name} is on cuda:{int(dev)}, the wrapper runs on cuda:{device_id}")
     try:
         t = as_tensor(obj, stream, require="cuda", keep_producer=keep_producer)
     except (TypeError, ValueError) as e:
@@ -146,7 +152,7 @@ class TensorImports:
                 ref = weakref.ref(obj, forget)
             except TypeError:   # no weak references: imported every call
                 prod = None
-        view = cuda_tensor(name, obj, stream, keep_producer=prod is None)
+        view = cuda_tensor(name, obj, stream, keep_producer=prod is None, device_id=self.device_id)
         got = derive(name, view)
         if prod is not None:
             if len(self._entries) >= self.capacity:
@@ -166,9 +172,9 @@ class TensorImports:
             if theirs != stream_handle:
                 from rtattn.runtime import Event, Stream
                 if self._event is None:
-                    self._event = Event(timing=False)
+                    self._event = Event(timing=False, device=self.device_id)
                 self._event.record(theirs)
-                Stream.wrap(stream_handle).wait(self._event)
+                Stream(self.device_id, _handle=stream_handle).wait(self._event)
         self._reused.clear()
 
     def __len__(self) -> int:

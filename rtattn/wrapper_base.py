@@ -44,13 +44,13 @@ class PlannedWrapper:
         # host only waits on the copy of two steps ago instead of on the GPU's current work.
         self._pinned = tuple(PinnedBuffer(self.layout.plan_bytes, self.device) for _ in range(2))
         self._pinned_arrays = tuple(b.array for b in self._pinned)  # stable objects: the planner caches views
-        self._copied = tuple(Event(timing=False) for _ in range(2))
+        self._copied = tuple(Event(timing=False, device=self.device) for _ in range(2))
         self._in_flight = [False, False]
         self._slot = 0
         self.pinned = self._pinned[0]   # the buffer holding the latest plan
         self.workspace = self._workspace(workspace)
         self._counters = self.workspace_ptr + self.layout.merge_counters_offset(self.num_qo_heads, self.head_dim)
-        memset_d32(self._counters, 0, self.layout.merge_counters_bytes(self.num_qo_heads) // 4)
+        memset_d32(self._counters, 0, self.layout.merge_counters_bytes(self.num_qo_heads) // 4, self.device)
         self._fixed = self._fixed_params()
         self._param_names = frozenset(p.name for p in self.spec.params)
         self._may_split = self.planner.bounds.max_merge_rows > 0   # naive plans never need the merge kernel
@@ -70,7 +70,8 @@ class PlannedWrapper:
         need = self.planner.workspace_bytes()
         if workspace is None:
             return DeviceBuffer(need, self.device)
-        t = cuda_tensor("workspace", workspace)
+        t = cuda_tensor("workspace", workspace, device_id=self.device.ordinal)
+        same_device({"workspace": t}, self.device.ordinal)
         if t.nbytes < need:
             raise ValueError(f"workspace has {t.nbytes} bytes, this wrapper needs {need}")
         if t.ptr % 256:
@@ -101,13 +102,17 @@ class PlannedWrapper:
         buf = self._pinned[slot]
         info = self.planner.plan(qo_indptr, kv_indptr, kv_indices, kv_last_page_len,
                                  out=self._pinned_arrays[slot], window_left=window_left)
-        memcpy_htod_async(self.workspace_ptr, buf.ptr, self.layout.plan_bytes, stream)
+        memcpy_htod_async(self.workspace_ptr, buf.ptr, self.layout.plan_bytes, stream, self.device)
         self._copied[slot].record(stream)
         self._in_flight[slot] = True
-        self._slot, self.pinned = slot ^ 1, buf
-        self._nnz = int(kv_indptr[-1])
-        self.info, self.window_left = info, window_left
+        self._slot = slot ^ 1
+        self._take_plan(info, window_left, int(kv_indptr[-1]), buf)
         return info
+
+    def _take_plan(self, info, window_left, nnz: int, pinned) -> None:
+        """The plan run() checks against from now on (its copy into the workspace is queued):
+        this wrapper's own, or one planned once for several (rtattn.shared_plan)."""
+        self.info, self.window_left, self._nnz, self.pinned = info, window_left, nnz, pinned
 
     # ------------------------------------------------------------------ run
     def run(self, q, k_cache, v_cache=None, *, out=None, lse=None, stream=None, sm_scale=None,

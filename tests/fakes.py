@@ -20,7 +20,8 @@ def fake_device(name="fake H200"):
     props = SimpleNamespace(name=name, sm_count=132, smem_per_sm=233472, smem_per_block_optin=232448,
                             regs_per_sm=65536, l2_bytes=60 << 20, cc=(9, 0), max_threads_per_sm=2048,
                             smem_per_block=49152, regs_per_block=65536)
-    return SimpleNamespace(ordinal=0, props=props, arch="sm_90", name=name, set_current=lambda: None)
+    return SimpleNamespace(ordinal=0, props=props, arch="sm_90", name=name, set_current=lambda: None,
+                           streams_checked=set())
 
 
 class FakeKernels(LoadedKernels):
@@ -105,11 +106,11 @@ def install(monkeypatch, kernels, *, device=None, buffer=FakeBuffer, memcpy=lamb
     dev = device or fake_device()
     monkeypatch.setattr(W, "current_device", lambda d=None: dev)
     monkeypatch.setattr(W, "decode_kernels", lambda spec, ordinal: kernels(spec))
-    monkeypatch.setattr(B, "Event", lambda timing=False: SimpleNamespace(record=lambda s=None: None,
-                                                                          synchronize=lambda: None))
+    monkeypatch.setattr(B, "Event", lambda timing=False, device=None: SimpleNamespace(record=lambda s=None: None,
+                                                                                       synchronize=lambda: None))
     for mod in (W, B):   # the wrapper base holds the shared buffers; the decode wrapper its own outputs
         for name, fake in (("DeviceBuffer", buffer), ("PinnedBuffer", buffer), ("memcpy_htod_async", memcpy),
-                           ("memset_d32", lambda ptr, value, count: None)):
+                           ("memset_d32", lambda ptr, value, count, device=None: None)):
             if hasattr(mod, name):
                 monkeypatch.setattr(mod, name, fake)
     monkeypatch.setattr(launch_mod, "enqueue", fake_enqueue)

@@ -44,13 +44,14 @@ def fake_gpu(monkeypatch):
         made.append(fakes.FakeKernels(spec))
         return made[-1]
 
-    fakes.install(monkeypatch, kernels, memcpy=lambda dst, src, n, stream=None: copies.append((dst, src, n)))
+    fakes.install(monkeypatch, kernels, memcpy=lambda dst, src, n, stream=None, device=None: copies.append((dst, src, n)))
     monkeypatch.setattr(W, "as_stream", lambda s=None: SimpleNamespace(handle=0), raising=False)
     for name in ("DeviceBuffer", "PinnedBuffer"):
         monkeypatch.setattr(C, name, fakes.FakeBuffer)
-    monkeypatch.setattr(C, "Event", lambda timing=False: SimpleNamespace(record=lambda s=None: None,
+    monkeypatch.setattr(C, "Event", lambda timing=False, device=None: SimpleNamespace(record=lambda s=None: None,
                                                                          synchronize=lambda: None))
-    monkeypatch.setattr(C, "memcpy_htod_async", lambda dst, src, n, stream=None: copies.append((dst, src, n)))
+    monkeypatch.setattr(C, "memcpy_htod_async", lambda dst, src, n, stream=None, device=None:
+                        copies.append((dst, src, n)))
     prefill = []
     monkeypatch.setattr(C, "prefill_kernels", lambda spec, tile, ordinal: prefill.append(FakePrefill(spec, tile))
                         or prefill[-1])

@@ -583,7 +583,7 @@ def test_demo_decode_loop_on_a_simulated_device(monkeypatch, capsys):
     from rtattn.graphs import demo_decode_loop as demo
     from rtattn.graphs import device_arrays
     fakes_mod.install(monkeypatch, SimKernels, device=fakes_mod.fake_device("sim"), buffer=HostBuffer,
-                      memcpy=lambda dst, src, n, stream=None: ctypes_memmove(dst, src, n))
+                      memcpy=lambda dst, src, n, stream=None, device=None: ctypes_memmove(dst, src, n))
     monkeypatch.setattr(device_arrays, "DeviceBuffer", HostBuffer)
     plan = W.BatchDecodeWrapper.plan
 
@@ -643,8 +643,8 @@ assert k[0].grid == (132, 8, 1) and k[0].block == (128, 1, 1) and k[0].smem == 4
 ex = g.instantiate()
 ex.set_kernel_params(1, b"PARAMS" + bytes(64))
 ex.launch(s)
-assert ex.update(G.Graph(cu.CUgraph(0xABC0)))
-r = ex.update(G.Graph(cu.CUgraph(0xBAD0)))
+assert ex.update(G.Graph(cu.CUgraph(0xABC0), g.device))
+r = ex.update(G.Graph(cu.CUgraph(0xBAD0), g.device))
 assert not r and r.reason, r
 from rtattn.runtime.launch import KernelCall, Launch, Params
 fn = SimpleNamespace(handle=cu.CUfunction(0x11000), name="k")

@@ -52,16 +52,18 @@ def fake_torch(monkeypatch):
     monkeypatch.setitem(sys.modules, "torch", torch)
 
     class Event:
-        def __init__(self, timing=True):
+        def __init__(self, timing=True, device=None):
             pass
 
         def record(self, stream):
             state.events.append(stream)
 
     class Stream:
-        @staticmethod
-        def wrap(h):
-            return SimpleNamespace(wait=lambda ev: state.waits.append(h))
+        def __init__(self, device=None, *, _handle):
+            self.h = _handle
+
+        def wait(self, ev):
+            state.waits.append(self.h)
     monkeypatch.setattr(R, "Event", Event)
     monkeypatch.setattr(R, "Stream", Stream)
     return state

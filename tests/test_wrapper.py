@@ -25,7 +25,7 @@ def fake_gpu(monkeypatch):
         return made[-1]
 
     copies = []
-    fakes.install(monkeypatch, kernels, memcpy=lambda dst, src, n, stream=None: copies.append((dst, src, n)))
+    fakes.install(monkeypatch, kernels, memcpy=lambda dst, src, n, stream=None, device=None: copies.append((dst, src, n)))
     return SimpleNamespace(kernels=made, copies=copies)
 
 

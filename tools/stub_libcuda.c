@@ -21,7 +21,12 @@ R cuDeviceGet(int* d, int o) { *d = o; return 0; }
 R cuDeviceGetName(char* n, int len, int d) { strncpy(n, "stub", len); return 0; }
 R cuDeviceGetAttribute(int* v, int a, int d) { *v = a == 75 ? 9 : (a == 76 ? 0 : 1024); return 0; }
 R cuDevicePrimaryCtxRetain(void** c, int d) { *c = (void*)0xC0; return 0; }
-R cuCtxSetCurrent(void* c) { return 0; }
+static __thread void* current_ctx;   /* the driver's per-thread current context */
+R cuCtxSetCurrent(void* c) { current_ctx = c; return 0; }
+R cuCtxGetCurrent(void** c) { *c = current_ctx; return 0; }
+R cuCtxGetDevice(int* d) { *d = 0; return current_ctx ? 0 : 201; }
+R cuStreamGetCtx(void* s, void** c) { *c = (void*)0xC0; return 0; }   /* one device: every stream is its */
+R cuStreamGetCtx_v2(void* s, void** c, void** g) { *c = (void*)0xC0; if (g) *g = 0; return 0; }
 R cuGetErrorString(R e, const char** s) { *s = "stub"; return 0; }
 R cuGetErrorName(R e, const char** s) { *s = "STUB"; return 0; }
 /* kernels launched during a capture become the captured graph's nodes (else: two fixed nodes) */

@@ -207,7 +207,7 @@ class TensorView:
 
     def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
         _check_export_request(self, dl_device, copy)
-        _stream_handshake(getattr(self, "stream", None), stream, self.device_type)
+        _stream_handshake(getattr(self, "stream", None), stream, self.device_type, self.device_id)
         return _new_capsule(self, max_version)
 
 
@@ -350,17 +350,18 @@ def _check_export_request(view: TensorView, dl_device, copy) -> None:
         raise BufferError(f"cannot export to device {tuple(dl_device)}: the tensor is on {view.__dlpack_device__()}")
 
 
-def _stream_handshake(producer, consumer, device_type: str) -> None:
-    """Order the consumer stream after the producer stream (DLPack semantics)."""
+def _stream_handshake(producer, consumer, device_type: str, device_id: int = 0) -> None:
+    """Order the consumer stream after the producer stream (DLPack semantics); both are streams
+    of the tensor's device."""
     if producer is None or consumer is None or consumer == -1 or device_type != "cuda":
         return
-    from .stream import Event, as_stream
+    from .stream import Event, Stream, as_stream
     prod = as_stream(producer).handle
     cons = {1: 0}.get(consumer, consumer)  # 1 = legacy default; 2 = per-thread (a valid handle)
     if prod != cons:
-        ev = Event(timing=False)
+        ev = Event(timing=False, device=device_id)
         ev.record(prod)
-        as_stream(cons).wait(ev)
+        Stream(device_id, _handle=cons).wait(ev)
 
 
 _live_lock = threading.Lock()

@@ -17,7 +17,7 @@ from cuda.bindings import nvrtc
 
 __all__ = [
     "CudaError", "NoDeviceError", "check", "has_device", "device_count",
-    "no_device_reason", "DeviceProps", "Device", "current_device",
+    "no_device_reason", "DeviceProps", "Device", "current_device", "stream_device",
 ]
 
 
@@ -157,7 +157,85 @@ _PROP_ATTRS = {
 
 _devices: dict[int, "Device"] = {}
 _devices_lock = threading.Lock()
-_tls = threading.local()  # ordinal whose primary context is current on this thread
+
+
+# ------------------------------------------------------- the current context
+# The driver keeps one current context per thread, and torch/cupy read theirs from it
+# (cudaGetDevice is the current context's device). So rtattn never trusts a cache of it (a
+# framework may have switched it since) and never leaves it changed: every driver call that
+# needs a context runs between Device.enter() and Device.leave(), which read the thread's
+# current context, switch only when it is not this device's, and restore it after.
+
+class _CtxCalls:
+    """cuCtxGetCurrent / cuCtxSetCurrent through ctypes when libcuda exports them (~0.2 us a
+    call, a few times cheaper than cuda.bindings'), else through the bindings."""
+
+    def __init__(self):
+        self.get = self.set = None
+
+    def load(self):
+        try:
+            lib = ctypes.CDLL("libcuda.so.1")
+            get, put = lib.cuCtxGetCurrent, lib.cuCtxSetCurrent
+        except (OSError, AttributeError):
+            self.get, self.set = _bindings_get_current, _bindings_set_current
+            return self
+        get.argtypes, get.restype = [ctypes.POINTER(ctypes.c_void_p)], ctypes.c_int
+        put.argtypes, put.restype = [ctypes.c_void_p], ctypes.c_int
+
+        def get_current() -> int:
+            out = ctypes.c_void_p()
+            res = get(ctypes.byref(out))
+            if res:
+                check((cu.CUresult(res),), "cuCtxGetCurrent")
+            return out.value or 0
+
+        def set_current(handle: int) -> None:
+            res = put(handle or None)
+            if res:
+                check((cu.CUresult(res),), "cuCtxSetCurrent")
+        self.get, self.set = get_current, set_current
+        return self
+
+
+def _bindings_get_current() -> int:
+    return int(check(cu.cuCtxGetCurrent(), "cuCtxGetCurrent") or 0)
+
+
+def _bindings_set_current(handle: int) -> None:
+    check(cu.cuCtxSetCurrent(cu.CUcontext(handle)), "cuCtxSetCurrent")
+
+
+_ctx_calls = _CtxCalls()
+
+
+def get_current_context() -> int:
+    """The calling thread's current context as an int (0: none)."""
+    if _ctx_calls.get is None:
+        _ctx_calls.load()
+    return _ctx_calls.get()
+
+
+def set_current_context(handle: int) -> None:
+    """Make context `handle` (an int, 0: none) current on the calling thread."""
+    if _ctx_calls.set is None:
+        _ctx_calls.load()
+    _ctx_calls.set(handle)
+
+
+class _Active:
+    """`with device.active():` -- the device's context current inside, the caller's after."""
+    __slots__ = ("device", "prev")
+
+    def __init__(self, device):
+        self.device = device
+
+    def __enter__(self):
+        self.prev = self.device.enter()
+        return self.device
+
+    def __exit__(self, *exc):
+        Device.leave(self.prev)
 
 
 class Device:
@@ -191,6 +269,8 @@ class Device:
         self.ordinal = ordinal
         self.handle = check(cu.cuDeviceGet(ordinal), "cuDeviceGet")
         self._ctx = None
+        self.context_handle = 0   # int(self.context) once retained
+        self.streams_checked: set = set()   # stream handles seen to be this device's (launch.check_stream)
         self._ctx_lock = threading.Lock()
         raw = check(cu.cuDeviceGetName(256, self.handle), "cuDeviceGetName")
         self.name = raw.split(b"\0", 1)[0].decode(errors="replace")
@@ -215,24 +295,46 @@ class Device:
         if self._ctx is None:
             with self._ctx_lock:
                 if self._ctx is None:
-                    self._ctx = check(cu.cuDevicePrimaryCtxRetain(self.handle), "cuDevicePrimaryCtxRetain")
+                    ctx = check(cu.cuDevicePrimaryCtxRetain(self.handle), "cuDevicePrimaryCtxRetain")
+                    self.context_handle = int(ctx)
+                    self._ctx = ctx
         return self._ctx
 
+    def enter(self):
+        """Make this device's primary context current on the calling thread; returns what
+        leave() restores (None when it already was current: nothing to undo)."""
+        mine = self.context_handle or int(self.context)
+        prev = get_current_context()
+        if prev == mine:
+            return None
+        set_current_context(mine)
+        return prev
+
+    @staticmethod
+    def leave(prev) -> None:
+        """Undo enter(): the caller's context (or none) current again."""
+        if prev is not None:
+            set_current_context(prev)
+
+    def active(self) -> _Active:
+        """`with device.active():` runs driver calls in this device's context and leaves the
+        thread's current context as it found it."""
+        return _Active(self)
+
     def set_current(self) -> "Device":
-        """Make this device's primary context current on the calling thread."""
-        if getattr(_tls, "ordinal", None) != self.ordinal:
-            check(cu.cuCtxSetCurrent(self.context), "cuCtxSetCurrent")
-            _tls.ordinal = self.ordinal
+        """Make this device's primary context current on the calling thread, and leave it so
+        (what torch.cuda.set_device does); rtattn itself uses active() instead."""
+        set_current_context(self.context_handle or int(self.context))
         return self
 
     def synchronize(self) -> None:
-        self.set_current()
-        check(cu.cuCtxSynchronize(), "cuCtxSynchronize")
+        with self.active():
+            check(cu.cuCtxSynchronize(), "cuCtxSynchronize")
 
     def mem_info(self) -> tuple[int, int]:
         """(free, total) bytes on this device."""
-        self.set_current()
-        free, total = check(cu.cuMemGetInfo(), "cuMemGetInfo")
+        with self.active():
+            free, total = check(cu.cuMemGetInfo(), "cuMemGetInfo")
         return int(free), int(total)
 
     def __repr__(self) -> str:
@@ -240,7 +342,35 @@ class Device:
 
 
 def current_device(device=None) -> Device:
-    """Resolve ``device`` (None -> device 0, int, or Device) and make it current."""
-    if device is None:
-        device = getattr(_tls, "ordinal", None) or 0
-    return Device(device).set_current()
+    """The Device to use: ``device`` (an ordinal or a Device) if given, else the device whose
+    primary context is current on the calling thread (what torch.cuda.set_device or cupy's
+    Device.use chose), else device 0. The thread's current context is left as it is."""
+    if device is not None:
+        return Device(device)
+    if has_device():
+        ctx = get_current_context()
+        if ctx:
+            for dev in list(_devices.values()):
+                if dev.context_handle == ctx:
+                    return dev
+            res, ordinal = cu.cuCtxGetDevice()
+            if res == cu.CUresult.CUDA_SUCCESS:
+                return Device(int(ordinal))
+    return Device(0)
+
+
+def stream_device(handle: int) -> Device | None:
+    """The device of stream `handle`: None for the legacy and per-thread default streams (0, 1,
+    2: they mean the current context's), else the device whose primary context owns it."""
+    if handle in (0, 1, 2):
+        return None
+    ctx = int(check(cu.cuStreamGetCtx(cu.CUstream(handle)), "cuStreamGetCtx"))
+    for dev in list(_devices.values()):
+        if dev.context_handle == ctx:
+            return dev
+    prev = get_current_context()
+    set_current_context(ctx)   # cuCtxGetDevice answers for the current context
+    try:
+        return Device(int(check(cu.cuCtxGetDevice(), "cuCtxGetDevice")))
+    finally:
+        set_current_context(prev)

@@ -18,10 +18,10 @@ import ctypes
 from cuda.bindings import driver as cu
 
 from . import libcuda
-from .driver import check
+from .driver import Device, check, current_device, stream_device
 from .stream import as_stream
 
-__all__ = ["Params", "KernelCall", "Launch", "enqueue", "stream_handle"]
+__all__ = ["Params", "KernelCall", "Launch", "enqueue", "stream_handle", "check_stream"]
 
 
 class Params:
@@ -154,25 +154,50 @@ def stream_handle(stream) -> int:
     return h
 
 
-def enqueue(calls, stream, device=None) -> None:
-    """Enqueue `calls` in order on `stream` (one driver call each). `device`: an rtattn Device
-    whose primary context is made current first (None: the calling thread's current context)."""
-    h = stream_handle(stream)
-    if device is not None:
-        device.set_current()
-    e = libcuda.entry()
-    if e is not None:
-        launch = e.launch_kernel_ex
-        for c in calls:
-            c.config.hStream = h
-            res = launch(c.config_addr, c.func, c.params.argv, None)
-            if res:
-                libcuda.fail(res, f"cuLaunchKernelEx({c.name})")
+def check_stream(handle: int, device: Device) -> None:
+    """Refuse a stream of another device than `device` (whose kernels or graph would run on it),
+    before anything is enqueued. A stream is asked for its device once per device: the handles
+    that passed are remembered (the default streams always pass: they are the current context's,
+    and launches make `device`'s current)."""
+    ok = device.streams_checked
+    if handle in ok or handle in (0, 1, 2):
         return
-    for c in calls:
-        cfg = c.bindings_config()
-        cfg.hStream = h
-        check(cu.cuLaunchKernelEx(cfg, c.function.handle, c.params.argv, 0), f"cuLaunchKernelEx({c.name})")
+    other = stream_device(handle)
+    if other is not None and other is not device:
+        raise ValueError(f"stream 0x{handle:x} belongs to cuda:{other.ordinal}, but this launch runs on "
+                         f"cuda:{device.ordinal}: pass a stream of cuda:{device.ordinal}")
+    if len(ok) > 1024:
+        ok.clear()
+    ok.add(handle)
+
+
+def enqueue(calls, stream, device=None) -> None:
+    """Enqueue `calls` in order on `stream` (one driver call each) in `device`'s context (an
+    rtattn Device; None: the calling thread's current device). The stream must be that device's;
+    the caller's current context is current again afterwards."""
+    h = stream_handle(stream)
+    if device is None:
+        device = current_device()
+    if h not in device.streams_checked:
+        check_stream(h, device)
+    prev = device.enter()
+    try:
+        e = libcuda.entry()
+        if e is not None:
+            launch = e.launch_kernel_ex
+            for c in calls:
+                c.config.hStream = h
+                res = launch(c.config_addr, c.func, c.params.argv, None)
+                if res:
+                    libcuda.fail(res, f"cuLaunchKernelEx({c.name})")
+            return
+        for c in calls:
+            cfg = c.bindings_config()
+            cfg.hStream = h
+            check(cu.cuLaunchKernelEx(cfg, c.function.handle, c.params.argv, 0), f"cuLaunchKernelEx({c.name})")
+    finally:
+        if prev is not None:
+            Device.leave(prev)
 
 
 class Launch:

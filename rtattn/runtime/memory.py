@@ -16,29 +16,33 @@ from .stream import as_stream
 __all__ = ["DeviceBuffer", "PinnedBuffer", "memcpy_htod_async", "memcpy_dtoh_async", "memcpy_dtod_async"]
 
 
-def memcpy_htod_async(dst_ptr: int, src_ptr: int, nbytes: int, stream=None) -> None:
-    current_device()  # a context must be current on this thread
-    check(cu.cuMemcpyHtoDAsync(int(dst_ptr), int(src_ptr), int(nbytes), as_stream(stream).handle),
-          "cuMemcpyHtoDAsync")
+# The copies run in `device`'s context (default: the calling thread's current device, else 0):
+# the stream must be that device's. The caller's current context is left as it was.
+
+def memcpy_htod_async(dst_ptr: int, src_ptr: int, nbytes: int, stream=None, device=None) -> None:
+    with current_device(device).active():
+        check(cu.cuMemcpyHtoDAsync(int(dst_ptr), int(src_ptr), int(nbytes), as_stream(stream).handle),
+              "cuMemcpyHtoDAsync")
 
 
-def memcpy_dtoh_async(dst_ptr: int, src_ptr: int, nbytes: int, stream=None) -> None:
-    current_device()  # a context must be current on this thread
-    check(cu.cuMemcpyDtoHAsync(int(dst_ptr), int(src_ptr), int(nbytes), as_stream(stream).handle),
-          "cuMemcpyDtoHAsync")
+def memcpy_dtoh_async(dst_ptr: int, src_ptr: int, nbytes: int, stream=None, device=None) -> None:
+    with current_device(device).active():
+        check(cu.cuMemcpyDtoHAsync(int(dst_ptr), int(src_ptr), int(nbytes), as_stream(stream).handle),
+              "cuMemcpyDtoHAsync")
 
 
-def memcpy_dtod_async(dst_ptr: int, src_ptr: int, nbytes: int, stream=None) -> None:
-    current_device()  # a context must be current on this thread
-    check(cu.cuMemcpyDtoDAsync(int(dst_ptr), int(src_ptr), int(nbytes), as_stream(stream).handle),
-          "cuMemcpyDtoDAsync")
+def memcpy_dtod_async(dst_ptr: int, src_ptr: int, nbytes: int, stream=None, device=None) -> None:
+    with current_device(device).active():
+        check(cu.cuMemcpyDtoDAsync(int(dst_ptr), int(src_ptr), int(nbytes), as_stream(stream).handle),
+              "cuMemcpyDtoDAsync")
 
 
-def memset_d32(dst_ptr: int, value: int, count: int) -> None:
-    """Fill `count` 32-bit words at a device address, complete when this returns."""
+def memset_d32(dst_ptr: int, value: int, count: int, device=None) -> None:
+    """Fill `count` 32-bit words at an address of `device`, complete when this returns."""
     if count:
-        check(cu.cuMemsetD32(dst_ptr, int(value) & 0xFFFFFFFF, count), "cuMemsetD32")
-        check(cu.cuCtxSynchronize(), "cuCtxSynchronize")
+        with current_device(device).active():
+            check(cu.cuMemsetD32(dst_ptr, int(value) & 0xFFFFFFFF, count), "cuMemsetD32")
+            check(cu.cuCtxSynchronize(), "cuCtxSynchronize")
 
 
 def _host_array(a) -> np.ndarray:
@@ -50,8 +54,8 @@ def _host_array(a) -> np.ndarray:
 
 def _free_device(ptr: int, device: Device) -> None:
     try:
-        device.set_current()
-        cu.cuMemFree(ptr)
+        with device.active():
+            cu.cuMemFree(ptr)
     except Exception:  # interpreter shutdown
         pass
 
@@ -66,7 +70,10 @@ class DeviceBuffer:
         self.device = current_device(device)
         self.nbytes = nbytes
         # cuMemAlloc refuses 0 bytes; keep a null pointer for empty buffers.
-        self.ptr = int(check(cu.cuMemAlloc(nbytes), "cuMemAlloc")) if nbytes else 0
+        self.ptr = 0
+        if nbytes:
+            with self.device.active():
+                self.ptr = int(check(cu.cuMemAlloc(nbytes), "cuMemAlloc"))
         self._finalizer = weakref.finalize(self, _free_device, self.ptr, self.device) if nbytes else None
 
     @property
@@ -84,12 +91,12 @@ class DeviceBuffer:
 
     def memset(self, byte_value: int = 0, stream=None) -> None:
         if self.nbytes:
-            self.device.set_current()
-            if stream is None:
-                check(cu.cuMemsetD8(self._live(), int(byte_value) & 0xFF, self.nbytes), "cuMemsetD8")
-            else:
-                check(cu.cuMemsetD8Async(self._live(), int(byte_value) & 0xFF, self.nbytes,
-                                         as_stream(stream).handle), "cuMemsetD8Async")
+            with self.device.active():
+                if stream is None:
+                    check(cu.cuMemsetD8(self._live(), int(byte_value) & 0xFF, self.nbytes), "cuMemsetD8")
+                else:
+                    check(cu.cuMemsetD8Async(self._live(), int(byte_value) & 0xFF, self.nbytes,
+                                             as_stream(stream).handle), "cuMemsetD8Async")
 
     def copy_from_host(self, array, stream=None, offset: int = 0) -> None:
         """Copy a C-contiguous host array to ``ptr + offset``. With ``stream`` the
@@ -99,11 +106,11 @@ class DeviceBuffer:
         self._range(offset, a.nbytes)
         if not a.nbytes:
             return
-        self.device.set_current()
         if stream is None:
-            check(cu.cuMemcpyHtoD(self._live() + offset, a.ctypes.data, a.nbytes), "cuMemcpyHtoD")
+            with self.device.active():
+                check(cu.cuMemcpyHtoD(self._live() + offset, a.ctypes.data, a.nbytes), "cuMemcpyHtoD")
         else:
-            memcpy_htod_async(self._live() + offset, a.ctypes.data, a.nbytes, stream)
+            memcpy_htod_async(self._live() + offset, a.ctypes.data, a.nbytes, stream, self.device)
 
     def copy_to_host(self, out=None, stream=None, offset: int = 0) -> np.ndarray:
         """Copy to ``out`` (default: a new uint8 array of the whole buffer). With
@@ -113,21 +120,21 @@ class DeviceBuffer:
         a = _host_array(out)
         self._range(offset, a.nbytes)
         if a.nbytes:
-            self.device.set_current()
             if stream is None:
-                check(cu.cuMemcpyDtoH(a.ctypes.data, self._live() + offset, a.nbytes), "cuMemcpyDtoH")
+                with self.device.active():
+                    check(cu.cuMemcpyDtoH(a.ctypes.data, self._live() + offset, a.nbytes), "cuMemcpyDtoH")
             else:
-                memcpy_dtoh_async(a.ctypes.data, self._live() + offset, a.nbytes, stream)
+                memcpy_dtoh_async(a.ctypes.data, self._live() + offset, a.nbytes, stream, self.device)
         return out
 
     def copy_from_device(self, src_ptr: int, nbytes: int, stream=None, offset: int = 0) -> None:
         self._range(offset, nbytes)
         if nbytes:
-            self.device.set_current()
             if stream is None:
-                check(cu.cuMemcpyDtoD(self._live() + offset, int(src_ptr), nbytes), "cuMemcpyDtoD")
+                with self.device.active():
+                    check(cu.cuMemcpyDtoD(self._live() + offset, int(src_ptr), nbytes), "cuMemcpyDtoD")
             else:
-                memcpy_dtod_async(self._live() + offset, src_ptr, nbytes, stream)
+                memcpy_dtod_async(self._live() + offset, src_ptr, nbytes, stream, self.device)
 
     def as_tensor(self, dtype: str, shape, strides=None, offset: int = 0, stream=None):
         """A DLPack-exportable view of this buffer (keeps the buffer alive).
@@ -155,8 +162,8 @@ class DeviceBuffer:
 
 def _free_host(ptr: int, device: Device) -> None:
     try:
-        device.set_current()
-        cu.cuMemFreeHost(ptr)
+        with device.active():
+            cu.cuMemFreeHost(ptr)
     except Exception:
         pass
 
@@ -171,8 +178,8 @@ class _HostMemory:
 
 
 class PinnedBuffer:
-    """Page-locked host memory (cuMemHostAlloc, portable across contexts): the
-    source of truly asynchronous host->device copies, e.g. the plan buffer."""
+    """Page-locked host memory (cuMemHostAlloc, portable: every device's context may copy from
+    it): the source of truly asynchronous host->device copies, e.g. the plan buffer."""
 
     def __init__(self, nbytes: int, device=None):
         nbytes = int(nbytes)
@@ -180,7 +187,8 @@ class PinnedBuffer:
             raise ValueError(f"nbytes must be > 0, got {nbytes}")
         self.device = current_device(device)
         self.nbytes = nbytes
-        self.ptr = int(check(cu.cuMemHostAlloc(nbytes, cu.CU_MEMHOSTALLOC_PORTABLE), "cuMemHostAlloc"))
+        with self.device.active():
+            self.ptr = int(check(cu.cuMemHostAlloc(nbytes, cu.CU_MEMHOSTALLOC_PORTABLE), "cuMemHostAlloc"))
         self._finalizer = weakref.finalize(self, _free_host, self.ptr, self.device)
 
     @property

@@ -19,14 +19,15 @@ __all__ = ["Module", "Kernel", "pack_params"]
 
 def _unload(mod, device: Device) -> None:
     try:
-        device.set_current()
-        cu.cuModuleUnload(mod)
+        with device.active():
+            cu.cuModuleUnload(mod)
     except Exception:
         pass
 
 
 class Module:
-    """A CUBIN loaded into a device's primary context (cuModuleLoadData)."""
+    """A CUBIN loaded into a device's primary context (cuModuleLoadData): its kernels run on
+    that device only (load it once per device)."""
 
     def __init__(self, handle, device: Device, cubin: bytes):
         self.handle = handle
@@ -41,7 +42,8 @@ class Module:
         data = bytes(cubin)
         if not data.startswith(b"\x7fELF"):
             raise ValueError("not a CUBIN (no ELF header); compile with compile_to_cubin")
-        handle = check(cu.cuModuleLoadData(data), "cuModuleLoadData")
+        with dev.active():
+            handle = check(cu.cuModuleLoadData(data), "cuModuleLoadData")
         return cls(handle, dev, cubin)
 
     def function(self, name: str) -> "Kernel":
@@ -50,8 +52,8 @@ class Module:
         name = self.lowered.get(name, name)
         k = self._kernels.get(name)
         if k is None:
-            self.device.set_current()
-            f = check(cu.cuModuleGetFunction(self.handle, name.encode()), f"cuModuleGetFunction({name})")
+            with self.device.active():
+                f = check(cu.cuModuleGetFunction(self.handle, name.encode()), f"cuModuleGetFunction({name})")
             k = self._kernels[name] = Kernel(f, name, self)
         return k
 
@@ -98,7 +100,8 @@ class Kernel:
         self.max_dynamic_smem = 0
 
     def _attr(self, attr) -> int:
-        return int(check(cu.cuFuncGetAttribute(attr, self.handle), f"cuFuncGetAttribute({attr.name})"))
+        with self.module.device.active():
+            return int(check(cu.cuFuncGetAttribute(attr, self.handle), f"cuFuncGetAttribute({attr.name})"))
 
     def set_max_dynamic_smem(self, nbytes: int) -> None:
         """Opt in to more than 48 KiB of dynamic shared memory."""
@@ -106,8 +109,9 @@ class Kernel:
         if nbytes > limit:
             raise ValueError(f"{self.name}: {nbytes} bytes of dynamic shared memory exceed the device's "
                              f"opt-in limit of {limit} (after static shared memory)")
-        check(cu.cuFuncSetAttribute(self.handle, _FA.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, int(nbytes)),
-              "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)")
+        with self.module.device.active():
+            check(cu.cuFuncSetAttribute(self.handle, _FA.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                        int(nbytes)), "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)")
         self.max_dynamic_smem = int(nbytes)
 
     def attributes(self) -> dict:
@@ -122,9 +126,10 @@ class Kernel:
 
     def occupancy(self, block_threads: int, dyn_smem: int = 0) -> int:
         """Resident blocks per SM for this block size and dynamic shared memory."""
-        return int(check(cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(self.handle, int(block_threads),
-                                                                       int(dyn_smem)),
-                         "cuOccupancyMaxActiveBlocksPerMultiprocessor"))
+        with self.module.device.active():
+            return int(check(cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(self.handle, int(block_threads),
+                                                                           int(dyn_smem)),
+                             "cuOccupancyMaxActiveBlocksPerMultiprocessor"))
 
     def _check_launch(self, grid, block, smem):
         grid, block = _dim3(grid, "grid"), _dim3(block, "block")
@@ -142,9 +147,13 @@ class Kernel:
             return
         grid, block = self._check_launch(grid, block, smem)
         addr, keep = pack_params(params)
-        self.module.device.set_current()
-        check(cu.cuLaunchKernel(self.handle, *grid, *block, int(smem), as_stream(stream).handle, addr, 0),
-              f"cuLaunchKernel({self.name})")
+        from .launch import check_stream
+        dev = self.module.device
+        h = as_stream(stream).handle
+        check_stream(h, dev)
+        with dev.active():
+            check(cu.cuLaunchKernel(self.handle, *grid, *block, int(smem), h, addr, 0),
+                  f"cuLaunchKernel({self.name})")
         del keep  # the driver copied the arguments at launch
 
     def launch_args(self, grid, block, params, smem: int = 0) -> dict:

@@ -10,15 +10,15 @@ import weakref
 
 from cuda.bindings import driver as cu
 
-from .driver import Device, check, current_device
+from .driver import Device, check, current_device, stream_device
 
 __all__ = ["Stream", "Event", "as_stream"]
 
 
 def _destroy_stream(handle: int, device: Device) -> None:
     try:
-        device.set_current()
-        cu.cuStreamDestroy(handle)
+        with device.active():
+            cu.cuStreamDestroy(handle)
     except Exception:  # interpreter shutdown: nothing sensible to do
         pass
 
@@ -40,7 +40,8 @@ def _foreign_handle(obj) -> int:
 
 
 class Stream:
-    """A CUDA stream. ``Stream()`` creates an owned non-blocking stream."""
+    """A CUDA stream. ``Stream()`` creates an owned non-blocking stream on ``device`` (default:
+    the calling thread's current device, else 0)."""
 
     def __init__(self, device=None, *, _handle: int | None = None, _owner=None):
         if _handle is not None:  # borrowed: we never destroy it
@@ -50,7 +51,8 @@ class Stream:
             self._finalizer = None
             return
         dev = current_device(device)
-        h = check(cu.cuStreamCreate(cu.CUstream_flags.CU_STREAM_NON_BLOCKING), "cuStreamCreate")
+        with dev.active():
+            h = check(cu.cuStreamCreate(cu.CUstream_flags.CU_STREAM_NON_BLOCKING), "cuStreamCreate")
         self._handle = int(h)
         self._owner = None
         self._device = dev
@@ -85,19 +87,25 @@ class Stream:
     def __int__(self) -> int:
         return self._handle
 
-    def _ctx(self) -> None:
-        # Borrowed handles (notably 0, the legacy default stream) need *a*
-        # current context on this thread; use the device's primary one.
-        current_device(self._device)
+    @property
+    def device(self) -> Device:
+        """The device this stream runs on: an owned stream's, a borrowed one's from the driver
+        (cuStreamGetCtx); for the legacy/per-thread default streams, the current device."""
+        if self._device is None:
+            dev = stream_device(self._handle)
+            if dev is None:
+                return current_device()
+            self._device = dev
+        return self._device
 
     def synchronize(self) -> None:
-        self._ctx()
-        check(cu.cuStreamSynchronize(self._handle), "cuStreamSynchronize")
+        with self.device.active():
+            check(cu.cuStreamSynchronize(self._handle), "cuStreamSynchronize")
 
     def wait(self, event: "Event") -> None:
-        """Make later work on this stream wait for ``event``."""
-        self._ctx()
-        check(cu.cuStreamWaitEvent(self._handle, event.handle, 0), "cuStreamWaitEvent")
+        """Make later work on this stream wait for ``event`` (which may be another device's)."""
+        with self.device.active():
+            check(cu.cuStreamWaitEvent(self._handle, event.handle, 0), "cuStreamWaitEvent")
 
     def close(self) -> None:
         if self._finalizer is not None:
@@ -129,19 +137,21 @@ def as_stream(x) -> Stream:
 
 def _destroy_event(handle, device: Device) -> None:
     try:
-        device.set_current()
-        cu.cuEventDestroy(handle)
+        with device.active():
+            cu.cuEventDestroy(handle)
     except Exception:
         pass
 
 
 class Event:
-    """A CUDA event; ``timing=False`` makes a cheaper sync-only event."""
+    """A CUDA event on ``device`` (default: the calling thread's current device, else 0); it
+    is recorded on that device's streams only. ``timing=False`` makes a cheaper sync-only event."""
 
     def __init__(self, timing: bool = True, device=None):
         dev = current_device(device)
         flags = cu.CUevent_flags.CU_EVENT_DEFAULT if timing else cu.CUevent_flags.CU_EVENT_DISABLE_TIMING
-        self._ev = check(cu.cuEventCreate(flags), "cuEventCreate")
+        with dev.active():
+            self._ev = check(cu.cuEventCreate(flags), "cuEventCreate")
         self._device = dev
         self.timing = timing
         self._finalizer = weakref.finalize(self, _destroy_event, self._ev, dev)
@@ -150,9 +160,17 @@ class Event:
     def handle(self):
         return self._ev
 
+    @property
+    def device(self) -> Device:
+        return self._device
+
     def record(self, stream=None) -> "Event":
-        current_device(self._device)
-        check(cu.cuEventRecord(self._ev, as_stream(stream).handle), "cuEventRecord")
+        s = as_stream(stream)
+        if s._device is not None and s._device is not self._device:   # known without a driver query
+            raise ValueError(f"stream: {s!r} runs on cuda:{s._device.ordinal}, this event belongs to "
+                             f"cuda:{self._device.ordinal} (record an event of the stream's device)")
+        with self._device.active():
+            check(cu.cuEventRecord(self._ev, s.handle), "cuEventRecord")
         return self
 
     def synchronize(self) -> None:
