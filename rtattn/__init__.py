@@ -51,6 +51,7 @@ from rtattn.runtime import NoDeviceError, has_device  # noqa: E402
 from rtattn.prefill_wrapper import BatchPrefillWrapper  # noqa: E402
 from rtattn.wrapper import BatchDecodeWrapper  # noqa: E402
 from rtattn.family_wrapper import multi_token_wrapper  # noqa: E402
+from rtattn.shared_plan import SharedPlan  # noqa: E402
 
-__all__ = ["BatchDecodeWrapper", "BatchPrefillWrapper", "CascadeWrapper", "multi_token_wrapper", "AttentionSpec", "Param", "custom_variant", "merge_state", "merge_states",
+__all__ = ["BatchDecodeWrapper", "BatchPrefillWrapper", "CascadeWrapper", "SharedPlan", "multi_token_wrapper", "AttentionSpec", "Param", "custom_variant", "merge_state", "merge_states",
            "NoDeviceError", "has_device"]

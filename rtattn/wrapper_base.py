@@ -96,6 +96,7 @@ class PlannedWrapper:
     def _plan_and_copy(self, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, stream, window_left=None):
         """Plan into the next pinned buffer and queue its one copy into the workspace
         (qo_indptr None: one query token per request)."""
+        launch_path.check_stream(launch_path.stream_handle(stream), self.device)   # the copy's stream
         slot = self._slot
         if self._in_flight[slot]:  # this buffer's copy (two plans ago) may not have run yet
             self._copied[slot].synchronize()
