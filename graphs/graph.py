@@ -71,6 +71,7 @@ def capture(fn, stream) -> "Graph":
                             result_name="CUDA_ERROR_NO_DEVICE")
     # the stream's device: an owned stream knows it, a borrowed one (torch, cupy) asks the driver
     dev = s.device
+    check_stream(s.handle, dev)   # asks the driver now, not during the capture
     with dev.active():
         check(cu.cuStreamBeginCapture(s.handle, cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
               "cuStreamBeginCapture")

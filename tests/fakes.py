@@ -21,7 +21,7 @@ def fake_device(name="fake H200"):
                             regs_per_sm=65536, l2_bytes=60 << 20, cc=(9, 0), max_threads_per_sm=2048,
                             smem_per_block=49152, regs_per_block=65536)
     return SimpleNamespace(ordinal=0, props=props, arch="sm_90", name=name, set_current=lambda: None,
-                           streams_checked=set())
+                           enter=lambda: None, streams_checked=set())   # enter(): its context is always current
 
 
 class FakeKernels(LoadedKernels):

@@ -84,9 +84,13 @@ def main(argv=None) -> int:
     from rtattn.runtime import export, libcuda
     from rtattn.runtime import launch as launch_mod
 
+    from rtattn.runtime import Device
     real_enqueue = launch_mod.enqueue
-    fakes.install_prefill(_Patch())
-    fakes.install(_Patch(), fakes.FakeKernels)
+    dev = fakes.fake_device()
+    dev.enter = Device(0).set_current().enter   # the real context check; current already, as under torch
+    dev.streams_checked.add(0x5000)    # the stream: the stub's, checked once (as a real device remembers it)
+    fakes.install_prefill(_Patch(), device=dev)
+    fakes.install(_Patch(), fakes.FakeKernels, device=dev)
     launch_mod.enqueue = real_enqueue           # the real launch path, into the stub driver
     H, HK, D, PS, L = 32, 8, 128, 16, args.layers
     stream = _TorchLikeStream(0x5000)

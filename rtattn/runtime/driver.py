@@ -167,8 +167,9 @@ _devices_lock = threading.Lock()
 # current context, switch only when it is not this device's, and restore it after.
 
 class _CtxCalls:
-    """cuCtxGetCurrent / cuCtxSetCurrent through ctypes when libcuda exports them (~0.2 us a
-    call, a few times cheaper than cuda.bindings'), else through the bindings."""
+    """cuCtxGetCurrent / cuCtxSetCurrent through ctypes when libcuda exports them, else through the
+    bindings. get() is on every launch's path: the driver writes into a per-thread buffer given by
+    address (~0.4 us a call; byref and cuda.bindings cost 3-4x that)."""
 
     def __init__(self):
         self.get = self.set = None
@@ -176,19 +177,23 @@ class _CtxCalls:
     def load(self):
         try:
             lib = ctypes.CDLL("libcuda.so.1")
-            get, put = lib.cuCtxGetCurrent, lib.cuCtxSetCurrent
+            get = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)(("cuCtxGetCurrent", lib))
+            put = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)(("cuCtxSetCurrent", lib))
         except (OSError, AttributeError):
             self.get, self.set = _bindings_get_current, _bindings_set_current
             return self
-        get.argtypes, get.restype = [ctypes.POINTER(ctypes.c_void_p)], ctypes.c_int
-        put.argtypes, put.restype = [ctypes.c_void_p], ctypes.c_int
+        tls = threading.local()
 
         def get_current() -> int:
-            out = ctypes.c_void_p()
-            res = get(ctypes.byref(out))
+            try:
+                buf, addr = tls.out
+            except AttributeError:
+                buf = ctypes.c_void_p()
+                buf, addr = tls.out = (buf, ctypes.addressof(buf))
+            res = get(addr)
             if res:
                 check((cu.CUresult(res),), "cuCtxGetCurrent")
-            return out.value or 0
+            return buf.value or 0
 
         def set_current(handle: int) -> None:
             res = put(handle or None)
@@ -304,7 +309,7 @@ class Device:
         """Make this device's primary context current on the calling thread; returns what
         leave() restores (None when it already was current: nothing to undo)."""
         mine = self.context_handle or int(self.context)
-        prev = get_current_context()
+        prev = (_ctx_calls.get or _ctx_calls.load().get)()
         if prev == mine:
             return None
         set_current_context(mine)
