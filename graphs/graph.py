@@ -24,7 +24,7 @@ from cuda.bindings import driver as cu
 from rtattn.runtime import (CudaError, Device, NoDeviceError, Stream, as_stream, check, has_device,
                             no_device_reason, pack_params)
 from rtattn.runtime import libcuda
-from rtattn.runtime.launch import check_stream, stream_handle
+from rtattn.runtime.launch import check_stream, enter_stream, stream_handle
 
 __all__ = ["capture", "Graph", "GraphExec", "KernelNode", "UpdateResult", "GraphCaptureError"]
 
@@ -213,10 +213,7 @@ class GraphExec:
     def launch(self, stream) -> None:
         """Replay on `stream` (ordered after earlier work there, e.g. the plan copy): a stream of
         the graph's device."""
-        h, dev = stream_handle(stream), self.device
-        if h not in dev.streams_checked:
-            check_stream(h, dev)
-        prev = dev.enter()
+        h, prev = enter_stream(stream, self.device)
         try:
             e = libcuda.entry()
             if e is not None:

@@ -9,6 +9,7 @@ mixes two contexts' resources with CUDA_ERROR_INVALID_HANDLE. Memory is host mem
 and memsets really move bytes), launches are recorded, not run.
 
     drv = fake_driver.install(monkeypatch, devices=2)   # Device(0), Device(1) are fake H200s
+    # or, in a test module: from fake_driver import drv (a fixture: three fake devices)
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import threading
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 from cuda.bindings import driver as real_cu
 
 R = real_cu.CUresult
@@ -390,3 +392,11 @@ def uninstall() -> None:
     (wrappers live in reference cycles) are released while the fake driver still owns their memory."""
     clear_caches()
     gc.collect()
+
+
+@pytest.fixture
+def drv(monkeypatch):
+    """Three fake devices under the real runtime for one test."""
+    d = install(monkeypatch, devices=3)
+    yield d
+    uninstall()

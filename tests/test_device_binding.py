@@ -14,7 +14,7 @@ import threading
 import numpy as np
 import pytest
 
-import fake_driver
+from fake_driver import drv  # noqa: F401 (the fixture: three fake devices)
 from rtattn.plan.layout import paged_kv
 from rtattn.runtime import DeviceBuffer, Device, Event, PinnedBuffer, Stream, current_device, export
 from rtattn.runtime import driver
@@ -22,11 +22,6 @@ from rtattn.runtime import driver
 H_QO, H_KV, D, PS = 8, 2, 64, 16
 
 
-@pytest.fixture
-def drv(monkeypatch):
-    d = fake_driver.install(monkeypatch, devices=3)
-    yield d
-    fake_driver.uninstall()
 
 
 def _ctx(ordinal: int) -> int:

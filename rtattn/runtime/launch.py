@@ -21,7 +21,7 @@ from . import libcuda
 from .driver import Device, check, current_device, stream_device
 from .stream import as_stream
 
-__all__ = ["Params", "KernelCall", "Launch", "enqueue", "stream_handle", "check_stream"]
+__all__ = ["Params", "KernelCall", "Launch", "enqueue", "stream_handle", "check_stream", "enter_stream"]
 
 
 class Params:
@@ -171,16 +171,20 @@ def check_stream(handle: int, device: Device) -> None:
     ok.add(handle)
 
 
+def enter_stream(stream, device):
+    """Before work on `stream` for `device`: (stream handle, what Device.leave() restores), the
+    stream checked to be the device's and the device's context current."""
+    h = stream_handle(stream)
+    if h not in device.streams_checked:
+        check_stream(h, device)
+    return h, device.enter()
+
+
 def enqueue(calls, stream, device=None) -> None:
     """Enqueue `calls` in order on `stream` (one driver call each) in `device`'s context (an
     rtattn Device; None: the calling thread's current device). The stream must be that device's;
     the caller's current context is current again afterwards."""
-    h = stream_handle(stream)
-    if device is None:
-        device = current_device()
-    if h not in device.streams_checked:
-        check_stream(h, device)
-    prev = device.enter()
+    h, prev = enter_stream(stream, current_device() if device is None else device)
     try:
         e = libcuda.entry()
         if e is not None:
