@@ -201,34 +201,74 @@ def _device_copy(a: np.ndarray, device: int, dtype: str):
     return buf.as_tensor(dtype, a.shape)
 
 
+class _GpuCase:
+    """A float16 decode batch on one device: rtattn buffers (no framework), a wrapper built on the
+    calling thread, poisoned outputs, and the float64 reference."""
+
+    def __init__(self, ordinal: int, seed: int = 0):
+        import rtattn
+        from rtattn.plan import reference as ref
+        rng = np.random.default_rng(seed + ordinal)
+        kv_lens = rng.integers(1, 400, size=4)
+        self.table = paged_kv(kv_lens, PS)
+        n_pages = int(self.table[0][-1]) + 3
+        idx = rng.permutation(n_pages)[:int(self.table[0][-1])].astype(np.int32)
+        self.table = (self.table[0], idx, self.table[2])
+        q = rng.standard_normal((4, H_QO, D)).astype(np.float16)
+        k, v = (rng.standard_normal((n_pages, PS, H_KV, D)).astype(np.float16) for _ in range(2))
+        self.ordinal, self.shape = ordinal, q.shape
+        self.w = rtattn.BatchDecodeWrapper(H_QO, H_KV, D, PS, max_batch=8, max_pages=128, dtype="float16",
+                                           device=ordinal)
+        self.q, self.k, self.v = (_device_copy(a, ordinal, "float16") for a in (q, k, v))
+        self.out = _device_copy(np.full(q.shape, np.nan, np.float16), ordinal, "float16")
+        self.want, _ = ref.reference_attention(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64),
+                                               np.arange(5), *self.table, PS)
+
+    def step(self) -> int:
+        """plan + run on a stream of the case's device, synchronized: the thread's context after."""
+        s = Stream(device=self.ordinal)
+        self.w.plan(*self.table, stream=s)
+        self.w.run(self.q, self.k, self.v, out=self.out, stream=s)
+        s.synchronize()
+        return driver.get_current_context()
+
+    def error(self) -> float:
+        got = self.out.owner.copy_to_host(np.empty(self.shape, np.float16)).astype(np.float64)
+        if not np.isfinite(got).all():
+            return float("inf")
+        return float(np.linalg.norm(got - self.want) / np.linalg.norm(self.want))
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("ordinal", range(max(1, driver.device_count())))
 def test_gpu_a_wrapper_run_from_a_fresh_thread_matches_the_reference(ordinal):
     """On each visible device: a wrapper built here and planned and run from a fresh thread (no
     current context) matches the float64 reference on poisoned outputs, and the thread is left
     with no current context."""
-    import rtattn
-    from rtattn.plan import reference as ref
-    rng = np.random.default_rng(ordinal)
-    kv_lens = np.array([37, 300, 1, 129])
-    kvp, _, last = paged_kv(kv_lens, PS)
-    n_pages = int(kvp[-1]) + 3
-    idx = rng.permutation(n_pages)[:int(kvp[-1])].astype(np.int32)
-    q = rng.standard_normal((4, H_QO, D)).astype(np.float16)
-    k, v = (rng.standard_normal((n_pages, PS, H_KV, D)).astype(np.float16) for _ in range(2))
-    w = rtattn.BatchDecodeWrapper(H_QO, H_KV, D, PS, max_batch=8, max_pages=64, dtype="float16", device=ordinal)
-    qt, kt, vt = (_device_copy(a, ordinal, "float16") for a in (q, k, v))
-    ot = _device_copy(np.full(q.shape, np.nan, np.float16), ordinal, "float16")
+    case = _GpuCase(ordinal)
+    assert _in_thread(case.step) == 0
+    assert case.error() < 5e-3
 
-    def step():
-        s = Stream(device=ordinal)
-        w.plan(kvp, idx, last, stream=s)
-        w.run(qt, kt, vt, out=ot, stream=s)
-        s.synchronize()
-        return driver.get_current_context()
-    assert _in_thread(step) == 0
-    got = ot.owner.copy_to_host(np.empty(q.shape, np.float16)).astype(np.float64)
-    want, _ = ref.reference_attention(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64),
-                                      np.arange(5), kvp, idx, last, PS)
-    err = np.linalg.norm(got - want) / np.linalg.norm(want)
-    assert np.isfinite(got).all() and err < 5e-3, err
+
+@pytest.mark.gpu
+@pytest.mark.skipif(driver.device_count() < 2, reason="needs two GPUs")
+def test_gpu_two_devices_from_two_threads_and_tensors_of_the_other_refused():
+    cases = [_GpuCase(d, seed=7) for d in (0, 1)]
+    failed = []
+
+    def rank(case):
+        try:
+            driver.set_current_context(Device(1 - case.ordinal).context_handle or int(Device(1 - case.ordinal).context))
+            for _ in range(5):
+                assert case.step() == Device(1 - case.ordinal).context_handle   # the other device: untouched
+        except BaseException as e:   # noqa: BLE001 - reported by the test
+            failed.append(e)
+    threads = [threading.Thread(target=rank, args=(c,)) for c in cases]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    assert failed == [] and all(c.error() < 5e-3 for c in cases)
+    a, b = cases
+    with pytest.raises(ValueError, match=r"^q is on cuda:1, the wrapper runs on cuda:0"):
+        a.w.run(b.q, a.k, a.v, out=a.out)
+    with pytest.raises(ValueError, match=r"stream 0x[0-9a-f]+ belongs to cuda:1, but this launch runs on cuda:0"):
+        a.w.run(a.q, a.k, a.v, out=a.out, stream=Stream(device=1))
