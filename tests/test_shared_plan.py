@@ -137,3 +137,19 @@ def test_gpu_a_shared_plan_gives_bitwise_the_outputs_of_plans_made_alone():
             w.device.synchronize()
             host = [t.owner.copy_to_host(np.empty(q.shape, np.float16)) for t in (got, want)]
             assert np.isfinite(host[0]).all() and host[0].tobytes() == host[1].tobytes()
+
+
+def test_prefill_wrappers_share_a_plan_and_ragged_ones_are_refused(drv):
+    ws = [rtattn.BatchPrefillWrapper(H_QO, H_KV, D, PS, max_batch=4, max_qo_tokens=256, max_pages=64, device=d)
+          for d in (1, 2)]
+    plans = rtattn.SharedPlan(ws)
+    kvp, idx, last = paged_kv([100, 300], PS, shuffle_seed=2)
+    with pytest.raises(ValueError, match=r"^qo_indptr: a prefill wrapper's plan needs the query offsets"):
+        plans.plan(kvp, idx, last)
+    info = plans.plan(kvp, idx, last, qo_indptr=np.array([0, 30, 94], np.int32))
+    assert info.num_qo_tokens == 94 and all(w.info is info for w in ws)
+    assert [c[0] for c in drv.copies[-2:]] == [1, 2] and drv.errors == []
+    ragged = rtattn.BatchPrefillWrapper(H_QO, H_KV, D, kv_layout="ragged", max_batch=4, max_qo_tokens=256,
+                                        max_kv_tokens=1024, device=0)
+    with pytest.raises(TypeError, match=r"wrappers\[1\]: SharedPlan takes paged"):
+        rtattn.SharedPlan([ws[0], ragged])
