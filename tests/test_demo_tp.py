@@ -106,11 +106,9 @@ class _RefWrapper:
         return o if out is None else out.copy_(o)
 
 
-def test_the_demo_model_and_checks_on_cpu_torch(monkeypatch, capsys):
-    """The demo's model, split, reductions and checks, with CUDA and rtattn replaced by CPU
-    stand-ins (attention in float32 by torch): the simulated 2-way split and the world-1 NCCL run
-    (gloo here) pass; a broken split (rank 1 given rank 0's heads) fails the check."""
-    torch = pytest.importorskip("torch")
+def _cpu_standins(setattr_):
+    """CUDA and rtattn replaced by CPU stand-ins (torch, NCCL -> gloo, attention in float32)."""
+    import torch
     import torch.distributed as dist
     import rtattn
     import rtattn.graphs
@@ -119,18 +117,28 @@ def test_the_demo_model_and_checks_on_cpu_torch(monkeypatch, capsys):
     for name, value in (("Event", _Event), ("Stream", lambda device=None: stream()),
                         ("stream", lambda s: contextlib.nullcontext()), ("set_device", lambda d: None),
                         ("synchronize", lambda d=None: None), ("is_available", lambda: True),
-                        ("device_count", lambda: 1)):
-        monkeypatch.setattr(torch.cuda, name, value)
-    monkeypatch.setattr(torch, "device", lambda *a, **k: real_device("cpu"))
-    monkeypatch.setattr(torch, "Generator", lambda device=None: real_gen())
-    monkeypatch.setattr(dist, "init_process_group", lambda backend, **kw: real_init("gloo", **kw))
-    monkeypatch.setattr(rtattn, "BatchDecodeWrapper", _RefWrapper)
-    monkeypatch.setattr(rtattn, "SharedPlan", lambda ws: type("P", (), {
+                        ("device_count", lambda: 2)):
+        setattr_(torch.cuda, name, value)
+    setattr_(torch, "device", lambda *a, **k: real_device("cpu"))
+    setattr_(torch, "Generator", lambda device=None: real_gen())
+    setattr_(dist, "init_process_group", lambda backend, **kw: real_init("gloo", **kw))
+    setattr_(rtattn, "BatchDecodeWrapper", _RefWrapper)
+    setattr_(rtattn, "SharedPlan", lambda ws: type("P", (), {
         "plan": lambda self, *t, streams=None: [w.plan(*t) for w in ws]})())
-    monkeypatch.setattr(rtattn.graphs, "DecodeGraphs", lambda w: type("G", (), {
+    setattr_(rtattn.graphs, "DecodeGraphs", lambda w: type("G", (), {
         "step": lambda self, *a, **k: w.run(*a, **k)})())
-    small = ["--heads", "8/4", "--head-dim", "64", "--batch", "4", "--layers", "2", "--steps", "4", "--max-len", "64"]
-    assert demo_tp.main(["--simulate", "2"] + small) == 0
+
+
+SMALL = ["--heads", "8/4", "--head-dim", "64", "--batch", "4", "--layers", "2", "--steps", "4", "--max-len", "64"]
+
+
+def test_the_demo_model_and_checks_on_cpu_torch(monkeypatch, capsys):
+    """The demo's model, split, reductions and checks, with CUDA and rtattn replaced by CPU
+    stand-ins (attention in float32 by torch): the simulated 2-way split and the world-1 NCCL run
+    (gloo here) pass; a broken split (rank 1 given rank 0's heads) fails the check."""
+    pytest.importorskip("torch")
+    _cpu_standins(monkeypatch.setattr)
+    assert demo_tp.main(["--simulate", "2", "--world", "1"] + SMALL) == 0
     text = capsys.readouterr().out
     assert "simulated split: 2 ranks" in text and "vs the one-GPU run" in text and "all checks passed" in text
     assert "FAIL" not in text
@@ -142,6 +150,24 @@ def test_the_demo_model_and_checks_on_cpu_torch(monkeypatch, capsys):
     assert demo_tp.run_simulated(demo_tp.Config(layers=2, steps=3, batch=4, heads=(8, 4), head_dim=64,
                                                 max_len=64), 2) is False
     assert "FAIL" in capsys.readouterr().out
+
+
+def _rank_on_cpu(rank, world, cfg, rdzv, result):
+    _cpu_standins(setattr)
+    demo_tp.rank_main(rank, world, cfg, rdzv, result)
+
+
+def test_two_ranks_over_gloo_on_cpu_torch(tmp_path, capfd):
+    """The world > 1 path (one process per rank: all-reduces, gathers, barriers, the report) with
+    the CPU stand-ins in each rank process."""
+    pytest.importorskip("torch")
+    import torch.multiprocessing as mp
+    cfg = demo_tp.Config(layers=2, steps=4, batch=4, heads=(8, 4), head_dim=64, max_len=64)
+    result = tmp_path / "result"
+    mp.spawn(_rank_on_cpu, args=(2, cfg, str(tmp_path / "rdzv"), str(result)), nprocs=2, join=True)
+    out = capfd.readouterr().out
+    assert result.read_text().strip() == "PASS", out
+    assert "TP decode: world 2" in out and "(4/2 per rank)" in out and "imbalance across ranks" in out
 
 
 @pytest.mark.gpu
