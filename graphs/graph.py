@@ -127,17 +127,16 @@ class Graph:
     def nodes(self) -> list:
         """All CUgraphNodes (cuGraphGetNodes: count first, then the nodes)."""
         if self._nodes is None:
-            count = _count(check(cu.cuGraphGetNodes(self._live(), 0), "cuGraphGetNodes"))
-            if count == 0:
-                self._nodes = []
-            else:
-                got = check(cu.cuGraphGetNodes(self._live(), count), "cuGraphGetNodes")
-                nodes = got[0] if isinstance(got, tuple) else got
-                self._nodes = [cu.CUgraphNode(int(n)) for n in (nodes or []) if int(n)]
+            with self.device.active():
+                count = _count(check(cu.cuGraphGetNodes(self._live(), 0), "cuGraphGetNodes"))
+                got = check(cu.cuGraphGetNodes(self._live(), count), "cuGraphGetNodes") if count else []
+            nodes = got[0] if isinstance(got, tuple) else got
+            self._nodes = [cu.CUgraphNode(int(n)) for n in (nodes or []) if int(n)]
         return self._nodes
 
     def node_types(self) -> list:
-        return [check(cu.cuGraphNodeGetType(n), "cuGraphNodeGetType") for n in self.nodes()]
+        with self.device.active():
+            return [check(cu.cuGraphNodeGetType(n), "cuGraphNodeGetType") for n in self.nodes()]
 
     def kernel_nodes(self) -> list[KernelNode]:
         """Kernel nodes in capture order (for a linear capture, the launch order)."""
@@ -145,7 +144,8 @@ class Graph:
         for n, t in zip(self.nodes(), self.node_types()):
             if t != _KERNEL:
                 continue
-            p = check(cu.cuGraphKernelNodeGetParams(n), "cuGraphKernelNodeGetParams")
+            with self.device.active():
+                p = check(cu.cuGraphKernelNodeGetParams(n), "cuGraphKernelNodeGetParams")
             # copy the handle out: p.func aliases p's storage, which dies with p
             out.append(KernelNode(n, cu.CUfunction(int(p.func)), (int(p.gridDimX), int(p.gridDimY), int(p.gridDimZ)),
                                   (int(p.blockDimX), int(p.blockDimY), int(p.blockDimZ)), int(p.sharedMemBytes)))

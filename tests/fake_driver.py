@@ -62,7 +62,8 @@ def _api(fn):
 
 
 class FakeDriver:
-    """The fake libcuda. `launches`: (device ordinal, kernel name, grid, stream, argument bytes)."""
+    """The fake libcuda. `launches`: (device ordinal, kernel name, grid, stream, address of the
+    argument struct, block, shared memory) per kernel run, eager or replayed."""
 
     def __init__(self, devices: int):
         self.num_devices = devices
@@ -235,10 +236,6 @@ class FakeDriver:
         return self._new()
 
     @_api
-    def cuStreamDestroy(self, h):
-        self._mine(int(h))
-
-    @_api
     def cuStreamGetCtx(self, h):
         own = self.owner.get(int(h))
         if own is None:
@@ -265,27 +262,16 @@ class FakeDriver:
             raise DriverError(R.CUDA_ERROR_INVALID_HANDLE)
 
     @_api
-    def cuEventSynchronize(self, ev):
-        if int(ev) not in self.owner:
+    def cuEventElapsedTime(self, start, end):
+        if self._mine(int(start)) != self._mine(int(end)):
             raise DriverError(R.CUDA_ERROR_INVALID_HANDLE)
-
-    @_api
-    def cuEventQuery(self, ev):
-        return None
-
-    @_api
-    def cuEventDestroy(self, ev):
-        self._mine(int(ev))
+        return 0.5
 
     @_api
     def cuModuleLoadData(self, data):
         if not bytes(data).startswith(b"\x7fELF"):
             raise DriverError(R.CUDA_ERROR_INVALID_IMAGE)
         return self._new()
-
-    @_api
-    def cuModuleUnload(self, mod):
-        self._mine(int(mod))
 
     @_api
     def cuModuleGetFunction(self, mod, name):
@@ -314,7 +300,8 @@ class FakeDriver:
         if self._mine(int(f)) != self._stream(h):
             raise DriverError(R.CUDA_ERROR_INVALID_HANDLE)
         args = ctypes.cast(int(argv), ctypes.POINTER(ctypes.c_void_p))[0]
-        rec = (self.ctx[self.current()], self.functions[int(f)], (cfg.gridDimX, cfg.gridDimY), h, args)
+        rec = (self.ctx[self.current()], self.functions[int(f)], (cfg.gridDimX, cfg.gridDimY), h, args,
+               (cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ), cfg.sharedMemBytes)
         if h in self.capturing:
             self.capturing[h].append(rec)
         else:
@@ -345,15 +332,54 @@ class FakeDriver:
     def cuGraphLaunch(self, ex, h):
         if self._mine(int(ex)) != self._stream(h):
             raise DriverError(R.CUDA_ERROR_INVALID_HANDLE)
-        self.launches += [(d, name, grid, int(h), args) for d, name, grid, _, args in self.graphs[int(ex)]]
+        self.launches += [rec[:3] + (int(h),) + rec[4:] for rec in self.graphs[int(ex)]]
+
+    def _node(self, node) -> tuple[int, int]:
+        """(graph, index) of a node handle: graph + 1 + index."""
+        for g, launches in self.graphs.items():
+            if g < int(node) <= g + len(launches):
+                return g, int(node) - g - 1
+        raise DriverError(R.CUDA_ERROR_INVALID_VALUE)
 
     @_api
-    def cuGraphDestroy(self, g):
-        self._mine(int(g))
+    def cuGraphGetNodes(self, g, count):
+        n = len(self.graphs[self._mine(int(g)) and int(g)])
+        return ([int(g) + 1 + i for i in range(min(count, n))] if count else [], n)
 
     @_api
-    def cuGraphExecDestroy(self, ex):
+    def cuGraphNodeGetType(self, node):
+        self._node(node)
+        return real_cu.CUgraphNodeType.CU_GRAPH_NODE_TYPE_KERNEL
+
+    @_api
+    def cuGraphKernelNodeGetParams(self, node):
+        g, i = self._node(node)
+        self._mine(g)
+        _, name, grid, _, _, block, smem = self.graphs[g][i]
+        func = next(f for f, n in self.functions.items() if n == name and self.owner[f] == self.owner[g])
+        return SimpleNamespace(func=func, gridDimX=grid[0], gridDimY=grid[1], gridDimZ=1, blockDimX=block[0],
+                               blockDimY=block[1], blockDimZ=block[2], sharedMemBytes=smem)
+
+    @_api
+    def cuGraphExecKernelNodeSetParams(self, ex, node, p):
         self._mine(int(ex))
+        _, i = self._node(node)
+        rec = self.graphs[int(ex)][i]
+        args = ctypes.cast(int(p.kernelParams), ctypes.POINTER(ctypes.c_void_p))[0]
+        self.graphs[int(ex)][i] = rec[:4] + (args,) + rec[5:]
+
+
+def _owned(name):
+    """An entry that only needs its one handle's context current (destroy, synchronize, query)."""
+    def entry(self, handle):
+        self._mine(int(handle))
+    entry.__name__ = name
+    return _api(entry)
+
+
+for _name in ("cuStreamDestroy", "cuEventSynchronize", "cuEventQuery", "cuEventDestroy", "cuModuleUnload",
+              "cuGraphDestroy", "cuGraphExecDestroy"):
+    setattr(FakeDriver, _name, _owned(_name))
 
 
 def install(monkeypatch, devices: int = 2) -> FakeDriver:

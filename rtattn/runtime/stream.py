@@ -174,11 +174,13 @@ class Event:
         return self
 
     def synchronize(self) -> None:
-        check(cu.cuEventSynchronize(self._ev), "cuEventSynchronize")
+        with self._device.active():
+            check(cu.cuEventSynchronize(self._ev), "cuEventSynchronize")
 
     def query(self) -> bool:
         """True if the recorded work has completed."""
-        res = cu.cuEventQuery(self._ev)[0]
+        with self._device.active():
+            res = cu.cuEventQuery(self._ev)[0]
         if res == cu.CUresult.CUDA_ERROR_NOT_READY:
             return False
         check((res,), "cuEventQuery")
@@ -188,7 +190,8 @@ class Event:
         """Milliseconds from this event to ``end`` (both recorded and completed)."""
         if not (self.timing and end.timing):
             raise ValueError("elapsed_ms needs two events created with timing=True")
-        return float(check(cu.cuEventElapsedTime(self._ev, end._ev), "cuEventElapsedTime"))
+        with self._device.active():
+            return float(check(cu.cuEventElapsedTime(self._ev, end._ev), "cuEventElapsedTime"))
 
     def close(self) -> None:
         self._finalizer()
