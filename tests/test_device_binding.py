@@ -196,6 +196,22 @@ def test_graphs_capture_and_replay_on_their_device_from_any_thread(drv):
         sg.exec.launch(Stream(device=0))
 
 
+def test_a_launch_runs_on_the_device_its_kernels_were_loaded_on(drv):
+    from rtattn.kernels import decode_kernels
+    from rtattn.runtime.launch import KernelCall, Launch, Params
+    from rtattn.codegen.spec import standard
+    k0, k2 = (decode_kernels(standard(head_dim=D), d) for d in (0, 2))
+    p = Params(64)
+    call = KernelCall(k2.merge, 1, 32, 0, p)
+    launch = Launch([call])
+    assert launch.device is Device(2)
+    driver.set_current_context(_ctx(0))
+    launch(Stream(device=2))                                # enqueued in cuda:2's context
+    assert drv.launches[-1][0] == 2 and driver.get_current_context() == _ctx(0) and drv.errors == []
+    with pytest.raises(ValueError, match=r"^calls: kernels loaded on cuda:2, cuda:0 in one launch"):
+        Launch([call, KernelCall(k0.merge, 1, 32, 0, p)])
+
+
 # ---------------------------------------------------------------------------- GPU tier
 def _device_copy(a: np.ndarray, device: int, dtype: str):
     buf = DeviceBuffer(a.nbytes, device)

@@ -182,9 +182,12 @@ def enter_stream(stream, device):
 
 def enqueue(calls, stream, device=None) -> None:
     """Enqueue `calls` in order on `stream` (one driver call each) in `device`'s context (an
-    rtattn Device; None: the calling thread's current device). The stream must be that device's;
-    the caller's current context is current again afterwards."""
-    h, prev = enter_stream(stream, current_device() if device is None else device)
+    rtattn Device; None: the device the kernels were loaded on, else the calling thread's current
+    device). The stream must be that device's; the caller's current context is current again
+    afterwards."""
+    if device is None:
+        device = kernels_device(calls) or current_device()
+    h, prev = enter_stream(stream, device)
     try:
         e = libcuda.entry()
         if e is not None:
@@ -204,17 +207,29 @@ def enqueue(calls, stream, device=None) -> None:
             Device.leave(prev)
 
 
+def kernels_device(calls):
+    """The device whose context loaded the calls' kernels (rtattn Kernels know their module's);
+    None when the functions do not say. Kernels of two devices cannot share a launch."""
+    devs = {id(d): d for d in (getattr(getattr(c.function, "module", None), "device", None) for c in calls)
+            if d is not None}
+    if len(devs) > 1:
+        names = ", ".join(f"cuda:{d.ordinal}" for d in devs.values())
+        raise ValueError(f"calls: kernels loaded on {names} in one launch (a launch runs on one device)")
+    return next(iter(devs.values()), None)
+
+
 class Launch:
     """Kernel calls enqueued in order on one stream: `launch(stream)`.
 
-    `stream`: the default stream for calls without one. `device`: made current before enqueuing.
+    `stream`: the default stream for calls without one. `device`: whose context enqueues them
+    (default: the device the kernels were loaded on, else the caller's current device).
     """
 
     def __init__(self, calls, stream=None, device=None):
         self.calls = tuple(calls)
         if not self.calls:
             raise ValueError("a launch needs at least one kernel call")
-        self.stream, self.device = stream, device
+        self.stream, self.device = stream, device if device is not None else kernels_device(self.calls)
         self.config_key = tuple(c.shape_key for c in self.calls)
         seen, self.param_buffers = set(), []
         for c in self.calls:   # distinct argument buffers, in call order (graph keys)
