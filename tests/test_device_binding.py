@@ -196,6 +196,24 @@ def test_graphs_capture_and_replay_on_their_device_from_any_thread(drv):
         sg.exec.launch(Stream(device=0))
 
 
+def test_a_prefill_wrapper_runs_on_its_device_and_refuses_another_devices_q(drv):
+    import rtattn
+    p = rtattn.BatchPrefillWrapper(H_QO, H_KV, D, PS, max_batch=4, max_qo_tokens=64, max_pages=64, device=2)
+    s = Stream(device=2)
+    kvp, idx, last = paged_kv([100, 40], PS, shuffle_seed=4)
+    driver.set_current_context(_ctx(1))
+    p.plan(np.array([0, 20, 36], np.int32), kvp, idx, last, stream=s)
+    _, k, v, _ = _tensors(2, 1)
+    q = DeviceBuffer(36 * H_QO * D * 2, 2).as_tensor("bfloat16", (36, H_QO, D))
+    out = p.run(q, k, v, stream=s)
+    assert out.device_id == 2 and {rec[0] for rec in drv.launches} == {2}
+    q1 = DeviceBuffer(36 * H_QO * D * 2, 1).as_tensor("bfloat16", (36, H_QO, D))
+    before = len(drv.launches)
+    with pytest.raises(ValueError, match=r"^q is on cuda:1, the wrapper runs on cuda:2"):
+        p.run(q1, k, v, stream=s)
+    assert len(drv.launches) == before and driver.get_current_context() == _ctx(1) and drv.errors == []
+
+
 def test_a_launch_runs_on_the_device_its_kernels_were_loaded_on(drv):
     from rtattn.kernels import decode_kernels
     from rtattn.runtime.launch import KernelCall, Launch, Params
