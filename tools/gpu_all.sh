@@ -50,15 +50,20 @@ stage smoke-prefill "$T_SMOKE" bash -c "for i in \$(seq 0 23); do timeout 60 $PY
 grep -h -E "^(ok |BAD|EXC)" "$LOGS/smoke-prefill.log" | sort | uniq -c | sort -rn | head -5
 stage smoke-cascade "$((T_SMOKE + 40))" bash -c "for i in \$(seq 0 11); do timeout 90 $PY tools/smoke_cascade.py \$i & done; wait"
 grep -h -E "^(ok |BAD|EXC)" "$LOGS/smoke-cascade.log" | sort | uniq -c | sort -rn | head -5
-stage gpu-tier "$T_TIER" env OUT="$LOGS/tier" PYTEST_ARGS="-n 8 -vv" SAN_PARALLEL=1 SAN_TIMEOUT="${SAN_TIMEOUT:-70}" \
+stage gpu-tier "$T_TIER" env OUT="$LOGS/tier" PYTEST_ARGS="${TIER_ARGS:--n 8 -vv}" SAN_PARALLEL=1 SAN_TIMEOUT="${SAN_TIMEOUT:-70}" \
     bash tools/gpu_check.sh ${GPU_CHECK_ARGS:-}
 wait
+
+stage demo-tp 100 env NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
+    "$PY" tools/demo_tp.py --simulate 2 --steps 16
 
 stage bench-decode "$T_BENCH" "$PY" tools/bench_decode.py "${BD_ARGS[@]}" --deadline "$((T_BENCH - 20))"
 stage bench-prefill "$T_BENCH" "$PY" tools/bench_prefill.py --libs rt fa2 --budget-s "$((T_BENCH - 30))" \
     --rows 16x1024 4x4096 32x512 1x16384 chunk16x4096+512 8x2048 8x2048-softcap 8x2048-alibi 8x2048-window mtd64x4096-q4 mtd64x4096-q1
 stage bench-prefill-peers "$T_BENCH" "$PY" tools/bench_prefill.py --libs rt fa3 sdpa sdpa-flash --samples 10 \
     --budget-s "$((T_BENCH - 30))" --rows 16x1024 4x4096 32x512 1x16384
+stage bench-prefill-shapes "$T_BENCH" bash -c "for a in '--head-dim 64' '--head-dim 256' '--heads 32:32' '--heads 32:4' '--page 1' '--page 64'; do \
+    $PY tools/bench_prefill.py --libs rt fa2 --samples 5 --budget-s 12 \$a --rows 16x1024 4x4096 16xheavy1024 8x2048-plain; done"
 stage bench-family 150 bash -c "$PY tools/bench_prefill.py --libs rt rtdec --rows 'mtd*' --budget-s 60 && \
     $PY tools/bench_decode.py --no-flashinfer --rows 'g*' b16-all1024-kv8 s64x4096 --rt-modes auto auto+prefill \
     --deadline 70"
