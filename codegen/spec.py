@@ -53,6 +53,8 @@ class AttentionSpec:
     q_dtype: str | None = None   # q: bfloat16 | float16
     kv_dtype: str | None = None  # K and V caches: q's type, float8_e4m3fn or float8_e5m2
     o_dtype: str | None = None   # output: bfloat16 | float16 (default q's)
+    # Batch-invariant plans (decode): items fold fixed chunks' states (cuda_src/decode.cuh INVARIANT)
+    invariant: bool = False
 
     def __post_init__(self):
         if not _IDENT.match(self.variant):
@@ -107,7 +109,7 @@ class AttentionSpec:
         kv = "" if self.kv_dtype == self.q_dtype else f"_kv{_SHORT.get(self.kv_dtype, self.kv_dtype)}"
         o = "" if self.o_dtype == self.q_dtype else f"_o{self.o_dtype}"
         return (f"{self.variant}_{self.q_dtype}{kv}{o}_d{self.head_dim}_m{self.m_tiles}"
-                f"_w{self.num_warps}_s{self.stages}")
+                f"_w{self.num_warps}_s{self.stages}{'_inv' if self.invariant else ''}")
 
     def with_(self, **changes) -> "AttentionSpec":
         """replace(); `dtype=` sets q's type, and the KV and output types that followed it."""

@@ -15,6 +15,7 @@
 // read one block ahead, so issuing a block never waits on an L2 round trip.
 #pragma once
 #include "fp8.cuh"
+#include "merge.cuh"
 #include "online_softmax.cuh"
 #include "ptx.cuh"
 #include "query_transform.cuh"
@@ -41,6 +42,9 @@ struct DecodeShape : SwizzledRows<HEAD_DIM> {  // at(), kstep(): the 16-bit q/K/
   // fp8 K widened for a KeyTransform lives after the stage's fp8 K and V (the combine's room).
   static constexpr int widened_k_offset = 2 * stage_elems * KV_BYTES;
   static constexpr int smem_bytes = q_bytes + kv_bytes;
+  // Batch-invariant kernels keep an item's folded state after the stages: O [rows][D], then the
+  // LSE of rows twice (the chunk being folded reads one, writes the other: no race between rows).
+  static constexpr int fold_bytes = rows * (HEAD_DIM + 2) * 4;
 
   // The 16-bit tiles use SwizzledRows unchanged (unpadded rows keep a warp's cp.async on whole
   // 32-byte sectors: padded rows cost 1.5x the L2 sector traffic on the H200, docs/perf-log.md v4).
@@ -75,12 +79,33 @@ struct DecodeShape : SwizzledRows<HEAD_DIM> {  // at(), kstep(): the 16-bit q/K/
 // [head0, head0 + heads): four columns per (row, head, column group) unit; when units are fewer
 // than threads, S consecutive lanes share a unit, each folding every S-th partial (StateFold, as
 // the merge kernel), then fold each other's states in a butterfly. Writes O (and LSE).
-template <class Variant, class P>
+// Batch-invariant (INVARIANT): a unit per thread, its partials folded in order (fold_partials).
+template <class Variant, class P, bool INVARIANT>
 __device__ __forceinline__ void merge_tile(const P& p, Variant& var, int entry0, int q_tokens, int head0, int heads,
                                            int tid) {
   using O = typename P::OType;
   constexpr int D = P::head_dim, C4 = D / 4, KU = 16;
   const int H = p.num_qo_heads, units = q_tokens * heads * C4;
+  if constexpr (INVARIANT) {
+    for (int u = tid; u < units; u += blockDim.x) {
+      const int c = u % C4 * 4, head = head0 + u / C4 % heads, e = entry0 + u / C4 / heads;
+      const int first = p.plan.merge_indptr[e], n = p.plan.merge_indptr[e + 1] - first;
+      float o[4], lse;
+      fold_partials<Variant::use_softmax, 4>(p, p.plan.merge_partial_start[e], p.plan.merge_partial_stride[e], n,
+                                             head, c, o, lse);
+      if constexpr (Variant::has_sink) fold_sink<4>(o, lse, var.SinkLogit(p, head));  // once per row: here
+      const int q_row = p.plan.merge_qo_row[e];
+      O* op = p.o + int64_t(q_row) * p.o_stride_tok + int64_t(head) * p.o_stride_head + c;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        float x = o[j];
+        if constexpr (Variant::has_output_transform) x = var.OutputTransform(p, x, head, c + j);
+        op[j] = from_float<O>(x);
+      }
+      if (p.lse != nullptr && c == 0) p.lse[int64_t(q_row) * H + head] = lse;
+    }
+    return;
+  }
   int S = 1;
   while (S < 8 && 2 * S * units <= int(blockDim.x)) S *= 2;
   for (int i0 = 0; i0 < units * S; i0 += blockDim.x) {  // uniform trip count: every lane shuffles
@@ -119,7 +144,13 @@ __device__ __forceinline__ void merge_tile(const P& p, Variant& var, int entry0,
   }
 }
 
-template <class Variant, class P, int M_TILES, int NUM_WARPS, int STAGES>
+// INVARIANT (batch-invariant plans, plan_info chunk_tokens C): an item is a run of C-token chunks
+// (items start on chunk boundaries, C is a multiple of BT). Each chunk starts a fresh online softmax (blocks are chunk aligned), its
+// warps' combine gives the chunk's normalized state; a writethrough item folds the states left
+// to right with fold_state (in shared memory, S::fold_bytes), a split item writes one partial
+// row per chunk for the merge to fold the same way. So a row's bits are its chunks', whatever
+// the batch. Instantiated with INVARIANT false, none of it is compiled.
+template <class Variant, class P, int M_TILES, int NUM_WARPS, int STAGES, bool INVARIANT = false>
 __device__ __forceinline__ void decode_persistent(const P& p, char* smem) {
   using T = typename P::DType;    // q
   using KV = typename P::KVType;  // the cache: T, or an fp8 tag
@@ -287,6 +318,11 @@ __device__ __forceinline__ void decode_persistent(const P& p, char* smem) {
   const float sm_scale = p.sm_scale * logit_fold, sm_scale_log2 = p.sm_scale_log2 * logit_fold;
   if (kPrefetch && item_begin < item_end) load_q(next_item);
   int blocks_done = 0;  // compute position in the stream: stage blocks_done % STAGES is next
+  // Batch-invariant: blocks per chunk (C is a multiple of BT: the planner's grain), the fold state.
+  const int fold_chunk = INVARIANT ? p.plan.plan_info[RTATTN_PLAN_INFO_CHUNK_TOKENS] : 0;
+  const int chunk_blocks = fold_chunk >= BT ? fold_chunk / BT : (1 << 30);
+  float* fold_o = reinterpret_cast<float*>(smem + S::smem_bytes);
+  float* fold_lse = fold_o + S::rows * D;
 
   for (int item = item_begin; item < item_end; ++item) {
     const ItemFields cur = kPrefetch ? next_item : read_item(item);
@@ -379,6 +415,136 @@ __device__ __forceinline__ void decode_persistent(const P& p, char* smem) {
       m_run[mi][0] = m_run[mi][1] = -INFINITY;
       l_run[mi][0] = l_run[mi][1] = 0.f;
     }
+    int chunk = 0;  // batch-invariant: chunks of this item combined so far
+
+    // ---- Combine the warps, one 16-row tile at a time, in the stage of the last block computed:
+    // the loader refills it only after the next block's __syncthreads, and the stages that hold
+    // the next item's blocks are not touched. combine[w][row][0..D) = O, [D] = m (log2), [D+1] = l.
+    // Batch-invariant: `last` says whether the chunk is the item's last.
+    auto combine_warps = [&](float* combine, bool last) {
+#pragma unroll
+    for (int mi = 0; mi < M_TILES; ++mi) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float l = l_run[mi][h];
+        l += __shfl_xor_sync(0xffffffff, l, 1);
+        l += __shfl_xor_sync(0xffffffff, l, 2);
+        if (INVARIANT && mi * 16 + lane / 4 + 8 * h >= rows_valid) continue;  // (no reader)
+        float* dst = combine + (warp * 16 + lane / 4 + 8 * h) * (D + 2);
+#pragma unroll
+        for (int dn = 0; dn < D / 8; ++dn) {
+          if constexpr (kFp8) {  // fp8 V fragments permute O's columns (DecodeShape::o_col)
+            dst[S::o_col(dn, (lane % 4) * 2)] = o[mi][dn][2 * h] * v_scale;
+            dst[S::o_col(dn, (lane % 4) * 2 + 1)] = o[mi][dn][2 * h + 1] * v_scale;
+          } else {
+            const int d = dn * 8 + (lane % 4) * 2;
+            dst[d] = o[mi][dn][2 * h];
+            dst[d + 1] = o[mi][dn][2 * h + 1];
+          }
+        }
+        if (lane % 4 == 0) {
+          dst[D] = Variant::use_softmax ? m_run[mi][h] : 0.f;
+          dst[D + 1] = l;
+        }
+      }
+      __syncthreads();
+
+      const int tile_rows = min(16, rows_valid - mi * 16);
+      for (int i = tid; i < tile_rows * (D / 2); i += S::threads) {
+        const int r16 = i / (D / 2), d = (i % (D / 2)) * 2;
+        float m_max = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < NUM_WARPS; ++w) m_max = fmaxf(m_max, combine[(w * 16 + r16) * (D + 2) + D]);
+        const float base = m_max == -INFINITY ? 0.f : m_max;
+        float l = 0.f, o0 = 0.f, o1 = 0.f;
+#pragma unroll
+        for (int w = 0; w < NUM_WARPS; ++w) {
+          const float* src = combine + (w * 16 + r16) * (D + 2);
+          const float f = Variant::use_softmax ? fast_exp2(src[D] - base) : 1.f;
+          l += f * src[D + 1];
+          o0 += f * src[d];
+          o1 += f * src[d + 1];
+        }
+        const int r = mi * 16 + r16;
+        const int t = r / heads, qo_head = first_qo_head + r % heads;
+        if constexpr (INVARIANT) {
+          // The chunk's normalized state; a split item writes it as the chunk's partial row, a
+          // writethrough item folds it into the item's state (the last chunk's fold is final).
+          float st[2] = {o0, o1};
+          float st_lse = l > 0.f ? (base + __log2f(l)) * kLn2 : -INFINITY;
+          if (Variant::use_softmax) {
+            const float inv = l > 0.f ? 1.f / l : 0.f;
+            st[0] *= inv;
+            st[1] *= inv;
+          }
+          if (partial_row >= 0) {
+            const int64_t prow = int64_t(partial_row + chunk * q_tokens + t) * p.num_qo_heads + qo_head;
+            p.partial_o[prow * D + d] = st[0];
+            p.partial_o[prow * D + d + 1] = st[1];
+            if (d == 0) p.partial_lse[prow] = st_lse;
+            continue;
+          }
+          float* fo = fold_o + r * D + d;  // this thread's columns of row r in every chunk
+          if (chunk > 0) {
+            float run[2] = {fo[0], fo[1]};
+            float run_lse = fold_lse[((chunk - 1) & 1) * S::rows + r];
+            fold_state<Variant::use_softmax, 2>(run, run_lse, st, st_lse);
+            st[0] = run[0], st[1] = run[1], st_lse = run_lse;
+          }
+          if (!last) {
+            fo[0] = st[0], fo[1] = st[1];
+            if (d == 0) fold_lse[(chunk & 1) * S::rows + r] = st_lse;
+            continue;
+          }
+          if constexpr (Variant::has_sink) fold_sink<2>(st, st_lse, var.SinkLogit(p, qo_head));  // final: here
+          if constexpr (Variant::has_output_transform) {
+            st[0] = var.OutputTransform(p, st[0], qo_head, d);
+            st[1] = var.OutputTransform(p, st[1], qo_head, d + 1);
+          }
+          using O = typename P::OType;
+          O* op = p.o + int64_t(q_row0 + t) * p.o_stride_tok + int64_t(qo_head) * p.o_stride_head + d;
+          op[0] = from_float<O>(st[0]);
+          op[1] = from_float<O>(st[1]);
+          if (p.lse != nullptr && d == 0) p.lse[int64_t(q_row0 + t) * p.num_qo_heads + qo_head] = st_lse;
+          continue;
+        }
+        float top = base;
+        if constexpr (Variant::has_sink) {
+          if (partial_row < 0) {  // the row's final state: its sink joins once, here (split rows: the merge)
+            const SinkJoin j = join_sink(base, l, var.SinkLogit(p, qo_head) * kLog2e);
+            top = j.top;
+            l = j.l;
+            o0 *= j.scale;
+            o1 *= j.scale;
+          }
+        }
+        // Natural-log LSE of the total weight; softmax O is normalized, sigmoid O is a plain sum.
+        const float lse = l > 0.f ? (top + __log2f(l)) * kLn2 : -INFINITY;
+        if (Variant::use_softmax) {
+          const float inv = l > 0.f ? 1.f / l : 0.f;
+          o0 *= inv;
+          o1 *= inv;
+        }
+        if (partial_row < 0) {
+          if constexpr (Variant::has_output_transform) {
+            o0 = var.OutputTransform(p, o0, qo_head, d);
+            o1 = var.OutputTransform(p, o1, qo_head, d + 1);
+          }
+          using O = typename P::OType;
+          O* op = p.o + int64_t(q_row0 + t) * p.o_stride_tok + int64_t(qo_head) * p.o_stride_head + d;
+          op[0] = from_float<O>(o0);
+          op[1] = from_float<O>(o1);
+          if (p.lse != nullptr && d == 0) p.lse[int64_t(q_row0 + t) * p.num_qo_heads + qo_head] = lse;
+        } else {
+          const int64_t prow = int64_t(partial_row + t) * p.num_qo_heads + qo_head;
+          p.partial_o[prow * D + d] = o0;
+          p.partial_o[prow * D + d + 1] = o1;
+          if (d == 0) p.partial_lse[prow] = lse;
+        }
+      }
+      __syncthreads();  // the combine area is refilled by the loader (or the next tile's combine)
+    }
+    };
 
     for (int blk = 0; blk < num_blocks; ++blk, ++blocks_done) {
       cp_async_wait<STAGES - 2>();
@@ -566,93 +732,33 @@ __device__ __forceinline__ void decode_persistent(const P& p, char* smem) {
           }
         }
       }
+      if constexpr (INVARIANT) {  // a chunk ends: its state is combined and folded, the next starts fresh
+        const bool last = blk + 1 == num_blocks;
+        if (last || (blk + 1) % chunk_blocks == 0) {
+          if (kPrefetch && last && item + 1 < item_end) load_q(next_item);  // in flight over the combine
+          __syncthreads();  // every warp is done with this block's stage
+          combine_warps(reinterpret_cast<float*>(stage_at(blocks_done % STAGES)), last);
+          ++chunk;
+#pragma unroll
+          for (int mi = 0; mi < M_TILES; ++mi) {
+#pragma unroll
+            for (int dn = 0; dn < D / 8; ++dn)
+#pragma unroll
+              for (int e = 0; e < 4; ++e) o[mi][dn][e] = 0.f;
+            m_run[mi][0] = m_run[mi][1] = -INFINITY;
+            l_run[mi][0] = l_run[mi][1] = 0.f;
+          }
+        }
+      }
     }
-    if (kPrefetch && item + 1 < item_end) load_q(next_item);  // in flight over the combine
-    __syncthreads();  // every warp is done with the last block's stage
-
-    // ---- Combine the warps, one 16-row tile at a time, in the stage of the last block computed:
-    // the loader refills it only after the next block's __syncthreads, and the stages that hold
-    // the next item's blocks are not touched. combine[w][row][0..D) = O, [D] = m (log2), [D+1] = l.
-    float* combine = reinterpret_cast<float*>(stage_at((blocks_done + STAGES - 1) % STAGES));
-#pragma unroll
-    for (int mi = 0; mi < M_TILES; ++mi) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        float l = l_run[mi][h];
-        l += __shfl_xor_sync(0xffffffff, l, 1);
-        l += __shfl_xor_sync(0xffffffff, l, 2);
-        float* dst = combine + (warp * 16 + lane / 4 + 8 * h) * (D + 2);
-#pragma unroll
-        for (int dn = 0; dn < D / 8; ++dn) {
-          if constexpr (kFp8) {  // fp8 V fragments permute O's columns (DecodeShape::o_col)
-            dst[S::o_col(dn, (lane % 4) * 2)] = o[mi][dn][2 * h] * v_scale;
-            dst[S::o_col(dn, (lane % 4) * 2 + 1)] = o[mi][dn][2 * h + 1] * v_scale;
-          } else {
-            const int d = dn * 8 + (lane % 4) * 2;
-            dst[d] = o[mi][dn][2 * h];
-            dst[d + 1] = o[mi][dn][2 * h + 1];
-          }
-        }
-        if (lane % 4 == 0) {
-          dst[D] = Variant::use_softmax ? m_run[mi][h] : 0.f;
-          dst[D + 1] = l;
-        }
-      }
+    if constexpr (!INVARIANT) {
+      if (kPrefetch && item + 1 < item_end) load_q(next_item);  // in flight over the combine
+      __syncthreads();  // every warp is done with the last block's stage
+      combine_warps(reinterpret_cast<float*>(stage_at((blocks_done + STAGES - 1) % STAGES)), true);
+    } else if (num_blocks == 0) {  // empty KV: its (0, -inf) state, as auto writes it
+      if (kPrefetch && item + 1 < item_end) load_q(next_item);
       __syncthreads();
-
-      const int tile_rows = min(16, rows_valid - mi * 16);
-      for (int i = tid; i < tile_rows * (D / 2); i += S::threads) {
-        const int r16 = i / (D / 2), d = (i % (D / 2)) * 2;
-        float m_max = -INFINITY;
-#pragma unroll
-        for (int w = 0; w < NUM_WARPS; ++w) m_max = fmaxf(m_max, combine[(w * 16 + r16) * (D + 2) + D]);
-        const float base = m_max == -INFINITY ? 0.f : m_max;
-        float l = 0.f, o0 = 0.f, o1 = 0.f;
-#pragma unroll
-        for (int w = 0; w < NUM_WARPS; ++w) {
-          const float* src = combine + (w * 16 + r16) * (D + 2);
-          const float f = Variant::use_softmax ? fast_exp2(src[D] - base) : 1.f;
-          l += f * src[D + 1];
-          o0 += f * src[d];
-          o1 += f * src[d + 1];
-        }
-        const int r = mi * 16 + r16;
-        const int t = r / heads, qo_head = first_qo_head + r % heads;
-        float top = base;
-        if constexpr (Variant::has_sink) {
-          if (partial_row < 0) {  // the row's final state: its sink joins once, here (split rows: the merge)
-            const SinkJoin j = join_sink(base, l, var.SinkLogit(p, qo_head) * kLog2e);
-            top = j.top;
-            l = j.l;
-            o0 *= j.scale;
-            o1 *= j.scale;
-          }
-        }
-        // Natural-log LSE of the total weight; softmax O is normalized, sigmoid O is a plain sum.
-        const float lse = l > 0.f ? (top + __log2f(l)) * kLn2 : -INFINITY;
-        if (Variant::use_softmax) {
-          const float inv = l > 0.f ? 1.f / l : 0.f;
-          o0 *= inv;
-          o1 *= inv;
-        }
-        if (partial_row < 0) {
-          if constexpr (Variant::has_output_transform) {
-            o0 = var.OutputTransform(p, o0, qo_head, d);
-            o1 = var.OutputTransform(p, o1, qo_head, d + 1);
-          }
-          using O = typename P::OType;
-          O* op = p.o + int64_t(q_row0 + t) * p.o_stride_tok + int64_t(qo_head) * p.o_stride_head + d;
-          op[0] = from_float<O>(o0);
-          op[1] = from_float<O>(o1);
-          if (p.lse != nullptr && d == 0) p.lse[int64_t(q_row0 + t) * p.num_qo_heads + qo_head] = lse;
-        } else {
-          const int64_t prow = int64_t(partial_row + t) * p.num_qo_heads + qo_head;
-          p.partial_o[prow * D + d] = o0;
-          p.partial_o[prow * D + d + 1] = o1;
-          if (d == 0) p.partial_lse[prow] = lse;
-        }
-      }
-      __syncthreads();  // the combine area is refilled by the loader (or the next tile's combine)
+      combine_warps(reinterpret_cast<float*>(stage_at((blocks_done + STAGES - 1) % STAGES)), true);
     }
 
     // ---- Fused merge: the CTA that writes a split tile's last partial (for this KV head) merges
@@ -666,14 +772,15 @@ __device__ __forceinline__ void decode_persistent(const P& p, char* smem) {
       volatile int* is_last = reinterpret_cast<volatile int*>(q_smem);  // q is reloaded next item
       if (tid == 0) {
         int* counter = p.merge_counters + int64_t(merge_entry) * p.num_qo_heads + kv_head;
-        const bool last = atomicAdd(counter, 1) == merge_fan_in - 1;
+        const int arrivals = INVARIANT ? chunk : 1;  // batch-invariant: one partial row per chunk
+        const bool last = atomicAdd(counter, arrivals) == merge_fan_in - arrivals;
         if (last) *counter = 0;
         *is_last = last;
       }
       __syncthreads();
       if (*is_last) {
         __threadfence();
-        merge_tile(p, var, merge_entry, q_tokens, first_qo_head, heads, tid);
+        merge_tile<Variant, P, INVARIANT>(p, var, merge_entry, q_tokens, first_qo_head, heads, tid);
       }
       __syncthreads();  // is_last is read before the next item's q overwrites it
     }

@@ -27,9 +27,44 @@ __device__ __forceinline__ void load_cols(float (&v)[W], const float* p) {
   }
 }
 
+// The batch-invariant merge of W columns at `col` of one (merge entry, head): the entry's n
+// partial states folded one at a time in plan (chunk) order with fold_state -- the sequence and
+// the function of the decode kernel's fold of an unsplit row's chunks, so a row's bits do not
+// depend on where the plan split it. Read through L2 (the fused merge reads fresh partials).
+template <bool SOFTMAX, int W, class P>
+__device__ __forceinline__ void fold_partials(const P& p, int start, int step, int n, int head, int col,
+                                              float (&o)[W], float& lse) {
+  constexpr int D = P::head_dim, KU = 8;  // KU partials' loads in flight together
+  const int H = p.num_qo_heads;
+  lse = -INFINITY;
+#pragma unroll
+  for (int j = 0; j < W; ++j) o[j] = 0.f;
+  for (int k0 = 0; k0 < n; k0 += KU) {
+    float l[KU], v[KU][W];
+#pragma unroll
+    for (int k = 0; k < KU; ++k) {
+      const bool ok = k0 + k < n;
+      const int64_t prow = ok ? int64_t(start + (k0 + k) * step) * H + head : 0;
+      l[k] = ok ? __ldcg(p.partial_lse + prow) : -INFINITY;
+#pragma unroll
+      for (int j = 0; j < W; ++j) v[k][j] = ok ? __ldcg(p.partial_o + prow * D + col + j) : 0.f;
+    }
+#pragma unroll
+    for (int k = 0; k < KU; ++k) {
+      if (k0 + k == 0) {  // the first state as it is (as the kernel takes its first chunk's)
+        lse = l[0];
+#pragma unroll
+        for (int j = 0; j < W; ++j) o[j] = v[0][j];
+      } else if (k0 + k < n) {
+        fold_state<SOFTMAX, W>(o, lse, v[k], l[k]);
+      }
+    }
+  }
+}
+
 // Every job of the plan's merge rows with W columns per lane (32 W per job), KU partials per
 // round trip.
-template <class Variant, class P, int W, int KU>
+template <class Variant, class P, int W, int KU, bool INVARIANT>
 __device__ __forceinline__ void merge_jobs(const P& p, int num_rows, int warp, int num_warps, int lane) {
   using O = typename P::OType;
   constexpr int D = P::head_dim, JOBS = D / (32 * W);  // jobs per (row, head)
@@ -42,6 +77,20 @@ __device__ __forceinline__ void merge_jobs(const P& p, int num_rows, int warp, i
     const int start = p.plan.merge_partial_start[r], step = p.plan.merge_partial_stride[r];
     const int q_row = p.plan.merge_qo_row[r];
     wait_for_previous_grid();  // returns at once after the first time
+    if constexpr (INVARIANT) {
+      float o[W], lse;
+      fold_partials<Variant::use_softmax, W>(p, start, step, n, head, d, o, lse);
+      if constexpr (Variant::has_sink) fold_sink<W>(o, lse, var.SinkLogit(p, head));  // once per row: here
+      O* op = p.o + int64_t(q_row) * p.o_stride_tok + int64_t(head) * p.o_stride_head + d;
+#pragma unroll
+      for (int j = 0; j < W; ++j) {
+        float x = o[j];
+        if constexpr (Variant::has_output_transform) x = var.OutputTransform(p, x, head, d + j);
+        op[j] = from_float<O>(x);
+      }
+      if (p.lse != nullptr && d == 0) p.lse[int64_t(q_row) * H + head] = lse;
+      continue;
+    }
     StateFold<Variant::use_softmax, W> fold;
     for (int k0 = 0; k0 < n; k0 += KU) {
       float l[KU], v[KU][W];
@@ -71,7 +120,7 @@ __device__ __forceinline__ void merge_jobs(const P& p, int num_rows, int warp, i
   }
 }
 
-template <class Variant, class P, int NUM_WARPS>
+template <class Variant, class P, int NUM_WARPS, bool INVARIANT = false>  // INVARIANT: fold_partials
 __device__ __forceinline__ void merge_persistent(const P& p) {
   constexpr int SLICES = P::head_dim / 32;
   // The plan is a host-to-device copy's output (complete before the previous kernel ran): its
@@ -85,9 +134,9 @@ __device__ __forceinline__ void merge_persistent(const P& p) {
   // warps: a job per (row, head), D/32 columns per lane, 32/(D/32) partials in flight, so each
   // warp folds its rows in fewer dependent rounds (64 x 2048 at g=16: 4 rounds -> 1).
   if (num_rows * p.num_qo_heads * SLICES <= num_warps) {
-    merge_jobs<Variant, P, 1, 32>(p, num_rows, warp, num_warps, lane);
+    merge_jobs<Variant, P, 1, 32, INVARIANT>(p, num_rows, warp, num_warps, lane);
   } else {
-    merge_jobs<Variant, P, SLICES, 32 / SLICES>(p, num_rows, warp, num_warps, lane);
+    merge_jobs<Variant, P, SLICES, 32 / SLICES, INVARIANT>(p, num_rows, warp, num_warps, lane);
   }
 }
 

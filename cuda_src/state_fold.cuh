@@ -3,6 +3,7 @@
 // loads the caller issued together (one round trip per round), then folds them with the round's
 // max, independent weights and sums in index order: the same plan gives the same bits.
 #pragma once
+#include "ptx.cuh"
 #include "types.cuh"
 
 namespace rtattn {
@@ -62,5 +63,36 @@ struct StateFold {
     return w_sum > 0.f ? (m == -INFINITY ? 0.f : m) + __logf(w_sum) : -INFINITY;
   }
 };
+
+// The batch-invariant ⊕ of two normalized states (O, natural-log LSE; sigmoid: plain sums):
+// (o, lse) <- (o, lse) ⊕ (o_b, lse_b). Every operation is an explicitly rounded intrinsic, so
+// the decode kernel's in-item fold of chunk states and the merge's fold of the same states
+// (partial rows) give the same bits wherever they are inlined: no contraction differs.
+template <bool SOFTMAX, int W>
+__device__ __forceinline__ void fold_state(float (&o)[W], float& lse, const float (&o_b)[W], float lse_b) {
+  const float m = fmaxf(lse, lse_b);
+  if (m == -INFINITY) return;  // both empty: (0, -inf) stays
+  const float wa = fast_exp2(__fmul_rn(__fsub_rn(lse, m), 1.4426950408889634f));  // 0 for lse = -inf
+  const float wb = fast_exp2(__fmul_rn(__fsub_rn(lse_b, m), 1.4426950408889634f));
+  const float den = __fadd_rn(wa, wb);
+  if constexpr (SOFTMAX) {
+    const float inv = __frcp_rn(den);
+#pragma unroll
+    for (int j = 0; j < W; ++j) o[j] = __fmul_rn(__fadd_rn(__fmul_rn(wa, o[j]), __fmul_rn(wb, o_b[j])), inv);
+  } else {
+#pragma unroll
+    for (int j = 0; j < W; ++j) o[j] = __fadd_rn(o[j], o_b[j]);
+  }
+  lse = __fadd_rn(m, __fmul_rn(__log2f(den), 0.6931471805599453f));
+}
+
+// A sink of log-weight `sink` (natural log) and no value joins a final state: ⊕ with (0, sink).
+template <int W>
+__device__ __forceinline__ void fold_sink(float (&o)[W], float& lse, float sink) {
+  float zero[W];
+#pragma unroll
+  for (int j = 0; j < W; ++j) zero[j] = 0.f;
+  fold_state<true, W>(o, lse, zero, sink);
+}
 
 }  // namespace rtattn

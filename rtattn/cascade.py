@@ -105,6 +105,8 @@ class _LevelsKernel(BatchDecodeWrapper):
     workspace is the cascade's (plan set, then the float32 level states) and whose partial
     rows are those states. Its plan() is not used: the cascade plans."""
 
+    folds_chunks = False   # one state per item: the cascade's state rows (fixed batch-invariant chunks)
+
     def __init__(self, *args, max_batch, max_qo_tokens, num_levels, prefill_planner=None, **kw):
         self._cascade_bounds = (max_batch, max_qo_tokens, num_levels)
         self._prefill_planner = prefill_planner

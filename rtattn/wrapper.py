@@ -27,6 +27,10 @@ from rtattn.wrapper_base import KV_LAYOUTS, PlannedLaunch, PlannedWrapper, host_
 
 
 class BatchDecodeWrapper(PlannedWrapper):
+    # Batch-invariant mode: the kernel folds each item's chunks (AttentionSpec.invariant) and the
+    # planner cuts items on chunk boundaries only (Planner chunk_runs).
+    folds_chunks = True
+
     def __init__(self, num_qo_heads: int, num_kv_heads: int, head_dim: int, page_size: int, *,
                  max_batch: int, max_pages: int, max_qo_tokens: int | None = None, max_qo_len: int | None = None,
                  variant="plain", dtype: str = "bfloat16", kv_dtype: str | None = None, kv_layout: str = "NHD",
@@ -50,6 +54,9 @@ class BatchDecodeWrapper(PlannedWrapper):
         self.page_size, self.kv_layout = page_size, kv_layout
         self.spec = decode_family.spec_for(variant, dtype, head_dim, self.group, self.device.arch, kv_dtype=kv_dtype,
                                            rows=self.group * (max_qo_len or 1))
+        chunk_runs = mode == "batch-invariant" and self.folds_chunks
+        if chunk_runs:
+            self.spec = self.spec.with_(invariant=True)
         # q's, the caches' and the output's element types (kv_dtype None: q's)
         self.dtype, self.kv_dtype, self.o_dtype = self.spec.q_dtype, self.spec.kv_dtype, self.spec.o_dtype
         if self.group > self.spec.rows:
@@ -72,7 +79,11 @@ class BatchDecodeWrapper(PlannedWrapper):
                                device=plan_devices.from_props(self.device.props), mode=mode,
                                num_ctas=self.num_ctas, max_rows=self.spec.rows, chunk_tokens=chunk_tokens,
                                causal=self.spec.causal, num_pages_pool=num_pages_pool,
-                               max_qo_len=1 if one_token else max_qo_len)
+                               max_qo_len=1 if one_token else max_qo_len, chunk_runs=chunk_runs)
+        block = 16 * self.spec.num_warps   # the kernel's KV block: chunks must start blocks
+        if chunk_runs and self.planner.bounds.chunk_tokens % block:
+            raise ValueError(f"chunk_tokens={self.planner.bounds.chunk_tokens} is not a multiple of the decode "
+                             f"kernel's KV block ({block} tokens, num_warps={self.spec.num_warps})")
         self._pool_given = num_pages_pool is not None   # else learnt from the caches (_check_pool)
         self._setup_buffers(workspace)
 

@@ -115,7 +115,7 @@ def test_batch_invariant_request_items_independent_of_batch(seed, batch, ps):
     kv = rng.integers(1, 20000, batch)
     qo = np.where(rng.random(batch) < 0.3, rng.integers(1, 40, batch), 1)
     p = Planner(128, 4096, 64 * 20000 // ps, 32, 8, 128, ps, mode="batch-invariant", chunk_tokens=1024,
-                max_qo_len=64)
+                max_qo_len=64, chunk_runs=False)   # fixed chunks: one item each (cascade levels)
     info1 = p.plan_lengths(qo, kv)
     # Change every other request, keep request 0.
     kv2, qo2 = kv.copy(), qo.copy()
@@ -146,9 +146,10 @@ def test_batch_invariant_request_items_independent_of_batch(seed, batch, ps):
 
 @pytest.mark.parametrize("hkv, chunk", [(32, 2048), (8, 512), (4, 256), (2, 128), (1, 128)])
 def test_batch_invariant_chunk_comes_from_the_grid_not_the_batch(hkv, chunk):
-    """H200, 32 query heads, d128: 264 resident CTAs over the KV heads; the chunk is the balanced
-    chunk of 16 x 1024 tokens on that grid (a power of two, at least 128), whatever the batch."""
-    p = Planner(256, 256, 65536, 32, hkv, 128, 16, mode="batch-invariant", max_qo_len=1)
+    """Fixed chunks (no chunk runs), H200, 32 query heads, d128: 264 resident CTAs over the KV
+    heads; the chunk is the balanced chunk of 16 x 1024 tokens on that grid (a power of two, at
+    least 128), whatever the batch."""
+    p = Planner(256, 256, 65536, 32, hkv, 128, 16, mode="batch-invariant", max_qo_len=1, chunk_runs=False)
     assert p.num_ctas == 264 // hkv and p.bounds.chunk_tokens == chunk == invariant_chunk(p.num_ctas, 16)
     for kv in ([5], [1024] * 16, [40000] + [7] * 200):
         info = p.plan_lengths(np.ones(len(kv), int), kv)
@@ -178,30 +179,86 @@ def test_batch_invariant_costs_small_skewed_batches_no_tail(hkv, seed):
         assert loads["batch-invariant"] <= loads["balanced"] + COST_ALPHA + COST_GAMMA, (kv, loads)
 
 
+def fold_sequence(info, row: int) -> list[tuple[int, int]]:
+    """The KV ranges whose states query row `row` folds, in fold order: a writethrough item's
+    chunks, or its merge entry's partial rows (one per chunk of its split items)."""
+    from rtattn.plan.executor import item_chunks
+    v, n = info.views, info.num_items
+    ct = int(v["plan_info"][F.INFO_CHUNK_TOKENS])
+    of_row, state_kv = [], {}
+    for i in range(n):
+        qs, ql = int(v["item_qo_start"][i]), int(v["item_qo_len"][i])
+        if not qs <= row < qs + ql:
+            continue
+        chunks = item_chunks(int(v["item_kv_start"][i]), int(v["item_kv_end"][i]), ct)
+        p = int(v["item_partial"][i])
+        if p < 0:
+            of_row.append(chunks)
+        for j, c in enumerate(chunks):
+            state_kv[p + j * ql + row - qs] = c
+    if of_row:
+        assert len(of_row) == 1
+        return of_row[0]
+    flat = F.merge_partials(v, info.num_merge_rows)
+    r = int(np.nonzero(v["merge_qo_row"][:info.num_merge_rows] == row)[0][0])
+    return [state_kv[int(x)] for x in flat[v["merge_indptr"][r]:v["merge_indptr"][r + 1]]]
+
+
 @settings(max_examples=40, deadline=None)
-@given(st.integers(0, 2**31 - 1), st.integers(1, 48), st.sampled_from([8, 4]), st.sampled_from([1, 16]))
-def test_batch_invariant_default_chunk_splits_a_request_the_same_with_any_companions(seed, batch, hkv, ps):
-    """Default chunk: a request's (kv_start, kv_end) items and its merge order are the same
-    alone, among short requests, and among long ones (the plan half of bitwise invariance)."""
+@given(st.integers(0, 2**31 - 1), st.integers(1, 48), st.sampled_from([8, 4]), st.sampled_from([1, 16, 64]))
+def test_batch_invariant_folds_a_request_the_same_chunks_with_any_companions(seed, batch, hkv, ps):
+    """Chunk runs: a request's items depend on its companions (split alone, whole among long
+    requests), but the sequence of chunk states its row folds -- the C-token chunks from 0, in KV
+    order -- does not (the plan half of bitwise invariance; tests/test_executor.py runs it)."""
     rng = np.random.default_rng(seed)
     mine = int(rng.integers(1, 30000))
     p = Planner(64, 64, 64 * 40000 // ps, 32, hkv, 128, ps, mode="batch-invariant", max_qo_len=1)
-    seen = []
+    C = p.bounds.chunk_tokens
+    want = [(a, min(a + C, mine)) for a in range(0, mine, C)]
+    items = set()
     for others in ([], rng.integers(1, 300, batch), rng.integers(5000, 40000, batch)):
         kv = np.concatenate([[mine], others]).astype(np.int64)
         info = p.plan_lengths(np.ones(len(kv), int), kv)
+        verify_plan(info.views, np.ones(len(kv), int), kv, tile_q=p.tile_q, page_size=ps)
+        assert info.mode == "batch-invariant" and fold_sequence(info, 0) == want
         v, n = info.views, info.num_items
         sel = v["item_request"][:n] == 0
-        items = sorted(zip(v["item_kv_start"][:n][sel].tolist(), v["item_kv_end"][:n][sel].tolist()))
-        order = None
-        if len(items) > 1:   # request 0 is split: its merge entry lists partials in KV order
-            kv_of = {int(v["item_partial"][i]): int(v["item_kv_start"][i]) for i in range(n) if sel[i]}
-            flat = F.merge_partials(v, info.num_merge_rows)
-            r = int(np.nonzero(v["merge_qo_row"][:info.num_merge_rows] == 0)[0][0])
-            order = [kv_of[int(x)] for x in flat[v["merge_indptr"][r]:v["merge_indptr"][r + 1]]]
-            assert order == sorted(order)
-        seen.append((items, order))
-    assert seen[0] == seen[1] == seen[2]
+        items.add(tuple(sorted(v["item_kv_start"][:n][sel].tolist())))
+    if mine > 4 * C:   # alone it is split as auto splits it; among 48 long requests it is not
+        assert len(items) > 1
+
+
+@pytest.mark.parametrize("ps, chunk", [(1, 128), (16, 128), (64, 128), (256, 256)])
+def test_run_chunk_is_autos_smallest_split_on_blocks_and_pages(ps, chunk):
+    """The default chunk of chunk runs: MIN_CHUNK_TOKENS (auto never splits finer), a multiple of
+    the page and of the decode kernel's 64-token KV block; the grid and the batch do not enter."""
+    from rtattn.plan.inspector import run_chunk
+    assert run_chunk(ps, 64) == chunk
+    for hkv in (1, 8, 32):
+        p = Planner(64, 64, 4096, 32, hkv, 128, ps, mode="batch-invariant", max_qo_len=1)
+        assert p.chunk_runs and p.bounds.chunk_tokens == chunk
+    p = Planner(64, 64, 4096, 32, 8, 128, ps, mode="batch-invariant", max_qo_len=1, chunk_tokens=100)
+    assert p.bounds.chunk_tokens == -(-100 // max(ps, 64)) * max(ps, 64)   # a given chunk: rounded up
+
+
+@pytest.mark.parametrize("hkv", [8, 4, 1])
+@pytest.mark.parametrize("kv", [[4096] * 256, [4096] * 64, [1000], [32768] + [512] * 63, [1024] * 16])
+def test_batch_invariant_plans_like_auto(hkv, kv):
+    """Chunk runs cost no extra split: batches auto does not split (64 and 256 x 4096) have no
+    partial rows either, and a single ~1000-token request is split as finely as auto splits it;
+    every plan's slowest CTA is within one chunk of auto's."""
+    kv = np.array(kv)
+    plans = {}
+    for mode in ("auto", "batch-invariant"):
+        p = Planner(256, 256, 256 * 4096 // 16, 32, hkv, 128, 16, mode=mode, max_qo_len=1)
+        plans[mode] = p.plan_lengths(np.ones(len(kv), int), kv)
+        verify_plan(plans[mode].views, np.ones(len(kv), int), kv, tile_q=1, page_size=16)
+    a, b = plans["auto"], plans["batch-invariant"]
+    if a.num_merge_rows == 0:
+        assert b.num_merge_rows == 0 and b.num_items == a.num_items
+    assert b.max_load <= a.max_load + b.views["plan_info"][F.INFO_CHUNK_TOKENS]
+    if len(kv) == 1:
+        assert b.num_items == a.num_items > 1
 
 
 @settings(max_examples=200, deadline=None)
@@ -467,7 +524,7 @@ def test_batch_invariant_rounds_stay_near_lpt_at_large_batches(seed):
     from rtattn.plan import inspector as I
     rng = np.random.default_rng(seed)
     kv = rng.integers(700, 5000, 256)
-    p = Planner(256, 256, 256 * 320, 32, 8, 128, 16, mode="batch-invariant", max_qo_len=1)
+    p = Planner(256, 256, 256 * 320, 32, 8, 128, 16, mode="batch-invariant", max_qo_len=1, chunk_runs=False)
     info = p.plan_lengths(np.ones(256, int), kv)
     assert info.num_items > I.ROUNDS_MIN_ITEMS_PER_CTA * p.num_ctas
     verify_plan(info.views, np.ones(256, int), kv, tile_q=p.tile_q, page_size=16)

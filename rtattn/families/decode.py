@@ -39,11 +39,12 @@ def tile_m_tiles(group: int, rows: int, head_dim: int) -> int:
 def smem_bytes(spec: AttentionSpec) -> int:
     """Mirror of rtattn::DecodeShape::smem_bytes: the 16-bit q tile, then the KV stages; each
     stage also fits the warps' float32 combine (rows + m, l), which reuses the stage that is free
-    at an item's end."""
+    at an item's end. A batch-invariant build adds its fold state (rtattn::fold_state_bytes)."""
     q = spec.rows * spec.head_dim * 2
     kv = 2 * spec.num_warps * 16 * spec.head_dim * (1 if spec.kv_is_fp8 else 2)
     combine = spec.num_warps * 16 * (spec.head_dim + 2) * 4
-    return q + spec.stages * max(kv, combine)
+    fold = spec.rows * (spec.head_dim + 2) * 4 if spec.invariant else 0
+    return q + spec.stages * max(kv, combine) + fold
 
 
 def stages_for(spec: AttentionSpec, device) -> int:

@@ -325,7 +325,7 @@ class CascadePlanner:
             wi[0] = 0
             wi[1:C + 1] = np.add.accumulate(res["counts"])   # (cumsum casting into int32 out= is slower)
             part["merge_indptr"][0] = 0
-            struct.pack_into("=8i", part["plan_info"], 0, n, 0, R, Bp, planner.tile_q, self.page_size, C, N)
+            struct.pack_into("=9i", part["plan_info"], 0, n, 0, R, Bp, planner.tile_q, self.page_size, C, N, 0)
             infos.append(PlanInfo(n, 0, R, Bp, N, C, planner.tile_q, self.page_size, res["L"], res["split_tiles"],
                                   res["loads"], buf if isinstance(buf, np.ndarray) else np.frombuffer(buf, np.uint8),
                                   part, res["mode"]))

@@ -7,6 +7,13 @@ its KV range for every query head; writethrough items write the output, split
 items write partial rows; then every merge entry folds its partial rows left to
 right (ascending KV = the fixed order) with ⊕ and writes the query row. Attention sinks join
 a row once, where its state is final: in a writethrough item or after its merge.
+
+Chunk runs (plan_info chunk_tokens C > 0, batch-invariant on the decode kernel): an item's KV
+is a run of C-token chunks (from its tile's first visible token: 0, or the window's page);
+each chunk's state starts fresh. A writethrough item folds
+them left to right; a split item writes one partial row per chunk (item_partial + j * qo_len),
+which the merge folds in the same order -- so a row's fold sequence is its chunks', whatever
+the batch, and float64 gives the same bits too.
 """
 from __future__ import annotations
 
@@ -43,6 +50,13 @@ def plan_header(views: dict) -> dict:
     return {name: int(info[i]) for i, name in enumerate(F.PLAN_INFO_NAMES)}
 
 
+def item_chunks(ks: int, ke: int, chunk_tokens: int) -> list[tuple[int, int]]:
+    """The KV ranges whose states an item computes: its chunks (chunk runs), else itself."""
+    if chunk_tokens <= 0 or ke - ks <= chunk_tokens:
+        return [(ks, ke)]
+    return [(a, min(a + chunk_tokens, ke)) for a in range(ks, ke, chunk_tokens)]
+
+
 def execute_plan(views: dict, q, k_cache, v_cache, var: Variant = Variant(),
                  kv_layout: str = "NHD", *, trace: list | None = None, q_index=None,
                  partials: dict | None = None):
@@ -62,6 +76,7 @@ def execute_plan(views: dict, q, k_cache, v_cache, var: Variant = Variant(),
     wi = views["work_indptr"]
     rq_start, rq_len = views["req_qo_start"], views["req_qo_len"]
     rk_page, rk_len = views["req_kv_page_start"], views["req_kv_len"]
+    merge = merge_sigmoid if var.sigmoid else merge_states
     for c in range(h["num_ctas"]):
         for i in range(int(wi[c]), int(wi[c + 1])):
             if trace is not None:
@@ -77,18 +92,23 @@ def execute_plan(views: dict, q, k_cache, v_cache, var: Variant = Variant(),
             rows = np.arange(qs, qs + ql) - int(rq_start[b])
             if q_index is not None:
                 rows = q_index(b, rows)
-            o, lse = attend(q[qs:qs + ql], k, v, b=b, q_rows=rows, l_q=l_q, l_kv=l_kv,
-                            kv_start=ks, var=var)
             p = int(views["item_partial"][i])
+            for j, (a, e) in enumerate(item_chunks(ks, ke, h["chunk_tokens"])):
+                oc, lc = attend(q[qs:qs + ql], k[a - ks:e - ks], v[a - ks:e - ks], b=b, q_rows=rows,
+                                l_q=l_q, l_kv=l_kv, kv_start=a, var=var)
+                if p >= 0:    # split: one partial row per state
+                    r = p + j * ql
+                    PO[r:r + ql], PL[r:r + ql] = oc, lc
+                elif j == 0:
+                    o, lse = oc, lc
+                else:         # writethrough: fold the chunks in order
+                    o, lse = merge(o, lse, oc, lc)
             if p < 0:
                 if var.sinks is not None:
                     o, lse = fold_sinks(o, lse, var.sinks)
                 O[qs:qs + ql], LSE[qs:qs + ql] = o, lse
-            else:
-                PO[p:p + ql], PL[p:p + ql] = o, lse
     if partials is not None:
         partials.update(o=PO, lse=PL)
-    merge = merge_sigmoid if var.sigmoid else merge_states
     mi, mrow = views["merge_indptr"], views["merge_qo_row"]
     mpart = F.merge_partials(views, h["num_merge_rows"])
     for r in range(h["num_merge_rows"]):

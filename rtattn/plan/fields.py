@@ -30,9 +30,10 @@ INFO_TILE_Q = 4
 INFO_PAGE_SIZE = 5
 INFO_NUM_CTAS = 6
 INFO_NUM_QO_TOKENS = 7
-PLAN_INFO_LEN = 8
+INFO_CHUNK_TOKENS = 8   # chunk runs' C: an item folds its KV chunk by chunk (0: an item is one state)
+PLAN_INFO_LEN = 9
 PLAN_INFO_NAMES = ("num_items", "num_merge_rows", "num_partial_rows", "batch",
-                   "tile_q", "page_size", "num_ctas", "num_qo_tokens")
+                   "tile_q", "page_size", "num_ctas", "num_qo_tokens", "chunk_tokens")
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -69,6 +70,13 @@ class PlanBounds:
       tiles, each attending <= kv_b).  max_items is the smaller.  Split tiles have n_t < 2 kv_t / C, so partial
       rows <= sum_b qo_b * 2 kv_b / C <= 2 * max_qo_len * K / C, and also
       <= max_qo_tokens * k.  Merge rows <= max_qo_tokens.
+    * batch-invariant with chunk runs (`chunk_runs`, the decode kernel: an item is a run of
+      whole chunks, folded in the kernel): items are balanced's (segments of L >= the
+      balanced bound, rounded up to a multiple of C, or contiguous cuts on chunk
+      boundaries), so are merge rows. A split tile writes one partial row per chunk per
+      query token: chunks of split tiles <= sum_split kv_t / C + #split, sum_t kv_t <=
+      ceil(max_qo_len / tile_q) K, #split <= num_ctas: partial rows <= tile_q *
+      (ceil(max_qo_len / tile_q) K / C + num_ctas), and <= max_qo_tokens * k.
     * naive: one item per tile, no partials, no merges.
     """
 
@@ -81,6 +89,7 @@ class PlanBounds:
     page_size: int = 1
     chunk_tokens: int = 0   # batch-invariant chunk C (multiple of page_size)
     max_qo_len: int = 0     # per-request query-length bound (0 = max_qo_tokens)
+    chunk_runs: bool = False  # batch-invariant items are runs of chunks (decode kernel)
 
     def __post_init__(self):
         for name in ("max_batch", "max_qo_tokens", "max_pages", "num_ctas", "tile_q",
@@ -110,6 +119,11 @@ class PlanBounds:
         return min(self.max_qo_tokens, self.max_qo_tokens // self.tile_q + self.max_batch)
 
     @functools.cached_property
+    def _fixed_chunks(self) -> bool:
+        """One item per fixed chunk (batch-invariant without chunk runs)."""
+        return self.mode == "batch-invariant" and not self.chunk_runs
+
+    @functools.cached_property
     def max_chunks_per_tile(self) -> int:
         if self.mode == "batch-invariant":
             return _cdiv(self.max_kv_tokens, self.chunk_tokens)
@@ -117,7 +131,7 @@ class PlanBounds:
 
     @functools.cached_property
     def max_items(self) -> int:
-        if self.mode == "batch-invariant":
+        if self._fixed_chunks:
             per_req_tiles = _cdiv(self.max_qo_len, self.tile_q)
             return min(self.max_tiles * self.max_chunks_per_tile,
                        self.max_tiles + _cdiv(per_req_tiles * self.max_kv_tokens,
@@ -132,6 +146,11 @@ class PlanBounds:
             k = self.max_chunks_per_tile
             if k < 2:
                 return 0
+            if self.chunk_runs:
+                per_req_tiles = _cdiv(self.max_qo_len, self.tile_q)
+                return min(self.max_qo_tokens * k,
+                           self.tile_q * (_cdiv(per_req_tiles * self.max_kv_tokens, self.chunk_tokens)
+                                          + self.num_ctas))
             return min(self.max_qo_tokens * k,
                        _cdiv(2 * self.max_qo_len * self.max_kv_tokens, self.chunk_tokens))
         if self.mode == "naive":
@@ -140,7 +159,7 @@ class PlanBounds:
 
     @functools.cached_property
     def max_merge_rows(self) -> int:
-        if self.mode == "batch-invariant":
+        if self._fixed_chunks:
             return self.max_qo_tokens if self.max_chunks_per_tile > 1 else 0
         if self.mode == "naive":
             return 0

@@ -14,10 +14,18 @@ Modes
                    chunk per request); longest-first (stable) + min-heap on
                    (load, cta id).
   naive            one item per (request, tile), no split, round-robin in order.
-  batch-invariant  fixed chunk C at absolute KV positions 0, C, 2C, ...; a
-                   request's items and merge order do not depend on the batch.
-                   Assignment as in balanced.  C comes from the grid (device and
-                   heads), never from the batch: invariant_chunk().
+  batch-invariant  chunks of C tokens at fixed KV positions (0, C, 2C, ... from the
+                   tile's first visible token: 0, or its window's page) whose states
+                   are folded left to right: a request's bits do not depend on the
+                   batch.  Decode kernel (`chunk_runs`): an item is a
+                   run of whole chunks, planned as auto plans (balanced segments of
+                   L rounded up to a multiple of C, or contiguous cuts on chunk
+                   boundaries); the kernel folds the run's chunk states itself, a
+                   split tile writes one partial row per chunk, the merge folds them
+                   in chunk order with the same fold. C = run_chunk(): auto's
+                   smallest split, so a small batch splits as finely as in auto.
+                   Other kernels: one item per chunk, C from the grid
+                   (invariant_chunk()), assignment as in balanced.
 
 Cost of an item (integer, so ties and loads are exact):
   COST_ALPHA * query_tokens + COST_BETA * kv_tokens + COST_GAMMA
@@ -36,6 +44,7 @@ Chunks are laid out from the tile's first visible token.
 from __future__ import annotations
 
 import heapq
+import math
 import struct
 from dataclasses import dataclass, field
 
@@ -57,6 +66,13 @@ TAIL_FRACTION = 8      # a tile's last chunk of <= L / TAIL_FRACTION tokens join
 # ones) is split as finely as balanced mode would split it, so it pays no tail for being
 # invariant; larger batches pay only more items and partial rows, not a longer slowest CTA.
 INVARIANT_REF_TOKENS = 16 * 1024
+
+
+def run_chunk(page_size: int, block_tokens: int, min_chunk_tokens: int = MIN_CHUNK_TOKENS) -> int:
+    """The chunk of a chunk-run batch-invariant plan: min_chunk_tokens (auto never splits finer)
+    rounded up to a multiple of the page and of the kernel's KV block (chunks start blocks)."""
+    grain = math.lcm(int(page_size), int(block_tokens))
+    return -(-max(int(min_chunk_tokens), 1) // grain) * grain
 
 
 def invariant_chunk(num_ctas: int, page_size: int, min_chunk_tokens: int = MIN_CHUNK_TOKENS) -> int:
@@ -223,7 +239,8 @@ class Planner:
                  tile: TileConfig | None = None, kernel: str = "decode",
                  max_rows: int | None = None, max_qo_len: int | None = None,
                  num_ctas: int | None = None, chunk_tokens: int | None = None,
-                 min_chunk_tokens: int = MIN_CHUNK_TOKENS, num_pages_pool: int | None = None):
+                 min_chunk_tokens: int = MIN_CHUNK_TOKENS, num_pages_pool: int | None = None,
+                 chunk_runs: bool | None = None):
         self.group = check_config(num_qo_heads, num_kv_heads, head_dim, page_size, num_ctas=num_ctas)
         for name, v in (("max_batch", max_batch), ("max_qo_tokens", max_qo_tokens),
                         ("max_pages", max_pages)):
@@ -245,15 +262,24 @@ class Planner:
                              f"max_rows={self.tile.max_rows}")
         self.num_ctas = int(num_ctas) if num_ctas is not None else num_ctas_for(self.device, self.tile,
                                                                    num_kv_heads)
-        if mode == "batch-invariant":   # chunk_tokens=None: from the grid (invariant_chunk)
+        # Batch-invariant on the decode kernel: items are runs of whole chunks (its invariant
+        # build folds them); chunk_runs=False: one item per fixed chunk (kernels that do not fold).
+        if chunk_runs is None:
+            chunk_runs = self.tile.kernel == "decode"
+        self.chunk_runs = mode == "batch-invariant" and bool(chunk_runs)
+        ct = 0
+        if self.chunk_runs:   # chunk_tokens=None: auto's smallest split (run_chunk)
+            grain = math.lcm(self.page_size, self.tile.tile_kv)
+            ct = run_chunk(self.page_size, self.tile.tile_kv, min_chunk_tokens) if chunk_tokens is None \
+                else -(-int(chunk_tokens) // grain) * grain
+        elif mode == "batch-invariant":   # chunk_tokens=None: from the grid (invariant_chunk)
             ct = invariant_chunk(self.num_ctas, self.page_size, min_chunk_tokens) if chunk_tokens is None \
                 else -(-int(chunk_tokens) // self.page_size) * self.page_size
-        else:
-            ct = 0
         self.bounds = F.PlanBounds(int(max_batch), int(max_qo_tokens), int(max_pages),
                                    self.num_ctas, self.tile.tile_q, mode, self.page_size, ct,
-                                   mql)
+                                   mql, self.chunk_runs)
         self.layout = F.PlanLayout(self.bounds)
+        self._fold_chunk = ct if self.chunk_runs else 0   # plan_info chunk_tokens: what items fold
         floor = max(self.page_size, int(min_chunk_tokens))
         self.min_chunk = -(-floor // self.page_size) * self.page_size
         self.num_pages_pool = num_pages_pool
@@ -334,7 +360,7 @@ class Planner:
         if window_left is not None:
             q0 = (kv_len - 1 if decode else kv_len[t_req] - qo_len[t_req] + t_off).astype(np.int64)
             t_k0 = np.maximum(q0 - window_left, 0)
-            t_k0 -= t_k0 % self.page_size
+            t_k0 -= t_k0 % self.page_size   # (chunks are laid out from here: the request's own)
             t_k0 = np.minimum(t_k0, t_kv).astype(np.int32)   # (an empty tile stays empty)
             t_kv = t_kv - t_k0
         T = t_req.shape[0]
@@ -342,22 +368,24 @@ class Planner:
         if mode == "naive" or T == 0:
             L, maxc = 0, 1
         else:
-            if mode == "batch-invariant":
+            if mode == "batch-invariant" and not self.chunk_runs:
                 L = self.bounds.chunk_tokens
-            else:
+            else:   # chunk runs: segments of whole chunks (their bits do not depend on L)
                 kv_total = int(_ADD(t_kv, dtype=np.int64))
                 L = max(-(-kv_total // C), self.min_chunk)
-                L = -(-L // self.page_size) * self.page_size
+                grain = self.bounds.chunk_tokens if self.chunk_runs else self.page_size
+                L = -(-L // grain) * grain
             # A tile's last chunk takes up to L + L/8 tokens: a tail of at most L/8 joins the chunk
             # before it (one item, partial row and merge input less). ceil((kv - L/8) / L) chunks.
-            # Batch-invariant chunks stay at their fixed positions.
-            tail = 0 if mode == "batch-invariant" else L // TAIL_FRACTION
+            # Fixed batch-invariant chunks stay at their fixed positions.
+            tail = 0 if mode == "batch-invariant" and not self.chunk_runs else L // TAIL_FRACTION
             nchunk = np.floor_divide(t_kv + (L - 1 - tail), L)
             if nchunk[nchunk.argmin()] < 1:   # empty or short KV: still one chunk
                 np.maximum(nchunk, 1, out=nchunk)
             maxc = nchunk.item(nchunk.argmax())
         if mode == "contiguous" and T > 0:
             return _shift(self._contiguous(decode, t_req, t_qs, t_qlen, t_kv, partials), t_k0)
+        like_auto = mode == "auto" or self.chunk_runs   # chunk runs choose their cuts as auto does
         # Items: rows request, qo_start, qo_len, kv_start, kv_end, partial, merge, and
         # kv_page_start (filled by _write).
         if maxc == 1:
@@ -408,7 +436,7 @@ class Planner:
             # it if it is lighter. Decided on the loads alone, before this plan's queues and
             # partial rows are laid out.
             con = None
-            if mode == "auto":
+            if like_auto:
                 # the loads sum to every KV token once plus each item's fixed cost
                 total = (kv_total + (COST_ALPHA + COST_GAMMA) * n) if decode else int(_ADD(cost))
                 # LPT's heaviest CTA carries at least the largest item, the mean, and the
@@ -421,13 +449,13 @@ class Planner:
                         return _shift(con, t_k0)
             if mode == "naive" or cs[0] == cs[n - 1]:   # round robin (== LPT if all equal)
                 cta = self._ar[:n] % C
-            elif mode == "batch-invariant" and n > ROUNDS_MIN_ITEMS_PER_CTA * C:
+            elif mode == "batch-invariant" and not self.chunk_runs and n > ROUNDS_MIN_ITEMS_PER_CTA * C:
                 cta = rounds_assign(cs, C, self._ar)   # the assignment never changes its numerics
             else:
                 cta = lpt_assign(cs, C, self._ar)
             # float64 sums of int costs: exact (< 2**53)
             loads = np.bincount(cta, weights=cs, minlength=C).astype(np.int64)
-            if mode == "auto":
+            if like_auto:
                 top = _top(loads)
                 if top * C > AUTO_IMBALANCE * total:
                     if con is None:
@@ -441,7 +469,7 @@ class Planner:
                    merge_rows=0, partial_rows=0, split_tiles=0,
                    mode="balanced" if mode == "auto" else mode)
         if maxc > 1:
-            self._partials(res, it, nchunk, t_qlen, t_qs, i_tile, i_chunk, decode, partials)
+            self._partials(res, it, nchunk, t_qlen, t_qs, i_tile, i_chunk, decode, partials, t_kv)
             res["i_tile"] = i_tile
         return _shift(res, t_k0)
 
@@ -475,6 +503,8 @@ class Planner:
         # i.e. below the tile's kv: no clipping at kv is needed.
         cut = cta * w - (ends - t_kv)[i_tile]
         np.maximum(cut, 0, out=cut)
+        if self.chunk_runs:   # chunk runs: cut on chunk boundaries
+            ps = self.bounds.chunk_tokens
         if ps > 1:   # round down to a page boundary
             if ps & (ps - 1):
                 cut -= cut % ps
@@ -508,22 +538,31 @@ class Planner:
         cost += fixed if decode else fixed[i_tile]
         res = dict(n=n, L=int(w), loads=np.bincount(cta, weights=cost, minlength=C).astype(np.int64),
                    counts=np.bincount(cta, minlength=C), items=it, final=None,
-                   merge_rows=0, partial_rows=0, split_tiles=0, mode="contiguous")
+                   merge_rows=0, partial_rows=0, split_tiles=0,
+                   mode="batch-invariant" if self.chunk_runs else "contiguous")
         if nchunk.item(nchunk.argmax()) > 1:
-            self._partials(res, it, nchunk, t_qlen, t_qs, i_tile, i_chunk, decode, partials)
+            self._partials(res, it, nchunk, t_qlen, t_qs, i_tile, i_chunk, decode, partials, t_kv)
         res["i_tile"] = i_tile
         return res
 
-    def _partials(self, res, it, nchunk, t_qlen, t_qs, i_tile, i_chunk, decode, rows: bool = True):
-        """Partial rows: split tile t owns rows pbase[t] .. + n_t * qo_t, chunk j
+    def _partials(self, res, it, nchunk, t_qlen, t_qs, i_tile, i_chunk, decode, rows: bool = True,
+                  t_kv=None):
+        """Partial rows: split tile t owns rows pbase[t] .. + n_t * qo_t, state j
         writes pbase[t] + j * qo_t + r for its row r.  Merge entry (t, r) lists
-        those n_t rows in chunk (= ascending KV) order; a split tile's entries are
-        consecutive from its item_merge. `rows` False: only the count of split tiles."""
+        those n_t rows in state (= ascending KV) order; a split tile's entries are
+        consecutive from its item_merge. `rows` False: only the count of split tiles.
+        A state is an item's (nchunk items per tile), or with chunk runs a chunk's: tile t
+        has ceil(t_kv / C) states and an item's first is its first chunk (items start on
+        chunk boundaries of the tile's span; it[3] is still span-relative here)."""
         split = nchunk >= 2
         st = split.nonzero()[0]
         if not rows:
             res["split_tiles"] = int(st.shape[0])
             return
+        if self.chunk_runs:
+            ct = self.bounds.chunk_tokens
+            nchunk = np.maximum(-(-t_kv.astype(np.int64) // ct), 1)
+            i_chunk = it[3].astype(np.int64) // ct
         T = split.shape[0]
         if decode:
             # One row per tile: the merge entries are the split tiles (query row = tile),
@@ -606,6 +645,6 @@ class Planner:
             v["merge_qo_row"][:m] = it["m_row"]
             v["merge_partial_start"][:m] = it["m_start"]
             v["merge_partial_stride"][:m] = it["m_stride"]
-        # the 8-int header in one call (a tuple assignment converts through numpy, ~2x slower)
-        struct.pack_into("=8i", v["plan_info"], 0, n, m, it["partial_rows"], B, self._tq,
-                         self.page_size, C, batch.qo_indptr.item(-1))
+        # the header in one call (a tuple assignment converts through numpy, ~2x slower)
+        struct.pack_into("=9i", v["plan_info"], 0, n, m, it["partial_rows"], B, self._tq,
+                         self.page_size, C, batch.qo_indptr.item(-1), self._fold_chunk)

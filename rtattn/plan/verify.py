@@ -10,7 +10,9 @@
   exactly once";
 * writethrough rows and merge rows partition the query rows;
 * partial rows are written exactly once and each merge entry lists exactly the
-  partial rows of its query row, in ascending KV order.
+  partial rows of its query row, in ascending KV order;
+* chunk runs (plan_info chunk_tokens C > 0): items start C-multiples past their tile's first
+  visible token and a split item writes one partial row per chunk.
 """
 from __future__ import annotations
 
@@ -51,8 +53,10 @@ def verify_plan(views: dict, qo_len, kv_len, *, tile_q: int, page_size: int,
         _fail("item_qo_len outside [1, tile_q]")
     if ((qs < qo_start[req]) | (qs + ql > qo_start[req] + qo_len[req])).any():
         _fail("item rows outside their request")
+    ct = h["chunk_tokens"]
     if (ks % page_size).any():
         _fail("item_kv_start not page aligned")
+
     # Horizon of the item's tile (its last row).
     last_row = qs + ql - 1 - qo_start[req]
     hor = kv_len[req] - qo_len[req] + last_row + 1 if causal else kv_len[req]
@@ -71,6 +75,8 @@ def verify_plan(views: dict, qo_len, kv_len, *, tile_q: int, page_size: int,
         start = np.minimum(np.maximum(q0 - window_left, 0) // page_size * page_size, hor)
     if (s_ks[first] != start[o][first]).any():
         _fail("a tile's first chunk does not start at its first visible KV page")
+    if ct and ((ks - start) % ct).any():
+        _fail(f"an item does not start on a chunk boundary of its tile (chunk_tokens={ct})")
     if (s_ks[~first] != s_ke[np.flatnonzero(~first) - 1]).any():
         _fail("a tile's KV chunks have a gap or overlap")
     if (s_ke[lastm] != hor[o][lastm]).any():
@@ -91,9 +97,15 @@ def verify_plan(views: dict, qo_len, kv_len, *, tile_q: int, page_size: int,
     if ((part[o] >= 0) != split_tile).any():
         _fail("writethrough flag disagrees with the tile being split")
     P, M = h["num_partial_rows"], h["num_merge_rows"]
-    pr = part >= 0
-    prow = (part[pr][:, None] + np.arange(tile_q)[None]).ravel()
-    valid = (np.arange(tile_q)[None] < ql[pr][:, None]).ravel()
+    # A split item's states: one (chunk runs: one per chunk), each writing rows part + j * ql + r.
+    states = np.maximum(-(-(ke - ks) // ct), 1) if ct else np.ones(n, np.int64)
+    pr = np.repeat(part >= 0, states)
+    j = np.arange(int(states.sum())) - np.repeat(np.cumsum(states) - states, states)
+    s_item = np.repeat(np.arange(n), states)[pr]
+    s_part = part[s_item] + j[pr] * ql[s_item]
+    s_ks = ks[s_item] + j[pr] * ct
+    prow = (s_part[:, None] + np.arange(tile_q)[None]).ravel()
+    valid = (np.arange(tile_q)[None] < ql[s_item][:, None]).ravel()
     prow = prow[valid]
     if prow.size != P or (P and not np.array_equal(np.sort(prow), np.arange(P))):
         _fail("partial rows are not written exactly once / not dense 0..P-1")
@@ -104,8 +116,8 @@ def verify_plan(views: dict, qo_len, kv_len, *, tile_q: int, page_size: int,
     if mi[0] != 0 or mi[-1] != P or (np.diff(mi) < 2).any():
         _fail("merge_indptr malformed (each entry needs >= 2 partials)")
     # expected: for each partial row, its (global row, kv_start)
-    g_row = (qs[pr][:, None] + np.arange(tile_q)[None]).ravel()[valid]
-    g_kv = np.repeat(ks[pr], tile_q).reshape(-1, tile_q).ravel()[valid]
+    g_row = (qs[s_item][:, None] + np.arange(tile_q)[None]).ravel()[valid]
+    g_kv = np.repeat(s_ks, tile_q).reshape(-1, tile_q).ravel()[valid]
     row_of = np.empty(P, np.int64)
     kv_of = np.empty(P, np.int64)
     row_of[prow] = g_row
@@ -119,10 +131,10 @@ def verify_plan(views: dict, qo_len, kv_len, *, tile_q: int, page_size: int,
     # item_merge: -1 for writethrough; else entries e0 .. e0 + rows - 1 are the item's rows,
     # and each lists the item's partial row for it.
     im = views["item_merge"][:n].astype(np.int64)
-    if ((im >= 0) != pr).any():
+    if ((im >= 0) != (part >= 0)).any():
         _fail("item_merge set for a writethrough item or missing for a split one")
     if pr.any():
-        e = (im[pr][:, None] + np.arange(tile_q)[None]).ravel()[valid]
+        e = (im[s_item][:, None] + np.arange(tile_q)[None]).ravel()[valid]
         if ((e < 0) | (e >= M)).any() or (mrow[e] != g_row).any():
             _fail("item_merge entries are not the item's rows")
         pos_of = np.empty(P, np.int64)
