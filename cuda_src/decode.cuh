@@ -24,6 +24,12 @@
 
 namespace rtattn {
 
+// Batch-invariant kernels keep an item's folded state after DecodeShape's smem_bytes: O [rows][D],
+// then the LSE of rows twice (the chunk being folded reads one, writes the other: no race between
+// rows). A function, not a DecodeShape member: a new static member would move the other kernels'
+// constant-bank slots, and their SASS is to stay byte-identical.
+__host__ __device__ constexpr int fold_state_bytes(int rows, int head_dim) { return rows * (head_dim + 2) * 4; }
+
 template <int HEAD_DIM, int M_TILES, int NUM_WARPS, int STAGES, int KV_BYTES>
 struct DecodeShape : SwizzledRows<HEAD_DIM> {  // at(), kstep(): the 16-bit q/K/V tiles' swizzle
   static constexpr int rows = 16 * M_TILES;
@@ -42,9 +48,6 @@ struct DecodeShape : SwizzledRows<HEAD_DIM> {  // at(), kstep(): the 16-bit q/K/
   // fp8 K widened for a KeyTransform lives after the stage's fp8 K and V (the combine's room).
   static constexpr int widened_k_offset = 2 * stage_elems * KV_BYTES;
   static constexpr int smem_bytes = q_bytes + kv_bytes;
-  // Batch-invariant kernels keep an item's folded state after the stages: O [rows][D], then the
-  // LSE of rows twice (the chunk being folded reads one, writes the other: no race between rows).
-  static constexpr int fold_bytes = rows * (HEAD_DIM + 2) * 4;
 
   // The 16-bit tiles use SwizzledRows unchanged (unpadded rows keep a warp's cp.async on whole
   // 32-byte sectors: padded rows cost 1.5x the L2 sector traffic on the H200, docs/perf-log.md v4).
@@ -147,7 +150,7 @@ __device__ __forceinline__ void merge_tile(const P& p, Variant& var, int entry0,
 // INVARIANT (batch-invariant plans, plan_info chunk_tokens C): an item is a run of C-token chunks
 // (items start on chunk boundaries, C is a multiple of BT). Each chunk starts a fresh online softmax (blocks are chunk aligned), its
 // warps' combine gives the chunk's normalized state; a writethrough item folds the states left
-// to right with fold_state (in shared memory, S::fold_bytes), a split item writes one partial
+// to right with fold_state (in shared memory, fold_state_bytes), a split item writes one partial
 // row per chunk for the merge to fold the same way. So a row's bits are its chunks', whatever
 // the batch. Instantiated with INVARIANT false, none of it is compiled.
 template <class Variant, class P, int M_TILES, int NUM_WARPS, int STAGES, bool INVARIANT = false>

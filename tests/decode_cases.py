@@ -118,3 +118,86 @@ def lse_error(got: np.ndarray, want: np.ndarray) -> float:
     with np.errstate(invalid="ignore"):   # -inf - -inf where both rows see nothing (dropped below)
         d = np.abs(got - want)[~both_inf]
     return float(d.max()) if d.size else 0.0
+
+
+def companion_runs(case, subsets, *, variant="plain", params=None, window_left=None, **wrapper_kw):
+    """Request 0 of `case` planned and run among each subset of the case's requests (subset lists
+    of request ids, each starting with 0), by one batch-invariant wrapper (poisoned outputs).
+    Returns, per subset: (request 0's O as int16 bits, its LSE as int32 bits, its items'
+    (kv_start, kv_end), the subset's O and LSE as float arrays)."""
+    import torch
+    from rtattn.wrapper import BatchDecodeWrapper
+    T, H, D = case.q.shape
+    Hk = case.k_cache.shape[2] if case.kv_layout == "NHD" else case.k_cache.shape[1]
+    pages = [case.kv_indices[case.kv_indptr[b]:case.kv_indptr[b + 1]] for b in range(len(case.kv_lens))]
+    w = BatchDecodeWrapper(H, Hk, D, case.page_size, max_batch=len(case.kv_lens),
+                           max_pages=int(case.kv_indptr[-1]) + 1, variant=variant, kv_layout=case.kv_layout,
+                           mode="batch-invariant", **wrapper_kw)
+    out = []
+    for subset in subsets:
+        assert subset[0] == 0
+        kv_indptr = np.concatenate([[0], np.cumsum([len(pages[b]) for b in subset])]).astype(np.int32)
+        info = w.plan(kv_indptr, np.concatenate([pages[b] for b in subset]), case.kv_last_page_len[subset],
+                      window_left=window_left)
+        v, n = info.views, info.num_items
+        mine = v["item_request"][:n] == 0
+        items = tuple(sorted(zip(v["item_kv_start"][:n][mine].tolist(), v["item_kv_end"][:n][mine].tolist())))
+        q = case.q[torch.tensor(subset, device="cuda")].contiguous()
+        o = torch.full_like(q, float("nan"))
+        lse = torch.full((len(subset), H), float("nan"), device="cuda")
+        w.run(q, case.k_cache, case.v_cache, out=o, lse=lse, params=params)
+        torch.cuda.synchronize()
+        out.append((o[0].view(torch.int16).cpu().numpy(), lse[0].cpu().numpy().view(np.int32), items,
+                    o.float().cpu().numpy(), lse.cpu().numpy()))
+    return out, w
+
+
+def variant_inputs(variant: str, num_qo_heads: int, window: int = -1):
+    """(run() params, reference Variant) of a built-in variant with fixed test parameters."""
+    import torch
+    if variant == "soft_cap":
+        return {"soft_cap": 30.0}, ref.Variant(logits_soft_cap=30.0)
+    if variant == "sigmoid":
+        return {"sigmoid_bias": -1.5}, ref.Variant(sigmoid=True, sigmoid_bias=-1.5)
+    if "sinks" in variant:
+        sinks = np.linspace(-2.0, 4.0, num_qo_heads)
+        return ({"sinks": torch.tensor(sinks, dtype=torch.float32, device="cuda")},
+                ref.Variant(window_left=window, sinks=sinks))
+    return None, ref.Variant(window_left=window)
+
+
+# Batch-invariant GPU cases (tests/test_decode.py, tools/smoke_decode.py --invariant): request 0
+# is long enough to be split alone and (some of) its companions are long enough that it is not
+# split among them; head groups 1-32, head dims 64-256, pages 1/16/64, the variants' final-state
+# hooks (sinks, sigmoid sums, window, soft-cap), an empty request, the fused merge.
+INVARIANT_CASES = {
+    "plain 32/8 d128 p16": dict(kv=[3000, 17, 1024, 9000, 4096], heads=(32, 8), d=128, ps=16),
+    "plain 32/32 d128 p1": dict(kv=[2000, 5, 300, 1500], heads=(32, 32), d=128, ps=1),
+    "plain 32/4 d64 p16": dict(kv=[1000, 64, 65, 2000, 3000], heads=(32, 4), d=64, ps=16),
+    "plain 16/1 d256 p16 (g=16)": dict(kv=[2500, 100, 3000], heads=(16, 1), d=256, ps=16),
+    "plain 32/1 d128 p64 (g=32)": dict(kv=[2500, 100, 3000, 5000], heads=(32, 1), d=128, ps=64),
+    "sinks 32/2 p64 (g=16, empty)": dict(kv=[9000, 30, 0, 2000], heads=(32, 2), d=128, ps=64, variant="sinks"),
+    "sigmoid 32/8 p16": dict(kv=[3000, 40, 5000], heads=(32, 8), d=128, ps=16, variant="sigmoid"),
+    "window 1000 + sinks 32/8 p16": dict(kv=[9000, 30, 4000], heads=(32, 8), d=128, ps=16,
+                                         variant="sliding_window_sinks", window=1000),
+    "soft_cap 32/8 d256 p16": dict(kv=[2500, 100, 3000], heads=(32, 8), d=256, ps=16, variant="soft_cap"),
+    "plain 32/8 fused merge": dict(kv=[3000, 17, 1024, 9000], heads=(32, 8), d=128, ps=16, fused=True),
+}
+
+
+def check_invariant_case(c: dict, seed: int = 1) -> dict:
+    """Run INVARIANT_CASES entry `c`: request 0 alone, with the short requests, with all. Returns
+    the worst O / LSE error of the full batch against the float64 reference, whether request 0's
+    bits agreed across the subsets, and how many different splits request 0 saw."""
+    case = make_case(c["kv"], *c["heads"], c["d"], c["ps"], seed=seed)
+    variant, window = c.get("variant", "plain"), c.get("window")
+    params, var = variant_inputs(variant, case.q.shape[1], -1 if window is None else window)
+    n = len(c["kv"])
+    short = [b for b in range(1, n) if c["kv"][b] < 500]
+    runs, w = companion_runs(case, [[0], [0] + short, list(range(n))], variant=variant, params=params,
+                             window_left=window, fused_merge=c.get("fused", False))
+    want_o, want_lse = case.reference(var)
+    same = all(np.array_equal(r[0], runs[0][0]) and np.array_equal(r[1], runs[0][1]) for r in runs[1:])
+    return dict(o_err=rel_error(runs[-1][3], want_o), lse_err=lse_error(runs[-1][4], want_lse), bitwise=same,
+                splits=len({r[2] for r in runs}), chunk=w.planner.bounds.chunk_tokens,
+                regs=w.kernels.decode.attributes()["num_regs"], ctas_per_sm=w.kernels.ctas_per_sm)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from decode_cases import INVARIANT_CASES
 from rtattn.codegen import spec as S
 from rtattn.kernels import compile_spec
 from rtattn.plan import reference as ref
@@ -372,9 +373,22 @@ def test_batch_invariant_mode_is_independent_of_batch():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("name", list(INVARIANT_CASES))
+def test_batch_invariant_bitwise_across_companions_and_shapes(name):
+    """Chunk runs on the GPU (decode_cases.INVARIANT_CASES): request 0's O and LSE bits are the
+    same alone, among short requests and among all (it is split differently in each), and the
+    full batch matches the float64 reference."""
+    from decode_cases import check_invariant_case
+    r = check_invariant_case(INVARIANT_CASES[name])
+    assert r["splits"] > 1, r   # the check means something: request 0's items differ
+    assert r["bitwise"], r
+    assert r["o_err"] < TOL["bfloat16"] and r["lse_err"] < 2e-2, r
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("hkv", [8, 4])
 def test_batch_invariant_default_chunk_bitwise_across_companions(hkv):
-    """Default (grid-derived) chunk: request 0 (split into several chunks) gives bitwise the same
+    """Default chunk: request 0 (split into several chunks) gives bitwise the same
     O and LSE alone, among short requests, among long ones, eagerly and from a captured graph,
     and matches the float64 reference."""
     import torch

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from rtattn import wrapper as W
+from rtattn.codegen import spec as S
 from rtattn.families.decode import render
 from rtattn.plan.layout import paged_kv
 from rtattn.runtime import export
@@ -354,3 +355,25 @@ def test_a_view_changed_in_place_is_validated_again(fake_gpu):
     w.run(q, k, v, out=o)
     st = w.kernels.rendered.params.ctypes_type().from_buffer_copy(fake_gpu.kernels[0].launches[-1])
     assert st.q == q.ptr
+
+
+def test_batch_invariant_builds_the_folding_kernel_and_plans_chunk_runs(fake_gpu):
+    """mode="batch-invariant": the decode kernel's invariant build (its own name, the fold state
+    in shared memory), chunk-run plans (chunk_tokens in the plan header, items on chunk
+    boundaries), and a chunk that does not start kernel blocks refused before anything runs."""
+    from rtattn.codegen.render import decode_smem_bytes
+    from rtattn.plan import fields as F
+    w = _wrapper(mode="batch-invariant", max_pages=600)
+    auto = _wrapper(max_pages=600)
+    assert w.spec.invariant and not auto.spec.invariant and w.spec.uri == auto.spec.uri + "_inv"
+    assert w.kernels.rendered.smem_bytes == decode_smem_bytes(auto.spec) + 16 * (128 + 2) * 4
+    info = w.plan(*paged_kv([3000, 20, 5000], 16, shuffle_seed=1))
+    C = w.planner.bounds.chunk_tokens
+    assert info.views["plan_info"][F.INFO_CHUNK_TOKENS] == C == 128 and info.num_merge_rows > 0
+    assert (info.views["item_kv_start"][:info.num_items] % C == 0).all()
+    assert auto.plan(*paged_kv([3000, 20, 5000], 16, shuffle_seed=1)).views["plan_info"][F.INFO_CHUNK_TOKENS] == 0
+    w.run(*_tensors(700)[:3], out=_tensors(700)[3])
+    assert fake_gpu.kernels[0].merges[-1]   # split rows: the merge kernel (its invariant build) follows
+    with pytest.raises(ValueError, match="not a multiple of the decode kernel's KV block"):
+        W.BatchDecodeWrapper(32, 8, 128, 16, max_batch=8, max_pages=64, mode="batch-invariant",
+                             variant=S.standard(num_warps=8), chunk_tokens=64)

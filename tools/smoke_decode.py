@@ -14,16 +14,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 def _variant(c: dict, num_qo_heads: int):
     """(run params, reference Variant) of a smoke case."""
-    import torch
-    from rtattn.plan.reference import Variant
-    v = c.get("variant", "plain")
-    window = c.get("window", -1)
-    if v == "soft_cap":
-        return {"soft_cap": 30.0}, Variant(logits_soft_cap=30.0)
-    if "sinks" in v:
-        sinks = np.linspace(-2.0, 4.0, num_qo_heads)
-        return {"sinks": torch.tensor(sinks, dtype=torch.float32, device="cuda")}, Variant(window_left=window, sinks=sinks)
-    return None, Variant(window_left=window)
+    from decode_cases import variant_inputs
+    return variant_inputs(c.get("variant", "plain"), num_qo_heads, c.get("window", -1))
 
 
 def main() -> int:
@@ -33,7 +25,15 @@ def main() -> int:
     ap.add_argument("--no-timing", action="store_true")
     ap.add_argument("--fp8", action="store_true", help="fp8 KV caches instead (e4m3, e5m2, the sm_80 path)")
     ap.add_argument("--fp8-case", nargs=2, metavar=("KV", "D"), help=argparse.SUPPRESS)
+    ap.add_argument("--invariant", action="store_true",
+                    help="batch-invariant mode: every decode_cases.INVARIANT_CASES entry in its own process")
+    ap.add_argument("--invariant-case", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.invariant_case:
+        return invariant_case_line(args.invariant_case)
+    if args.invariant:
+        from decode_cases import INVARIANT_CASES
+        return 1 if each_in_a_process([(["--invariant-case", name], {}) for name in INVARIANT_CASES]) else 0
     if args.fp8_case:
         return fp8_case_line(args.fp8_case[0], int(args.fp8_case[1]))
     if args.fp8:
@@ -116,24 +116,51 @@ def fp8_case_line(kv: str, d: int) -> int:
         return 2
 
 
-def smoke_fp8(no_timing: bool) -> int:
-    """Each fp8 case (format x head dim x conversion path) in its own process, so a faulting
-    kernel cannot hide the others; then a rough 256 x 4096 time."""
+def invariant_case_line(name: str) -> int:
+    """One batch-invariant case in this process: error against float64, request 0's bits alone /
+    with short companions / with all, one line, exit 0 if correct and bitwise invariant."""
+    from decode_cases import INVARIANT_CASES, check_invariant_case
+    try:
+        r = check_invariant_case(INVARIANT_CASES[name])
+        ok = r["o_err"] < 2e-2 and r["lse_err"] < 2e-2 and r["bitwise"] and r["splits"] > 1
+        print(f"{'ok ' if ok else 'BAD'} inv {name:30s} O err {r['o_err']:.2e}  LSE err {r['lse_err']:.2e}  "
+              f"bitwise={r['bitwise']} splits={r['splits']} C={r['chunk']} regs={r['regs']} "
+              f"ctas/SM={r['ctas_per_sm']}", flush=True)
+        return 0 if ok else 1
+    except Exception as ex:  # noqa: BLE001 -- one line per case
+        print(f"ERR inv {name}: {type(ex).__name__}: {str(ex).splitlines()[0][:160]}", flush=True)
+        return 2
+
+
+def each_in_a_process(cases, jobs: int = 4) -> int:
+    """Run this script once per (arguments, extra environment) case, `jobs` at a time, so a
+    faulting kernel cannot hide the others; print each child's result line in order. Returns the
+    number of failures."""
     import os
     import subprocess
     from concurrent.futures import ThreadPoolExecutor
 
-    def child(c):
-        r = subprocess.run([sys.executable, __file__, "--fp8-case", c[0], str(c[1])], capture_output=True,
-                           text=True, timeout=120, env={**os.environ, "RTATTN_DEV_DEFINES": c[2]})
+    def child(case):
+        args, env = case
+        try:
+            r = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True, timeout=120,
+                               env={**os.environ, **env})
+        except subprocess.TimeoutExpired:
+            return 1, f"ERR {args}: timed out"
         lines = [ln for ln in r.stdout.splitlines() if ln[:3] in ("ok ", "BAD", "ERR")]
-        return r.returncode, lines[-1] if lines else f"ERR {c}: no result ({(r.stderr or '').strip()[-160:]})"
+        return r.returncode, lines[-1] if lines else f"ERR {args}: no result ({(r.stderr or '').strip()[-160:]})"
 
-    with ThreadPoolExecutor(4) as pool:
-        results = list(pool.map(child, FP8_CASES))
+    with ThreadPoolExecutor(jobs) as pool:
+        results = list(pool.map(child, cases))
     for _, line in results:
         print(line, flush=True)
-    fails = sum(rc != 0 for rc, _ in results)
+    return sum(rc != 0 for rc, _ in results)
+
+
+def smoke_fp8(no_timing: bool) -> int:
+    """Each fp8 case (format x head dim x conversion path) in its own process, so a faulting
+    kernel cannot hide the others; then a rough 256 x 4096 time."""
+    fails = each_in_a_process([(["--fp8-case", kv, str(d)], {"RTATTN_DEV_DEFINES": dfs}) for kv, d, dfs in FP8_CASES])
     if no_timing:
         return 1 if fails else 0
     import torch

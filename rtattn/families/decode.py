@@ -89,15 +89,17 @@ def builtin(make, arch: str, **fields) -> AttentionSpec:
 
 def shipped(arch: str = "sm_90") -> list[AttentionSpec]:
     """Every decode instance the package ships for `arch` (what rtattn-compile warms): every
-    built-in at every 16-bit type, head dim and row tile; with an fp8 cache, bf16 q and 16 fused
-    rows: every built-in and head dim for e4m3, plain attention for e5m2 (the rest compile on
-    first use, ~1 s each: CI compiles every shipped instance for two archs on 2 cores)."""
+    built-in at every 16-bit type, head dim and row tile, and its batch-invariant build at bf16;
+    with an fp8 cache, bf16 q and 16 fused rows: every built-in and head dim for e4m3, plain
+    attention for e5m2 (the rest compile on first use, ~1 s each: CI compiles every shipped
+    instance for two archs on 2 cores)."""
     out = []
     for make in BUILTINS.values():
         for dtype in DTYPES:
             for head_dim in HEAD_DIMS:
                 for m_tiles in ((1, 2) if head_dim <= 128 else (1,)):
-                    out.append(builtin(make, arch, dtype=dtype, head_dim=head_dim, m_tiles=m_tiles))
+                    spec = builtin(make, arch, dtype=dtype, head_dim=head_dim, m_tiles=m_tiles)
+                    out += [spec, spec.with_(invariant=True)] if dtype == "bfloat16" else [spec]
         for kv_dtype in FP8_DTYPES if make is BUILTINS["plain"] else ("float8_e4m3fn",):
             for head_dim in HEAD_DIMS:
                 out.append(builtin(make, arch, dtype="bfloat16", kv_dtype=kv_dtype, head_dim=head_dim))
