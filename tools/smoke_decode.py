@@ -1,6 +1,7 @@
 """Small isolated first check of the decode kernels on a GPU: one case per variant and shape
 family, printing the error against the float64 reference and a rough time, one line each.
-Run it before the full GPU tier: a faulting kernel then costs one short process, not the tier."""
+Run it before the full GPU tier: a faulting kernel then costs one short process, not the tier.
+--invariant: the batch-invariant cases (tests/decode_cases.INVARIANT_CASES), one process each."""
 from __future__ import annotations
 
 import sys
@@ -33,7 +34,7 @@ def main() -> int:
         return invariant_case_line(args.invariant_case)
     if args.invariant:
         from decode_cases import INVARIANT_CASES
-        return 1 if each_in_a_process([(["--invariant-case", name], {}) for name in INVARIANT_CASES]) else 0
+        return 1 if each_in_a_process([(["--invariant-case", name], {}) for name in INVARIANT_CASES], jobs=8) else 0
     if args.fp8_case:
         return fp8_case_line(args.fp8_case[0], int(args.fp8_case[1]))
     if args.fp8:
