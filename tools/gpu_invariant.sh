@@ -47,7 +47,7 @@ echo "smoke exit $?"
 
 stage bench_decode
 timeout "${BENCH_S:-100}" "$PY" tools/bench_decode.py --quick --new --no-flashinfer --samples 20 --warm 1 \
-    --deadline "${BENCH_DEADLINE_S:-90}" --rt-modes auto batch-invariant batch-invariant+c256 \
+    --deadline "${BENCH_DEADLINE_S:-90}" --rt-modes ${RT_MODES:-auto batch-invariant batch-invariant+c256} \
     > "$OUT/bench_decode.log" 2>&1
 echo "bench_decode exit $?"
 
