@@ -31,10 +31,10 @@ __device__ __forceinline__ void load_cols(float (&v)[W], const float* p) {
 // partial states folded one at a time in plan (chunk) order with fold_state -- the sequence and
 // the function of the decode kernel's fold of an unsplit row's chunks, so a row's bits do not
 // depend on where the plan split it. Read through L2 (the fused merge reads fresh partials).
-template <bool SOFTMAX, int W, class P>
+template <bool SOFTMAX, int W, int KU, class P>  // KU partials' loads in flight together
 __device__ __forceinline__ void fold_partials(const P& p, int start, int step, int n, int head, int col,
                                               float (&o)[W], float& lse) {
-  constexpr int D = P::head_dim, KU = 8;  // KU partials' loads in flight together
+  constexpr int D = P::head_dim;
   const int H = p.num_qo_heads;
   lse = -INFINITY;
 #pragma unroll
@@ -79,7 +79,7 @@ __device__ __forceinline__ void merge_jobs(const P& p, int num_rows, int warp, i
     wait_for_previous_grid();  // returns at once after the first time
     if constexpr (INVARIANT) {
       float o[W], lse;
-      fold_partials<Variant::use_softmax, W>(p, start, step, n, head, d, o, lse);
+      fold_partials<Variant::use_softmax, W, KU>(p, start, step, n, head, d, o, lse);
       if constexpr (Variant::has_sink) fold_sink<W>(o, lse, var.SinkLogit(p, head));  // once per row: here
       O* op = p.o + int64_t(q_row) * p.o_stride_tok + int64_t(head) * p.o_stride_head + d;
 #pragma unroll

@@ -230,13 +230,17 @@ def test_batch_invariant_folds_a_request_the_same_chunks_with_any_companions(see
 
 @pytest.mark.parametrize("ps, chunk", [(1, 128), (16, 128), (64, 128), (256, 256)])
 def test_run_chunk_is_autos_smallest_split_on_blocks_and_pages(ps, chunk):
-    """The default chunk of chunk runs: MIN_CHUNK_TOKENS (auto never splits finer), a multiple of
-    the page and of the decode kernel's 64-token KV block; the grid and the batch do not enter."""
+    """The default chunk of chunk runs: MIN_CHUNK_TOKENS (auto never splits finer) or 32 g tokens,
+    a multiple of the page and of the decode kernel's 64-token KV block; the grid and the batch do
+    not enter."""
     from rtattn.plan.inspector import run_chunk
     assert run_chunk(ps, 64) == chunk
-    for hkv in (1, 8, 32):
+    for hkv in (8, 32):   # g = 4, 1: 32 g tokens are below the 128 floor
         p = Planner(64, 64, 4096, 32, hkv, 128, ps, mode="batch-invariant", max_qo_len=1)
         assert p.chunk_runs and p.bounds.chunk_tokens == chunk
+    for hkv, c in ((4, 256), (2, 512), (1, 1024)):   # g = 8, 16, 32: 32 g tokens
+        p = Planner(64, 64, 4096, 32, hkv, 128, ps, mode="batch-invariant", max_qo_len=1)
+        assert p.bounds.chunk_tokens == max(c, chunk)
     p = Planner(64, 64, 4096, 32, 8, 128, ps, mode="batch-invariant", max_qo_len=1, chunk_tokens=100)
     assert p.bounds.chunk_tokens == -(-100 // max(ps, 64)) * max(ps, 64)   # a given chunk: rounded up
 
@@ -245,8 +249,9 @@ def test_run_chunk_is_autos_smallest_split_on_blocks_and_pages(ps, chunk):
 @pytest.mark.parametrize("kv", [[4096] * 256, [4096] * 64, [1000], [32768] + [512] * 63, [1024] * 16])
 def test_batch_invariant_plans_like_auto(hkv, kv):
     """Chunk runs cost no extra split: batches auto does not split (64 and 256 x 4096) have no
-    partial rows either, and a single ~1000-token request is split as finely as auto splits it;
-    every plan's slowest CTA is within one chunk of auto's."""
+    partial rows either, and a single ~1000-token request is split as finely as auto splits it,
+    or (wide head groups, C = 32 g > 128) into chunks; every plan's slowest CTA is within one
+    chunk of auto's."""
     kv = np.array(kv)
     plans = {}
     for mode in ("auto", "batch-invariant"):
@@ -258,7 +263,8 @@ def test_batch_invariant_plans_like_auto(hkv, kv):
         assert b.num_merge_rows == 0 and b.num_items == a.num_items
     assert b.max_load <= a.max_load + b.views["plan_info"][F.INFO_CHUNK_TOKENS]
     if len(kv) == 1:
-        assert b.num_items == a.num_items > 1
+        C = int(b.views["plan_info"][F.INFO_CHUNK_TOKENS])
+        assert b.num_items == min(a.num_items, -(-1000 // C)) and (b.num_items > 1) == (C < 1000)
 
 
 @settings(max_examples=200, deadline=None)

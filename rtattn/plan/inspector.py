@@ -23,7 +23,8 @@ Modes
                    boundaries); the kernel folds the run's chunk states itself, a
                    split tile writes one partial row per chunk, the merge folds them
                    in chunk order with the same fold. C = run_chunk(): auto's
-                   smallest split, so a small batch splits as finely as in auto.
+                   smallest split (so a small batch splits as finely as in auto),
+                   and at least 32 g tokens (a chunk's state stays 1/32 of its KV).
                    Other kernels: one item per chunk, C from the grid
                    (invariant_chunk()), assignment as in balanced.
 
@@ -68,11 +69,21 @@ TAIL_FRACTION = 8      # a tile's last chunk of <= L / TAIL_FRACTION tokens join
 INVARIANT_REF_TOKENS = 16 * 1024
 
 
-def run_chunk(page_size: int, block_tokens: int, min_chunk_tokens: int = MIN_CHUNK_TOKENS) -> int:
+# Chunk runs: every chunk of a split row writes its state (g rows x D float32 per KV head) and
+# the kernel combines its warps once per chunk, both in proportion to g / C: C >= 32 g tokens
+# keeps the state writes at 1/32 of the chunk's bf16 K+V (H200, docs/perf-log.md "Batch-invariant
+# v2": at C = 128, 64 x 2048 at g = 16 ran 1.53x auto, g = 4 rows 0.9-1.06x).
+RUN_CHUNK_TOKENS_PER_HEAD = 32
+
+
+def run_chunk(page_size: int, block_tokens: int, group: int = 1, min_chunk_tokens: int = MIN_CHUNK_TOKENS) -> int:
     """The chunk of a chunk-run batch-invariant plan: min_chunk_tokens (auto never splits finer)
-    rounded up to a multiple of the page and of the kernel's KV block (chunks start blocks)."""
+    and at least RUN_CHUNK_TOKENS_PER_HEAD x the head group, rounded up to a multiple of the page
+    and of the kernel's KV block (chunks start blocks). From the heads and the kernel, never the
+    batch."""
     grain = math.lcm(int(page_size), int(block_tokens))
-    return -(-max(int(min_chunk_tokens), 1) // grain) * grain
+    c = max(int(min_chunk_tokens), RUN_CHUNK_TOKENS_PER_HEAD * int(group), 1)
+    return -(-c // grain) * grain
 
 
 def invariant_chunk(num_ctas: int, page_size: int, min_chunk_tokens: int = MIN_CHUNK_TOKENS) -> int:
@@ -270,7 +281,7 @@ class Planner:
         ct = 0
         if self.chunk_runs:   # chunk_tokens=None: auto's smallest split (run_chunk)
             grain = math.lcm(self.page_size, self.tile.tile_kv)
-            ct = run_chunk(self.page_size, self.tile.tile_kv, min_chunk_tokens) if chunk_tokens is None \
+            ct = run_chunk(self.page_size, self.tile.tile_kv, self.group, min_chunk_tokens) if chunk_tokens is None \
                 else -(-int(chunk_tokens) // grain) * grain
         elif mode == "batch-invariant":   # chunk_tokens=None: from the grid (invariant_chunk)
             ct = invariant_chunk(self.num_ctas, self.page_size, min_chunk_tokens) if chunk_tokens is None \
