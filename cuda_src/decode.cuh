@@ -94,7 +94,7 @@ __device__ __forceinline__ void merge_tile(const P& p, Variant& var, int entry0,
       const int c = u % C4 * 4, head = head0 + u / C4 % heads, e = entry0 + u / C4 / heads;
       const int first = p.plan.merge_indptr[e], n = p.plan.merge_indptr[e + 1] - first;
       float o[4], lse;
-      fold_partials<Variant::use_softmax, 4, 8>(p, p.plan.merge_partial_start[e], p.plan.merge_partial_stride[e], n,
+      fold_partials<Variant::use_softmax, 4, 8, true>(p, p.plan.merge_partial_start[e], p.plan.merge_partial_stride[e], n,
                                                 head, c, o, lse);
       if constexpr (Variant::has_sink) fold_sink<4>(o, lse, var.SinkLogit(p, head));  // once per row: here
       const int q_row = p.plan.merge_qo_row[e];

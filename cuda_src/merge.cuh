@@ -27,28 +27,47 @@ __device__ __forceinline__ void load_cols(float (&v)[W], const float* p) {
   }
 }
 
+// KU partial states k0 .. k0 + KU - 1 of a merge entry (its rows start + j * step), W columns at
+// `col` of query head `head`; states past n read as LSE -inf, O 0 (they weigh nothing). CG:
+// through L2 (the decode kernel's fused merge reads partials other CTAs just wrote).
+template <int W, int KU, bool CG, class P>
+__device__ __forceinline__ void load_partials(const P& p, int start, int step, int n, int head, int col, int k0,
+                                              float (&l)[KU], float (&v)[KU][W]) {
+  constexpr int D = P::head_dim;
+  const int H = p.num_qo_heads;
+#pragma unroll
+  for (int kk = 0; kk < KU; ++kk) {
+    const bool ok = k0 + kk < n;
+    const int64_t prow = ok ? int64_t(start + (k0 + kk) * step) * H + head : 0;
+    if constexpr (CG) {
+      l[kk] = ok ? __ldcg(p.partial_lse + prow) : -INFINITY;
+#pragma unroll
+      for (int j = 0; j < W; ++j) v[kk][j] = ok ? __ldcg(p.partial_o + prow * D + col + j) : 0.f;
+    } else {
+      l[kk] = ok ? p.partial_lse[prow] : -INFINITY;
+      if (ok) {
+        load_cols<W>(v[kk], p.partial_o + prow * D + col);
+      } else {
+#pragma unroll
+        for (int j = 0; j < W; ++j) v[kk][j] = 0.f;
+      }
+    }
+  }
+}
+
 // The batch-invariant merge of W columns at `col` of one (merge entry, head): the entry's n
 // partial states folded one at a time in plan (chunk) order with fold_state -- the sequence and
 // the function of the decode kernel's fold of an unsplit row's chunks, so a row's bits do not
-// depend on where the plan split it. Read through L2 (the fused merge reads fresh partials).
-template <bool SOFTMAX, int W, int KU, class P>  // KU partials' loads in flight together
+// depend on where the plan split it. KU partials' loads in flight together; CG: load_partials.
+template <bool SOFTMAX, int W, int KU, bool CG, class P>
 __device__ __forceinline__ void fold_partials(const P& p, int start, int step, int n, int head, int col,
                                               float (&o)[W], float& lse) {
-  constexpr int D = P::head_dim;
-  const int H = p.num_qo_heads;
   lse = -INFINITY;
 #pragma unroll
   for (int j = 0; j < W; ++j) o[j] = 0.f;
   for (int k0 = 0; k0 < n; k0 += KU) {
     float l[KU], v[KU][W];
-#pragma unroll
-    for (int k = 0; k < KU; ++k) {
-      const bool ok = k0 + k < n;
-      const int64_t prow = ok ? int64_t(start + (k0 + k) * step) * H + head : 0;
-      l[k] = ok ? __ldcg(p.partial_lse + prow) : -INFINITY;
-#pragma unroll
-      for (int j = 0; j < W; ++j) v[k][j] = ok ? __ldcg(p.partial_o + prow * D + col + j) : 0.f;
-    }
+    load_partials<W, KU, CG>(p, start, step, n, head, col, k0, l, v);
 #pragma unroll
     for (int k = 0; k < KU; ++k) {
       if (k0 + k == 0) {  // the first state as it is (as the kernel takes its first chunk's)
@@ -79,7 +98,7 @@ __device__ __forceinline__ void merge_jobs(const P& p, int num_rows, int warp, i
     wait_for_previous_grid();  // returns at once after the first time
     if constexpr (INVARIANT) {
       float o[W], lse;
-      fold_partials<Variant::use_softmax, W, KU>(p, start, step, n, head, d, o, lse);
+      fold_partials<Variant::use_softmax, W, KU, false>(p, start, step, n, head, d, o, lse);
       if constexpr (Variant::has_sink) fold_sink<W>(o, lse, var.SinkLogit(p, head));  // once per row: here
       O* op = p.o + int64_t(q_row) * p.o_stride_tok + int64_t(head) * p.o_stride_head + d;
 #pragma unroll
@@ -92,6 +111,7 @@ __device__ __forceinline__ void merge_jobs(const P& p, int num_rows, int warp, i
       continue;
     }
     StateFold<Variant::use_softmax, W> fold;
+    // load_partials<W, KU, false>, written out: calling it changed these (auto) kernels' SASS
     for (int k0 = 0; k0 < n; k0 += KU) {
       float l[KU], v[KU][W];
 #pragma unroll
