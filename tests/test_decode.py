@@ -67,7 +67,7 @@ def test_invariant_cases_split_request_0_differently(name):
     """The GPU invariance cases mean something: with the H200 grid their kernels get (132 SMs x
     CTAs per SM by shared memory, registers 255 / 168 at d64), request 0 is cut into different
     items alone and among all its companions."""
-    from rtattn.codegen.render import decode_smem_bytes
+    from rtattn.families.decode import smem_bytes as decode_smem_bytes
     from rtattn.families.decode import spec_for
     from rtattn.plan.devices import get_device
     from rtattn.plan.inspector import Planner

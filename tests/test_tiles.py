@@ -75,7 +75,7 @@ def test_planner_and_renderer_read_one_decode_resource_model(arch):
     dev = device_for_arch(arch)
     for spec in family.shipped(arch):
         r = family.render(spec, dev)
-        t = select_tile(dev, spec.rows, 1, spec.head_dim, max_qo_len=1, max_rows=spec.rows)
+        t = select_tile(dev, spec.rows, 1, spec.head_dim, max_qo_len=1, max_rows=spec.rows, invariant=spec.invariant)
         assert (t.smem_bytes, t.stages) == (r.smem_bytes, spec.stages), spec.uri
         assert f"__launch_bounds__({r.threads}, {blocks_by_smem(dev, r.smem_bytes, 2)})" in r.source
         assert f"== {r.smem_bytes}" in r.source   # the static_assert against rtattn::DecodeShape

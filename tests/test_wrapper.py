@@ -361,7 +361,7 @@ def test_batch_invariant_builds_the_folding_kernel_and_plans_chunk_runs(fake_gpu
     """mode="batch-invariant": the decode kernel's invariant build (its own name, the fold state
     in shared memory), chunk-run plans (chunk_tokens in the plan header, items on chunk
     boundaries), and a chunk that does not start kernel blocks refused before anything runs."""
-    from rtattn.codegen.render import decode_smem_bytes
+    from rtattn.families.decode import smem_bytes as decode_smem_bytes
     from rtattn.plan import fields as F
     w = _wrapper(mode="batch-invariant", max_pages=600)
     auto = _wrapper(max_pages=600)

@@ -24,7 +24,7 @@ stage "warm kernels"
 timeout "${WARM_S:-60}" "$PY" - <<'PY' 2>&1 | tail -n 3
 import os, time
 from concurrent.futures import ProcessPoolExecutor
-from rtattn.codegen.spec import shipped_specs
+from rtattn.families.decode import shipped as shipped_specs
 from rtattn.runtime.nvrtc import _toolchain_id
 
 def one(uri):

@@ -106,7 +106,8 @@ def shipped(arch: str = "sm_90") -> list[AttentionSpec]:
     return out
 
 
-def tile_config(device, group: int, head_dim: int, max_qo_len: int = 1, max_rows: int | None = None):
+def tile_config(device, group: int, head_dim: int, max_qo_len: int = 1, max_rows: int | None = None,
+                invariant: bool = False):
     """The planner's view of the decode tile for a head group: tile_q query tokens per work item
     (max_rows // g, at most the longest query), the kernel's stages, shared memory and CTAs per
     SM on `device` (occupancy by shared memory, REGISTERS and threads)."""
@@ -119,7 +120,8 @@ def tile_config(device, group: int, head_dim: int, max_qo_len: int = 1, max_rows
     m_tiles = m_tiles_for(max_rows)
     if head_dim > 128:
         m_tiles = 1   # (the spec refuses two tiles at d256; the planner still takes max_rows)
-    spec = AttentionSpec("plain", "plain", head_dim=head_dim, m_tiles=m_tiles, num_warps=NUM_WARPS)
+    spec = AttentionSpec("plain", "plain", head_dim=head_dim, m_tiles=m_tiles, num_warps=NUM_WARPS,
+                         invariant=invariant)   # (the batch-invariant build: its fold state too)
     spec = spec.with_(stages=stages_for(spec, dev))
     smem, threads, regs = smem_bytes(spec), 32 * NUM_WARPS, REGISTERS[head_dim]
     occ = occupancy(dev, threads, regs, smem)

@@ -266,8 +266,9 @@ class Planner:
         self.causal = bool(causal)
         self.mode = mode
         mql = int(max_qo_len) if max_qo_len else int(max_qo_tokens)
-        self.tile = tile or select_tile(self.device, num_qo_heads, num_kv_heads, head_dim,
-                                        mql, kernel=kernel, max_rows=max_rows)
+        self.tile = tile or select_tile(self.device, num_qo_heads, num_kv_heads, head_dim, mql, kernel=kernel,
+                                        max_rows=max_rows,
+                                        invariant=mode == "batch-invariant" and chunk_runs is not False)
         if self.tile.tile_q * self.group > self.tile.max_rows:
             raise ValueError(f"tile_q={self.tile.tile_q} x g={self.group} rows exceed "
                              f"max_rows={self.tile.max_rows}")

@@ -47,8 +47,10 @@ def num_ctas_for(device, tile: TileConfig, num_kv_heads: int) -> int:
 
 def select_tile(device, num_qo_heads: int, num_kv_heads: int, head_dim: int,
                 max_qo_len: int = 1, *, kernel: str = "decode",
-                max_rows: int | None = None, avg_qo_len: float | None = None) -> TileConfig:
-    """The tile of `kernel`'s family for these heads (its owner decides: rtattn.families)."""
+                max_rows: int | None = None, avg_qo_len: float | None = None,
+                invariant: bool = False) -> TileConfig:
+    """The tile of `kernel`'s family for these heads (its owner decides: rtattn.families);
+    `invariant`: the decode kernel's batch-invariant build."""
     dev = get_device(device)
     g = check_heads(num_qo_heads, num_kv_heads)
     if kernel == "prefill":
@@ -63,4 +65,4 @@ def select_tile(device, num_qo_heads: int, num_kv_heads: int, head_dim: int,
     if kernel != "decode":
         raise ValueError(f"kernel must be one of ['decode', 'prefill'], got {kernel!r}")
     from rtattn.families import decode as family
-    return family.tile_config(dev, g, head_dim, max_qo_len, max_rows)
+    return family.tile_config(dev, g, head_dim, max_qo_len, max_rows, invariant)
