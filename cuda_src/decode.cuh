@@ -94,8 +94,8 @@ __device__ __forceinline__ void merge_tile(const P& p, Variant& var, int entry0,
       const int c = u % C4 * 4, head = head0 + u / C4 % heads, e = entry0 + u / C4 / heads;
       const int first = p.plan.merge_indptr[e], n = p.plan.merge_indptr[e + 1] - first;
       float o[4], lse;
-      fold_partials<Variant::use_softmax, 4, 8, true>(p, p.plan.merge_partial_start[e], p.plan.merge_partial_stride[e], n,
-                                                head, c, o, lse);
+      fold_partials<Variant::use_softmax, 4, 8, true>(p, p.plan.merge_partial_start[e],
+                                                      p.plan.merge_partial_stride[e], n, head, c, o, lse);
       if constexpr (Variant::has_sink) fold_sink<4>(o, lse, var.SinkLogit(p, head));  // once per row: here
       const int q_row = p.plan.merge_qo_row[e];
       O* op = p.o + int64_t(q_row) * p.o_stride_tok + int64_t(head) * p.o_stride_head + c;
@@ -148,11 +148,12 @@ __device__ __forceinline__ void merge_tile(const P& p, Variant& var, int entry0,
 }
 
 // INVARIANT (batch-invariant plans, plan_info chunk_tokens C): an item is a run of C-token chunks
-// (items start on chunk boundaries, C is a multiple of BT). Each chunk starts a fresh online softmax (blocks are chunk aligned), its
-// warps' combine gives the chunk's normalized state; a writethrough item folds the states left
-// to right with fold_state (in shared memory, fold_state_bytes), a split item writes one partial
-// row per chunk for the merge to fold the same way. So a row's bits are its chunks', whatever
-// the batch. Instantiated with INVARIANT false, none of it is compiled.
+// (items start on chunk boundaries, C is a multiple of BT, so blocks are chunk aligned). Each
+// chunk starts a fresh online softmax; its warps' combine gives the chunk's normalized state; a
+// writethrough item folds the states left to right with fold_state (in shared memory,
+// fold_state_bytes), a split item writes one partial row per chunk for the merge to fold the same
+// way. So a row's bits are its chunks', whatever the batch. With INVARIANT false none of it is
+// compiled (the auto kernels' SASS is unchanged).
 template <class Variant, class P, int M_TILES, int NUM_WARPS, int STAGES, bool INVARIANT = false>
 __device__ __forceinline__ void decode_persistent(const P& p, char* smem) {
   using T = typename P::DType;    // q
@@ -426,127 +427,127 @@ __device__ __forceinline__ void decode_persistent(const P& p, char* smem) {
     // Batch-invariant: `last` says whether the chunk is the item's last.
     auto combine_warps = [&](float* combine, bool last) {
 #pragma unroll
-    for (int mi = 0; mi < M_TILES; ++mi) {
+      for (int mi = 0; mi < M_TILES; ++mi) {
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        float l = l_run[mi][h];
-        l += __shfl_xor_sync(0xffffffff, l, 1);
-        l += __shfl_xor_sync(0xffffffff, l, 2);
-        if (INVARIANT && mi * 16 + lane / 4 + 8 * h >= rows_valid) continue;  // (no reader)
-        float* dst = combine + (warp * 16 + lane / 4 + 8 * h) * (D + 2);
+        for (int h = 0; h < 2; ++h) {
+          float l = l_run[mi][h];
+          l += __shfl_xor_sync(0xffffffff, l, 1);
+          l += __shfl_xor_sync(0xffffffff, l, 2);
+          if (INVARIANT && mi * 16 + lane / 4 + 8 * h >= rows_valid) continue;  // (no reader)
+          float* dst = combine + (warp * 16 + lane / 4 + 8 * h) * (D + 2);
 #pragma unroll
-        for (int dn = 0; dn < D / 8; ++dn) {
-          if constexpr (kFp8) {  // fp8 V fragments permute O's columns (DecodeShape::o_col)
-            dst[S::o_col(dn, (lane % 4) * 2)] = o[mi][dn][2 * h] * v_scale;
-            dst[S::o_col(dn, (lane % 4) * 2 + 1)] = o[mi][dn][2 * h + 1] * v_scale;
-          } else {
-            const int d = dn * 8 + (lane % 4) * 2;
-            dst[d] = o[mi][dn][2 * h];
-            dst[d + 1] = o[mi][dn][2 * h + 1];
+          for (int dn = 0; dn < D / 8; ++dn) {
+            if constexpr (kFp8) {  // fp8 V fragments permute O's columns (DecodeShape::o_col)
+              dst[S::o_col(dn, (lane % 4) * 2)] = o[mi][dn][2 * h] * v_scale;
+              dst[S::o_col(dn, (lane % 4) * 2 + 1)] = o[mi][dn][2 * h + 1] * v_scale;
+            } else {
+              const int d = dn * 8 + (lane % 4) * 2;
+              dst[d] = o[mi][dn][2 * h];
+              dst[d + 1] = o[mi][dn][2 * h + 1];
+            }
+          }
+          if (lane % 4 == 0) {
+            dst[D] = Variant::use_softmax ? m_run[mi][h] : 0.f;
+            dst[D + 1] = l;
           }
         }
-        if (lane % 4 == 0) {
-          dst[D] = Variant::use_softmax ? m_run[mi][h] : 0.f;
-          dst[D + 1] = l;
-        }
-      }
-      __syncthreads();
+        __syncthreads();
 
-      const int tile_rows = min(16, rows_valid - mi * 16);
-      for (int i = tid; i < tile_rows * (D / 2); i += S::threads) {
-        const int r16 = i / (D / 2), d = (i % (D / 2)) * 2;
-        float m_max = -INFINITY;
+        const int tile_rows = min(16, rows_valid - mi * 16);
+        for (int i = tid; i < tile_rows * (D / 2); i += S::threads) {
+          const int r16 = i / (D / 2), d = (i % (D / 2)) * 2;
+          float m_max = -INFINITY;
 #pragma unroll
-        for (int w = 0; w < NUM_WARPS; ++w) m_max = fmaxf(m_max, combine[(w * 16 + r16) * (D + 2) + D]);
-        const float base = m_max == -INFINITY ? 0.f : m_max;
-        float l = 0.f, o0 = 0.f, o1 = 0.f;
+          for (int w = 0; w < NUM_WARPS; ++w) m_max = fmaxf(m_max, combine[(w * 16 + r16) * (D + 2) + D]);
+          const float base = m_max == -INFINITY ? 0.f : m_max;
+          float l = 0.f, o0 = 0.f, o1 = 0.f;
 #pragma unroll
-        for (int w = 0; w < NUM_WARPS; ++w) {
-          const float* src = combine + (w * 16 + r16) * (D + 2);
-          const float f = Variant::use_softmax ? fast_exp2(src[D] - base) : 1.f;
-          l += f * src[D + 1];
-          o0 += f * src[d];
-          o1 += f * src[d + 1];
-        }
-        const int r = mi * 16 + r16;
-        const int t = r / heads, qo_head = first_qo_head + r % heads;
-        if constexpr (INVARIANT) {
-          // The chunk's normalized state; a split item writes it as the chunk's partial row, a
-          // writethrough item folds it into the item's state (the last chunk's fold is final).
-          float st[2] = {o0, o1};
-          float st_lse = l > 0.f ? (base + __log2f(l)) * kLn2 : -INFINITY;
+          for (int w = 0; w < NUM_WARPS; ++w) {
+            const float* src = combine + (w * 16 + r16) * (D + 2);
+            const float f = Variant::use_softmax ? fast_exp2(src[D] - base) : 1.f;
+            l += f * src[D + 1];
+            o0 += f * src[d];
+            o1 += f * src[d + 1];
+          }
+          const int r = mi * 16 + r16;
+          const int t = r / heads, qo_head = first_qo_head + r % heads;
+          if constexpr (INVARIANT) {
+            // The chunk's normalized state; a split item writes it as the chunk's partial row, a
+            // writethrough item folds it into the item's state (the last chunk's fold is final).
+            float st[2] = {o0, o1};
+            float st_lse = l > 0.f ? (base + __log2f(l)) * kLn2 : -INFINITY;
+            if (Variant::use_softmax) {
+              const float inv = l > 0.f ? 1.f / l : 0.f;
+              st[0] *= inv;
+              st[1] *= inv;
+            }
+            if (partial_row >= 0) {
+              const int64_t prow = int64_t(partial_row + chunk * q_tokens + t) * p.num_qo_heads + qo_head;
+              p.partial_o[prow * D + d] = st[0];
+              p.partial_o[prow * D + d + 1] = st[1];
+              if (d == 0) p.partial_lse[prow] = st_lse;
+              continue;
+            }
+            float* fo = fold_o + r * D + d;  // this thread's columns of row r in every chunk
+            if (chunk > 0) {
+              float run[2] = {fo[0], fo[1]};
+              float run_lse = fold_lse[((chunk - 1) & 1) * S::rows + r];
+              fold_state<Variant::use_softmax, 2>(run, run_lse, st, st_lse);
+              st[0] = run[0], st[1] = run[1], st_lse = run_lse;
+            }
+            if (!last) {
+              fo[0] = st[0], fo[1] = st[1];
+              if (d == 0) fold_lse[(chunk & 1) * S::rows + r] = st_lse;
+              continue;
+            }
+            if constexpr (Variant::has_sink) fold_sink<2>(st, st_lse, var.SinkLogit(p, qo_head));  // final: here
+            if constexpr (Variant::has_output_transform) {
+              st[0] = var.OutputTransform(p, st[0], qo_head, d);
+              st[1] = var.OutputTransform(p, st[1], qo_head, d + 1);
+            }
+            using O = typename P::OType;
+            O* op = p.o + int64_t(q_row0 + t) * p.o_stride_tok + int64_t(qo_head) * p.o_stride_head + d;
+            op[0] = from_float<O>(st[0]);
+            op[1] = from_float<O>(st[1]);
+            if (p.lse != nullptr && d == 0) p.lse[int64_t(q_row0 + t) * p.num_qo_heads + qo_head] = st_lse;
+            continue;
+          }
+          float top = base;
+          if constexpr (Variant::has_sink) {
+            if (partial_row < 0) {  // the row's final state: its sink joins once, here (split rows: the merge)
+              const SinkJoin j = join_sink(base, l, var.SinkLogit(p, qo_head) * kLog2e);
+              top = j.top;
+              l = j.l;
+              o0 *= j.scale;
+              o1 *= j.scale;
+            }
+          }
+          // Natural-log LSE of the total weight; softmax O is normalized, sigmoid O is a plain sum.
+          const float lse = l > 0.f ? (top + __log2f(l)) * kLn2 : -INFINITY;
           if (Variant::use_softmax) {
             const float inv = l > 0.f ? 1.f / l : 0.f;
-            st[0] *= inv;
-            st[1] *= inv;
+            o0 *= inv;
+            o1 *= inv;
           }
-          if (partial_row >= 0) {
-            const int64_t prow = int64_t(partial_row + chunk * q_tokens + t) * p.num_qo_heads + qo_head;
-            p.partial_o[prow * D + d] = st[0];
-            p.partial_o[prow * D + d + 1] = st[1];
-            if (d == 0) p.partial_lse[prow] = st_lse;
-            continue;
-          }
-          float* fo = fold_o + r * D + d;  // this thread's columns of row r in every chunk
-          if (chunk > 0) {
-            float run[2] = {fo[0], fo[1]};
-            float run_lse = fold_lse[((chunk - 1) & 1) * S::rows + r];
-            fold_state<Variant::use_softmax, 2>(run, run_lse, st, st_lse);
-            st[0] = run[0], st[1] = run[1], st_lse = run_lse;
-          }
-          if (!last) {
-            fo[0] = st[0], fo[1] = st[1];
-            if (d == 0) fold_lse[(chunk & 1) * S::rows + r] = st_lse;
-            continue;
-          }
-          if constexpr (Variant::has_sink) fold_sink<2>(st, st_lse, var.SinkLogit(p, qo_head));  // final: here
-          if constexpr (Variant::has_output_transform) {
-            st[0] = var.OutputTransform(p, st[0], qo_head, d);
-            st[1] = var.OutputTransform(p, st[1], qo_head, d + 1);
-          }
-          using O = typename P::OType;
-          O* op = p.o + int64_t(q_row0 + t) * p.o_stride_tok + int64_t(qo_head) * p.o_stride_head + d;
-          op[0] = from_float<O>(st[0]);
-          op[1] = from_float<O>(st[1]);
-          if (p.lse != nullptr && d == 0) p.lse[int64_t(q_row0 + t) * p.num_qo_heads + qo_head] = st_lse;
-          continue;
-        }
-        float top = base;
-        if constexpr (Variant::has_sink) {
-          if (partial_row < 0) {  // the row's final state: its sink joins once, here (split rows: the merge)
-            const SinkJoin j = join_sink(base, l, var.SinkLogit(p, qo_head) * kLog2e);
-            top = j.top;
-            l = j.l;
-            o0 *= j.scale;
-            o1 *= j.scale;
+          if (partial_row < 0) {
+            if constexpr (Variant::has_output_transform) {
+              o0 = var.OutputTransform(p, o0, qo_head, d);
+              o1 = var.OutputTransform(p, o1, qo_head, d + 1);
+            }
+            using O = typename P::OType;
+            O* op = p.o + int64_t(q_row0 + t) * p.o_stride_tok + int64_t(qo_head) * p.o_stride_head + d;
+            op[0] = from_float<O>(o0);
+            op[1] = from_float<O>(o1);
+            if (p.lse != nullptr && d == 0) p.lse[int64_t(q_row0 + t) * p.num_qo_heads + qo_head] = lse;
+          } else {
+            const int64_t prow = int64_t(partial_row + t) * p.num_qo_heads + qo_head;
+            p.partial_o[prow * D + d] = o0;
+            p.partial_o[prow * D + d + 1] = o1;
+            if (d == 0) p.partial_lse[prow] = lse;
           }
         }
-        // Natural-log LSE of the total weight; softmax O is normalized, sigmoid O is a plain sum.
-        const float lse = l > 0.f ? (top + __log2f(l)) * kLn2 : -INFINITY;
-        if (Variant::use_softmax) {
-          const float inv = l > 0.f ? 1.f / l : 0.f;
-          o0 *= inv;
-          o1 *= inv;
-        }
-        if (partial_row < 0) {
-          if constexpr (Variant::has_output_transform) {
-            o0 = var.OutputTransform(p, o0, qo_head, d);
-            o1 = var.OutputTransform(p, o1, qo_head, d + 1);
-          }
-          using O = typename P::OType;
-          O* op = p.o + int64_t(q_row0 + t) * p.o_stride_tok + int64_t(qo_head) * p.o_stride_head + d;
-          op[0] = from_float<O>(o0);
-          op[1] = from_float<O>(o1);
-          if (p.lse != nullptr && d == 0) p.lse[int64_t(q_row0 + t) * p.num_qo_heads + qo_head] = lse;
-        } else {
-          const int64_t prow = int64_t(partial_row + t) * p.num_qo_heads + qo_head;
-          p.partial_o[prow * D + d] = o0;
-          p.partial_o[prow * D + d + 1] = o1;
-          if (d == 0) p.partial_lse[prow] = lse;
-        }
+        __syncthreads();  // the combine area is refilled by the loader (or the next tile's combine)
       }
-      __syncthreads();  // the combine area is refilled by the loader (or the next tile's combine)
-    }
     };
 
     for (int blk = 0; blk < num_blocks; ++blk, ++blocks_done) {
