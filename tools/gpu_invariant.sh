@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One GPU call for batch-invariant mode (issue 14), bounded stage by stage; logs under $OUT:
 #   bash tools/gpu_invariant.sh
-# install; warm the bf16 decode kernels (auto and batch-invariant) in parallel (a carried
+# install; warm the bf16 decode kernels (auto and batch-invariant) in parallel, ~40 s on 16 cores (a carried
 # RTATTN_CACHE_DIR makes this a cache read); smoke: each decode_cases.INVARIANT_CASES entry in its
 # own process (error vs float64, request 0's bits alone / among short / among all requests);
 # bench_decode (--quick --new, auto vs batch-invariant at the default chunk and at 256);
@@ -21,7 +21,7 @@ if ! "$PY" -m pip install -q --no-deps --no-build-isolation -e . > "$OUT/pip.log
 fi
 
 stage "warm kernels"
-timeout "${WARM_S:-60}" "$PY" - <<'PY' 2>&1 | tail -n 3
+timeout "${WARM_S:-120}" "$PY" - <<'PY' 2>&1 | tail -n 3
 import os, time
 from concurrent.futures import ProcessPoolExecutor
 from rtattn.families.decode import shipped as shipped_specs
