@@ -10,6 +10,7 @@
 # $OUT/logs.tgz (the device tool brings back only a few files).
 #   bash tools/gpu_all.sh            # carry .peer (FlashInfer wheels, tools/peer_setup.sh)
 #   ONLY="gpu-tier bench-decode" BENCH_DECODE_ARGS="--rows *" bash tools/gpu_all.sh   # a subset
+#   KCACHE=.kcache.tgz bash tools/gpu_all.sh   # a CUBIN cache built here (rtattn-compile), carried packed
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1
@@ -34,6 +35,9 @@ stage() {   # stage NAME LIMIT_S COMMAND...: run it, log it, remember its exit s
     tar czf "$OUT/logs.tgz" -C "$LOGS" . 2>/dev/null   # after every stage: a killed call still brings them back
 }
 
+if [ -n "${KCACHE:-}" ] && [ -f "$KCACHE" ]; then   # NVRTC output is host-independent: skip the device's compiles
+    mkdir -p /tmp/rtattn_kcache && tar xzf "$KCACHE" -C /tmp/rtattn_kcache && export RTATTN_CACHE_DIR=/tmp/rtattn_kcache
+fi
 "$PY" -m pip install -q --no-deps --no-build-isolation -e . > "$LOGS/pip.log" 2>&1 \
     || { cat "$LOGS/pip.log"; echo "gpu_all: install FAILED"; exit 2; }
 PEER_DIR=${PEER_DIR:-$PWD/.peer} source tools/peer_setup.sh > "$LOGS/peer.log" 2>&1
@@ -41,6 +45,9 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | head -1
 
 # FlashInfer's JIT builds (CPU) overlap stages 1-2 (fa3's prefill module takes ~90 s).
 timeout 300 "$PY" tools/bench_decode.py --prebuild-fi "${BD_ARGS[@]}" > "$LOGS/fi-prebuild.log" 2>&1 &
+case " ${ONLY:-bench-prefill} " in *" bench-prefill "*)   # fa2's JIT build beside the first stages
+    timeout 300 "$PY" tools/bench_prefill.py --libs fa2 --rows 32x512 --samples 2 > "$LOGS/fi-prebuild-fa2.log" 2>&1 & ;;
+esac
 case " ${ONLY:-bench-prefill-peers} " in *" bench-prefill-peers "*)
     timeout 300 "$PY" tools/bench_prefill.py --libs fa3 --rows 32x512 --samples 2 > "$LOGS/fi-prebuild-fa3.log" 2>&1 & ;;
 esac
@@ -50,6 +57,7 @@ stage smoke-prefill "$T_SMOKE" bash -c "for i in \$(seq 0 23); do timeout 60 $PY
 grep -h -E "^(ok |BAD|EXC)" "$LOGS/smoke-prefill.log" | sort | uniq -c | sort -rn | head -5
 stage smoke-cascade "$((T_SMOKE + 40))" bash -c "for i in \$(seq 0 11); do timeout 90 $PY tools/smoke_cascade.py \$i & done; wait"
 grep -h -E "^(ok |BAD|EXC)" "$LOGS/smoke-cascade.log" | sort | uniq -c | sort -rn | head -5
+stage smoke-invariant "$((T_SMOKE + 30))" "$PY" tools/smoke_decode.py --invariant
 stage gpu-tier "$T_TIER" env OUT="$LOGS/tier" PYTEST_ARGS="${TIER_ARGS:--n 8 -vv}" SAN_PARALLEL=1 SAN_TIMEOUT="${SAN_TIMEOUT:-70}" \
     bash tools/gpu_check.sh ${GPU_CHECK_ARGS:-}
 wait
@@ -58,18 +66,20 @@ stage demo-tp 100 env NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSH
     "$PY" tools/demo_tp.py --simulate 2 --steps 16
 
 stage bench-decode "$T_BENCH" "$PY" tools/bench_decode.py "${BD_ARGS[@]}" --deadline "$((T_BENCH - 20))"
+stage bench-invariant "$T_BENCH" "$PY" tools/bench_decode.py --quick --new --no-flashinfer --samples 20 --warm 1 \
+    --deadline "$((T_BENCH - 20))" --rt-modes auto batch-invariant
+stage bench-overhead "$T_BENCH" "$PY" tools/bench_overhead.py --batches 1,16,64,256 --reps "${OVERHEAD_REPS:-5}"
+stage bench-cascade "$T_BENCH" "$PY" tools/bench_cascade.py --deadline "$((T_BENCH / 2))" --samples 15 \
+    --libs rt-casc,rt-dec,rt-single,fi-casc,fi-cc
 stage bench-prefill "$T_BENCH" "$PY" tools/bench_prefill.py --libs rt fa2 --budget-s "$((T_BENCH - 30))" \
     --rows 16x1024 4x4096 32x512 1x16384 chunk16x4096+512 8x2048 8x2048-softcap 8x2048-alibi 8x2048-window mtd64x4096-q4 mtd64x4096-q1
 stage bench-prefill-peers "$T_BENCH" "$PY" tools/bench_prefill.py --libs rt fa3 sdpa sdpa-flash --samples 10 \
     --budget-s "$((T_BENCH - 30))" --rows 16x1024 4x4096 32x512 1x16384
 stage bench-prefill-shapes "$T_BENCH" bash -c "for a in '--head-dim 64' '--head-dim 256' '--heads 32:32' '--heads 32:4' '--page 1' '--page 64'; do \
     $PY tools/bench_prefill.py --libs rt fa2 --samples 5 --budget-s 12 \$a --rows 16x1024 4x4096 16xheavy1024 8x2048-plain; done"
-stage bench-family 150 bash -c "$PY tools/bench_prefill.py --libs rt rtdec --rows 'mtd*' --budget-s 60 && \
+stage bench-family "$((T_BENCH + 10))" bash -c "$PY tools/bench_prefill.py --libs rt rtdec --rows 'mtd*' --budget-s $((T_BENCH / 2 - 5)) && \
     $PY tools/bench_decode.py --no-flashinfer --rows 'g*' b16-all1024-kv8 s64x4096 --rt-modes auto auto+prefill \
-    --deadline 70"
-stage bench-cascade "$T_BENCH" "$PY" tools/bench_cascade.py --deadline "$((T_BENCH / 2))" --samples 15 \
-    --libs rt-casc,rt-dec,rt-single,fi-casc,fi-cc
-stage bench-overhead "$T_BENCH" "$PY" tools/bench_overhead.py --batches 1,16,64 --reps 5
+    --deadline $((T_BENCH / 2 - 5))"
 
 echo "== gpu_all summary (logs: \$OUT/logs.tgz)"
 printf '%s\n' "${SUMMARY[@]}"
