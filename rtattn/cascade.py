@@ -26,13 +26,14 @@ everywhere in rtattn.
 from __future__ import annotations
 
 import ctypes
+import functools
 import re
 
 import numpy as np
 
 from rtattn.codegen.cstruct import FieldWriter
 from rtattn.codegen.spec import BUILTINS, AttentionSpec, Param
-from rtattn.families import decode as decode_family
+from rtattn.families import choice, decode as decode_family
 from rtattn.families.prefill import ROWS as PREFILL_ROWS, check_kv_strides, choose_tile, prefill_kernels, tile_config
 from rtattn.level_fold import CTAS_PER_SM, THREADS, fold_function, params_struct
 from rtattn.plan import devices as plan_devices
@@ -100,6 +101,13 @@ def _out_members_at(cstruct) -> int:
     return at[0]
 
 
+def shared_group_rule(num_qo_heads: int, num_kv_heads: int, head_dim: int):
+    """(qo, kv) -> predicted us a shared group saves on prefill tiles (the family cost rule,
+    rtattn.families.choice), remembered: the cascade planner asks it per shared group per plan()."""
+    return functools.lru_cache(maxsize=256)(
+        functools.partial(choice.shared_group_saving_us, num_qo_heads, num_kv_heads, head_dim))
+
+
 class _LevelsKernel(BatchDecodeWrapper):
     """The decode family running every level of a cascade plan: a BatchDecodeWrapper whose
     workspace is the cascade's (plan set, then the float32 level states) and whose partial
@@ -107,9 +115,9 @@ class _LevelsKernel(BatchDecodeWrapper):
 
     folds_chunks = False   # one state per item: the cascade's state rows (fixed batch-invariant chunks)
 
-    def __init__(self, *args, max_batch, max_qo_tokens, num_levels, prefill_planner=None, **kw):
+    def __init__(self, *args, max_batch, max_qo_tokens, num_levels, prefill_planner=None, prefill_rule=True, **kw):
         self._cascade_bounds = (max_batch, max_qo_tokens, num_levels)
-        self._prefill_planner = prefill_planner
+        self._prefill_planner, self._prefill_rule = prefill_planner, prefill_rule
         super().__init__(*args, max_batch=max_batch * num_levels, max_qo_tokens=max_qo_tokens * num_levels, **kw)
         self._may_split = False   # its launch is the decode kernel alone: the cascade's fold merges
 
@@ -117,7 +125,9 @@ class _LevelsKernel(BatchDecodeWrapper):
         # Called by BatchDecodeWrapper.__init__ once its planner exists: the cascade planner
         # wraps it (and the prefill family's planner), and the workspace holds
         # [plan set | state O | state LSE].
-        self.cascade = CascadePlanner(self.planner, *self._cascade_bounds, prefill=self._prefill_planner)
+        saving = shared_group_rule(self.num_qo_heads, self.num_kv_heads, self.head_dim) if self._prefill_rule else None
+        self.cascade = CascadePlanner(self.planner, *self._cascade_bounds, prefill=self._prefill_planner,
+                                      prefill_saving_us=saving)
         rows, H, D = self.cascade.max_state_rows, self.num_qo_heads, self.head_dim
         self.state_o_offset = align_up(self.cascade.planset.plan_bytes)
         self.state_lse_offset = align_up(self.state_o_offset + rows * H * D * 4)
@@ -161,14 +171,16 @@ class CascadeWrapper:
 
     CascadeWrapper(num_levels, H_qo, H_kv, D, page_size, max_batch=..., max_pages=...,
                    max_qo_tokens=None, variant="plain", dtype="bfloat16", kv_layout="NHD",
-                   mode="auto", m_tiles=None, num_ctas=None, pdl=True, prefill=True)
+                   mode="auto", m_tiles=None, num_ctas=None, pdl=True, prefill="auto")
 
     `max_pages` bounds the pages of all levels together (a shared page counts once);
     `max_qo_tokens` the query rows (default max_batch: decode). `m_tiles` (16-row query
     tiles per decode work item, 1 or 2) sets how many queries share one read of a prefix on
     the decode kernel: default 2 where the kernel has it (head_dim <= 128), else 1.
-    `prefill` (default True): groups shared by more queries than a decode work item holds run
-    on the prefill family's tiles (page sizes up to 128); False: every group on decode.
+    `prefill` (default "auto"): a group shared by more queries than a decode work item holds
+    runs on the prefill family's tiles (page sizes up to 128) where the family cost rule
+    predicts it saves more than PREFILL_MIN_SAVING_US (rtattn.plan.cascade: long prefixes of
+    many requests); True: every such group on prefill tiles; False: every group on decode.
     `num_ctas` is the decode kernel's grid; the prefill kernel's is its own resident wave.
     """
 
@@ -176,7 +188,9 @@ class CascadeWrapper:
                  max_batch: int, max_pages: int, max_qo_tokens: int | None = None, variant="plain",
                  dtype: str = "bfloat16", kv_layout: str = "NHD", mode: str = "auto", m_tiles: int | None = None,
                  num_ctas: int | None = None, pdl: bool = True, num_pages_pool: int | None = None, device=None,
-                 prefill: bool = True):
+                 prefill: bool | str = "auto"):
+        if prefill not in (True, False, "auto"):
+            raise ValueError(f"prefill must be 'auto', True or False, got {prefill!r}")
         if not isinstance(num_levels, int) or num_levels < 1:
             raise ValueError(f"num_levels must be a positive int, got {num_levels!r}")
         group = num_qo_heads // max(num_kv_heads, 1)
@@ -208,7 +222,7 @@ class CascadeWrapper:
                                     max_pages=max_pages, max_qo_tokens=self.max_qo_tokens, num_levels=num_levels,
                                     variant=spec, dtype=dtype, kv_layout=kv_layout, mode=mode, pdl=pdl,
                                     num_ctas=num_ctas, num_pages_pool=num_pages_pool, device=device,
-                                    prefill_planner=pp)
+                                    prefill_planner=pp, prefill_rule=prefill == "auto")
         k = self.kernel
         self.device, self.spec, self.page_size, self.dtype = k.device, k.spec, page_size, dtype
         self.num_qo_heads, self.head_dim = num_qo_heads, head_dim

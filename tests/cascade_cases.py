@@ -84,7 +84,10 @@ def reference(c, var):
 
 
 def gpu_wrapper(c, levels=2, variant="plain", **kw):
+    """prefill=True unless told: every group the prefill kernel can take runs there (these small
+    cases would stay on decode under the "auto" cost rule, which tests/test_cascade_plan.py checks)."""
     from rtattn import cascade as C
+    kw.setdefault("prefill", True)
     return C.CascadeWrapper(levels, c.H, c.Hk, c.D, c.ps, max_batch=c.B + 2, max_pages=c.pool + 2,
                             max_qo_tokens=int(c.qo[-1]) + 2, variant=variant, dtype=c.dtype, **kw)
 

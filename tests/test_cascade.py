@@ -74,7 +74,7 @@ def _pinned_bytes(w):
 
 def test_plan_is_one_copy_of_one_plan_set_and_the_kernel_reads_it(fake_gpu):
     kv_indptr, idx, last, pool = one_prefix_batch(6, 256, 40, 16, seed=1)
-    w = C.CascadeWrapper(2, 32, 8, 128, 16, max_batch=8, max_pages=pool + 4)
+    w = C.CascadeWrapper(2, 32, 8, 128, 16, max_batch=8, max_pages=pool + 4, prefill=True)
     info = w.plan(None, kv_indptr, idx, last, share_prefixes=True)
     n = w.planner.planset.plan_bytes
     assert fake_gpu.copies[-1] == (w.workspace_ptr, w._pinned[0].ptr, n) and info.num_levels == 2
@@ -116,7 +116,7 @@ def test_every_argument_is_fixed_across_replans(fake_gpu):
     """Requests joining and leaving the shared prefix change the plan, never a kernel argument:
     a captured graph replays every plan."""
     rng = np.random.default_rng(2)
-    w = C.CascadeWrapper(3, 32, 8, 64, 16, max_batch=16, max_pages=200, variant="alibi")
+    w = C.CascadeWrapper(3, 32, 8, 64, 16, max_batch=16, max_pages=200, variant="alibi", prefill=True)
     q, o = cuda((16, 32, 64)), cuda((16, 32, 64), ptr=1 << 34)
     kc, vc = cuda((200, 16, 8, 64), ptr=1 << 32), cuda((200, 16, 8, 64), ptr=1 << 33)
     alibi = cuda((32,), "float32", ptr=1 << 36)
@@ -142,7 +142,7 @@ def test_run_rewrites_one_launch_list_as_prepare_packs_it(fake_gpu):
     every call's arguments are those prepare() packs for the same tensors: the prefill kernel's
     are the decode kernel's with the prefill plan, the fold's carry that call's out and lse."""
     kv_indptr, idx, last, pool = one_prefix_batch(20, 256, 40, 16)
-    w = C.CascadeWrapper(2, 32, 8, 128, 16, max_batch=20, max_pages=pool)
+    w = C.CascadeWrapper(2, 32, 8, 128, 16, max_batch=20, max_pages=pool, prefill=True)
     w.plan(None, kv_indptr, idx, last, share_prefixes=True)
     assert w.info.level_prefill_items[0] > 0
     kc, vc = cuda((pool, 16, 8, 128), ptr=1 << 32), cuda((pool, 16, 8, 128), ptr=1 << 33)
@@ -168,7 +168,7 @@ def test_run_rewrites_one_launch_list_as_prepare_packs_it(fake_gpu):
 
 def test_levels_in_flashinfer_convention(fake_gpu):
     kv_indptr, idx, last, pool = one_prefix_batch(4, 64, 20, 16)
-    w = C.CascadeWrapper(2, 8, 8, 64, 16, max_batch=4, max_pages=pool)
+    w = C.CascadeWrapper(2, 8, 8, 64, 16, max_batch=4, max_pages=pool, prefill=True)
     lv = C.levels_from_page_tables(kv_indptr, idx, last, 16)
     info = w.plan(*(list(x) for x in zip(*lv)), requests=(kv_indptr, idx, last))
     assert info.num_levels == 2 and info.level_items.tolist() == [1, 4]
@@ -197,7 +197,7 @@ def test_sinks_are_refused_across_levels(fake_gpu):
 
 def test_bad_input_is_refused_before_any_launch(fake_gpu):
     kv_indptr, idx, last, pool = one_prefix_batch(4, 64, 20, 16)
-    w = C.CascadeWrapper(2, 8, 8, 64, 16, max_batch=4, max_qo_tokens=24, max_pages=pool, variant="causal")
+    w = C.CascadeWrapper(2, 8, 8, 64, 16, max_batch=4, max_qo_tokens=24, max_pages=pool, variant="causal", prefill=True)
     lv = C.levels_from_page_tables(kv_indptr, idx, last, 16)
     arrs = [list(x) for x in zip(*lv)]
     with pytest.raises(TypeError, match="one array per level"):
@@ -360,7 +360,7 @@ def test_gpu_graph_replays_across_replans():
     from rtattn.runtime import Stream
     rng = np.random.default_rng(11)
     H, Hk, D, ps, pool, maxb = 32, 8, 128, 16, 400, 16
-    w = C.CascadeWrapper(3, H, Hk, D, ps, max_batch=maxb, max_pages=pool, variant="alibi")
+    w = C.CascadeWrapper(3, H, Hk, D, ps, max_batch=maxb, max_pages=pool, variant="alibi", prefill=True)
     gen = torch.Generator(device="cuda").manual_seed(1)
     k, v = (torch.randn((pool, ps, Hk, D), generator=gen, device="cuda").to(torch.bfloat16) for _ in range(2))
     q = torch.randn((maxb, H, D), generator=gen, device="cuda").to(torch.bfloat16)

@@ -71,6 +71,21 @@ def test_the_family_rule():
     assert prefill_groups(qo, kv, 8).tolist() == [False, False, True, True, False, False]
 
 
+def test_the_cost_rule_sends_only_long_shared_prefixes_to_prefill():
+    """With the family cost rule (CascadeWrapper prefill="auto"): the 8 shapes measured on the
+    H200 (docs/perf-log.md v9 F2, 32/8 heads, d128) each land on the family that measured faster:
+    prefill for 64 x 32K, 16 x 32K and 64 x 8K shared tokens; decode for 64 x 4K (the tree row's
+    level 0), 16 x 8K and the 1K prefixes."""
+    from functools import partial
+    from rtattn.families.choice import shared_group_saving_us
+    saving = partial(shared_group_saving_us, 32, 8, 128)
+    qo = np.array([64, 16, 64, 64, 16, 64, 16, 1])
+    kv = np.array([32768, 32768, 8192, 4096, 8192, 1024, 1024, 32768])
+    want = [True, True, True, False, False, False, False, False]
+    assert prefill_groups(qo, kv, 8, saving).tolist() == want
+    assert prefill_groups(qo, kv, 8).tolist() == [True] * 7 + [False]   # no rule: every eligible group
+
+
 def test_a_shared_prefix_is_read_once_per_prefill_tile():
     """64 requests over one 8K prefix at 32/8 heads: level 0 on 128-row prefill tiles (32
     queries each: the prefix is read twice, split over the prefill grid), the suffixes on

@@ -78,6 +78,7 @@ def prefill_tile():
 
 
 def bench_plan(reps: int) -> None:
+    from rtattn.cascade import shared_group_rule
     from rtattn.plan.cascade import CascadePlanner
     from rtattn.plan.inspector import Planner
     from rtattn.plan.prefix_tree import share_prefixes
@@ -106,7 +107,8 @@ def bench_plan(reps: int) -> None:
         qo = np.arange(B + 1, dtype=np.int32)
         plain = Planner(B, B, int(kv_indptr[-1]), HQ, HKV, D, PAGE)
         pbuf = plain.layout.allocate()
-        casc = CascadePlanner.create(B, B, total, HQ, HKV, D, PAGE, num_levels=3, max_rows=32, prefill_tile=prefill)
+        casc = CascadePlanner.create(B, B, total, HQ, HKV, D, PAGE, num_levels=3, max_rows=32, prefill_tile=prefill,
+                                     prefill_saving_us=shared_group_rule(HQ, HKV, D))
         cbuf = casc.planset.allocate()
         lv = share_prefixes(kv_indptr, idx, last, PAGE, max_levels=3)
         step = iter(range(1 << 62))
@@ -225,7 +227,7 @@ def bench_lib(lib: str, x: Inputs, stream, ws, samples: int) -> dict:
     else:
         from rtattn import CascadeWrapper
         w = CascadeWrapper(3, HQ, HKV, D, PAGE, max_batch=x.B, max_pages=x.pages, m_tiles=1 if lib == "rt-m1" else 2,
-                           prefill=lib == "rt-casc")
+                           prefill="auto" if lib == "rt-casc" else False)
         t0 = time.perf_counter()
         w.plan(None, x.kv_indptr, x.idx, x.last, share_prefixes=True, stream=stream)
         info.update(plan_us=(time.perf_counter() - t0) * 1e6, levels=w.info.num_levels,

@@ -115,3 +115,15 @@ def choose_family(num_qo_heads: int, num_kv_heads: int, head_dim: int, qo_len: i
     if est["prefill"] < est["decode"] * (1 - TIE):
         return FamilyChoice("prefill", est, rows, "predicted faster by more than the tie margin")
     return FamilyChoice("decode", est, rows, "predicted within the tie margin or faster")
+
+
+def shared_group_saving_us(num_qo_heads: int, num_kv_heads: int, head_dim: int, qo_len: int, kv_len: int,
+                           device="h200", costs: dict | None = None) -> float:
+    """Predicted microseconds a cascade's shared group (qo_len queries of several requests over
+    kv_len shared KV tokens) saves on prefill tiles over decode tiles: the difference of the two
+    families' byte/FLOP terms, fixed costs excluded (the cascade's kernels run anyway; the prefill
+    kernel's own launch is what rtattn.plan.cascade.PREFILL_MIN_SAVING_US must beat)."""
+    c = costs or COSTS
+    dec, _ = estimate_us("decode", num_qo_heads, num_kv_heads, head_dim, qo_len, kv_len, 1, 2, device, costs)
+    pre, _ = estimate_us("prefill", num_qo_heads, num_kv_heads, head_dim, qo_len, kv_len, 1, 2, device, costs)
+    return (dec - c["decode"].fixed_us) - (pre - c["prefill"].fixed_us)

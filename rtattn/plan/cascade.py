@@ -7,9 +7,10 @@ families (`prefill_groups`, the rule):
 
     decode   a group with at most decode tile_q queries (one decode work item holds them all:
              its KV is read once either way), and every group with no KV;
-    prefill  a group with more queries than that: decode would read its KV once per tile_q
-             queries (8 at 32/8 heads), the prefill family's tensor-core tiles once per 32
-             (128 fused rows) -- the shared prefix of many requests.
+    prefill  a group with more queries than that, where the family cost rule predicts a saving
+             past PREFILL_MIN_SAVING_US: decode would read its KV once per tile_q queries (8 at
+             32/8 heads), the prefill family's tensor-core tiles once per 32 (128 fused rows) --
+             a long prefix shared by many requests.
 
 Each family's groups get their own Algorithm-1 schedule over that family's grid (two plans in
 the plan set, two persistent kernels). After scheduling, the plans are rewritten for the fold:
@@ -48,10 +49,26 @@ PREFILL_BORROWED = ("req_qo_start", "req_qo_len", "req_kv_page_start", "req_kv_l
                     "merge_indptr", "merge_qo_row", "merge_partial_start", "merge_partial_stride")
 
 
-def prefill_groups(qo_len: np.ndarray, kv_len: np.ndarray, decode_tile_q: int) -> np.ndarray:
+# A shared group moves to prefill tiles only where the cost rule predicts it saves more than
+# this: the prefill kernel is a third serialized kernel of the step (+3-8 us measured) and its
+# small split items run below the rule's big-tile matrix rate. H200 run of 9a33267
+# (docs/perf-log.md "v9 F2", 32/8 heads, d128): predicted savings 194 / 48.5 / 48.5 us
+# (p32768x64, p32768x16, p8192x64) measured 91 / 1.6 / 3.5 us faster on prefill; predicted
+# 24.3 (tree-4Kx16x1K's 4K x 64 level), 12.1 (p8192x16), 6.1 and 1.5 (p1024 rows) measured
+# 5-15 us slower. 40 puts every one of those 8 rows on its faster family.
+PREFILL_MIN_SAVING_US = 40.0
+
+
+def prefill_groups(qo_len: np.ndarray, kv_len: np.ndarray, decode_tile_q: int, saving_us=None) -> np.ndarray:
     """The family rule: bool[groups], True where a group runs on prefill tiles -- more queries
-    than one decode work item holds (decode_tile_q), and KV to read."""
-    return (qo_len > decode_tile_q) & (kv_len > 0)
+    than one decode work item holds (decode_tile_q), KV to read, and (given `saving_us(qo, kv)`,
+    the cost rule's predicted saving, rtattn.families.choice.shared_group_saving_us) a saving
+    above PREFILL_MIN_SAVING_US."""
+    on = (qo_len > decode_tile_q) & (kv_len > 0)
+    if saving_us is not None:
+        for g in np.flatnonzero(on):
+            on[g] = saving_us(int(qo_len[g]), int(kv_len[g])) > PREFILL_MIN_SAVING_US
+    return on
 
 
 @dataclass
@@ -104,7 +121,7 @@ class CascadePlanner:
     decode). `create` builds them."""
 
     def __init__(self, planner: Planner, max_batch: int, max_qo_tokens: int, num_levels: int = 2,
-                 prefill: Planner | None = None):
+                 prefill: Planner | None = None, prefill_saving_us=None):
         b = planner.bounds
         if num_levels < 1:
             raise ValueError(f"num_levels must be >= 1, got {num_levels}")
@@ -119,6 +136,7 @@ class CascadePlanner:
         if prefill is not None and prefill.tile_q <= planner.tile_q:
             prefill = None    # no group can need it: the rule sends a group there only past decode's tile
         self.prefill = prefill
+        self.prefill_saving_us = prefill_saving_us   # (qo, kv) -> us: prefill_groups' cost rule
         self.max_state_rows = b.max_partial_rows + b.max_qo_tokens
         parts = {"plan": planner.layout}
         if prefill is not None:
@@ -158,9 +176,10 @@ class CascadePlanner:
     @classmethod
     def create(cls, max_batch: int, max_qo_tokens: int, max_pages: int, num_qo_heads: int, num_kv_heads: int,
                head_dim: int, page_size: int, *, num_levels: int = 2, prefill_tile: TileConfig | None = None,
-               prefill_ctas: int | None = None, **planner_kw) -> "CascadePlanner":
+               prefill_ctas: int | None = None, prefill_saving_us=None, **planner_kw) -> "CascadePlanner":
         """`prefill_tile` (the prefill family's TileConfig) and `prefill_ctas` (its grid):
-        plan the groups the family rule picks on prefill tiles (None: all on decode)."""
+        plan the groups the family rule picks on prefill tiles (None: all on decode);
+        `prefill_saving_us`: the rule's cost test (prefill_groups)."""
         if num_levels < 1:
             raise ValueError(f"num_levels must be >= 1, got {num_levels}")
         bounds = (max_batch * num_levels, max_qo_tokens * num_levels, max_pages, num_qo_heads, num_kv_heads,
@@ -170,7 +189,7 @@ class CascadePlanner:
         if prefill_tile is not None:
             kw = {k: v for k, v in planner_kw.items() if k not in ("num_ctas", "max_rows", "tile", "kernel")}
             prefill = Planner(*bounds, max_qo_len=max_qo_tokens, tile=prefill_tile, num_ctas=prefill_ctas, **kw)
-        return cls(planner, max_batch, max_qo_tokens, num_levels, prefill)
+        return cls(planner, max_batch, max_qo_tokens, num_levels, prefill, prefill_saving_us)
 
     @property
     def num_ctas(self) -> int:
@@ -199,7 +218,10 @@ class CascadePlanner:
                                num_pages=num_pages, max_batch=self.max_batch, max_qo_tokens=self.max_qo_tokens)
         if self.prefill is not None and batch.qo_max == 1 and batch.qo_indptr.item(-1) == B > self.planner.tile_q:
             lcp = one_shared_prefix(batch, self.num_levels)
-            if lcp:   # (a decode query sits in its own last page, never shared: causal holds)
+            # (a decode query sits in its own last page, never shared: causal holds); the fast
+            # path puts the prefix on prefill tiles, so only where the family rule does too
+            if lcp and prefill_groups(np.array([B]), np.array([lcp * self.page_size]), self.planner.tile_q,
+                                      self.prefill_saving_us)[0]:
                 return self._plan_one_prefix(batch, lcp, out)
         union = prefix_union(batch, self.num_levels)
         if causal:
@@ -221,7 +243,7 @@ class CascadePlanner:
         real0 = pb.qo_indptr[:-1] - union.row_shift          # each group's first real query row
         on_prefill = None
         if self.prefill is not None and pb.qo_max > self.planner.tile_q:
-            on_prefill = prefill_groups(pb.qo_len, pb.kv_len, self.planner.tile_q)
+            on_prefill = prefill_groups(pb.qo_len, pb.kv_len, self.planner.tile_q, self.prefill_saving_us)
             if not on_prefill.any():
                 on_prefill = None
         dec_groups = None if on_prefill is None else np.flatnonzero(~on_prefill)
