@@ -91,7 +91,7 @@ def main(argv=None) -> int:
     s = Stream()
     model = Model(L, a.batch, sim.pool_pages, H, Hk, D, ps, np.random.default_rng(a.seed + 1), s)
     w = BatchDecodeWrapper(H, Hk, D, ps, max_batch=a.batch, max_pages=sim.pool_pages)
-    graphs = DecodeGraphs(w)
+    graphs = DecodeGraphs(w, max_execs=1)   # the in-place update path (the default pool would keep one per layer)
     print(f"rtattn decode loop: {L} layers x {a.steps} steps, batch <= {a.batch}, heads {H}/{Hk}, D={D}, "
           f"page {ps}, pool {sim.pool_pages} pages, {w.num_ctas} x {Hk} CTAs, spec {w.spec.uri}")
 

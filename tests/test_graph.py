@@ -137,7 +137,7 @@ def _struct(w, params):
 
 def test_same_pointers_replay_one_graph_across_replans(fakes):
     w = _wrapper(fakes)
-    g = DG.DecodeGraphs(w)
+    g = DG.DecodeGraphs(w, max_execs=1)
     for lens in ([100, 20, 300], [101, 21, 301], [101, 5, 301, 77, 9], [400]):   # finish, join, shrink
         w.plan(*paged_kv(lens, 16, shuffle_seed=len(lens)))
         out = _step(g, _layer(0, len(lens)))
@@ -168,7 +168,7 @@ def test_a_captured_step_graph_never_replays_an_out_of_pool_plan(fakes):
 
 def test_new_pointers_update_the_exec_in_place_with_node_params(fakes):
     w = _wrapper(fakes)
-    g = DG.DecodeGraphs(w)
+    g = DG.DecodeGraphs(w, max_execs=1)
     w.plan(*paged_kv([100, 20, 300], 16))
     for step in range(2):
         for layer in range(3):
@@ -181,7 +181,7 @@ def test_new_pointers_update_the_exec_in_place_with_node_params(fakes):
 
 def test_capture_mode_updates_through_cuGraphExecUpdate(fakes):
     w = _wrapper(fakes)
-    g = DG.DecodeGraphs(w, update="capture")
+    g = DG.DecodeGraphs(w, update="capture", max_execs=1)
     w.plan(*paged_kv([100, 20, 300], 16))
     _step(g, _layer(0, 3))
     _step(g, _layer(1, 3))
@@ -191,7 +191,7 @@ def test_capture_mode_updates_through_cuGraphExecUpdate(fakes):
 def test_refused_update_re_instantiates_and_says_why(fakes, caplog):
     FakeExec.refuse_update = True
     w = _wrapper(fakes)
-    g = DG.DecodeGraphs(w, update="capture")
+    g = DG.DecodeGraphs(w, update="capture", max_execs=1)
     w.plan(*paged_kv([100, 20, 300], 16))
     _step(g, _layer(0, 3))
     with caplog.at_level("WARNING", logger="rtattn.graphs"):
@@ -213,7 +213,7 @@ def test_one_exec_per_layer_means_no_updates(fakes):
 def test_configurations_get_separate_graphs(fakes):
     a, b = _wrapper(fakes), _wrapper(fakes, variant="causal")
     assert DG.config_key(a._reusable()) != DG.config_key(b._reusable())
-    g = DG.DecodeGraphs(a)
+    g = DG.DecodeGraphs(a, max_execs=1)
     for w in (a, b):
         w.plan(*paged_kv([100, 20, 300], 16))
     for _ in range(2):
@@ -224,7 +224,7 @@ def test_configurations_get_separate_graphs(fakes):
 
 def test_step_refuses_legacy_stream_and_bad_tensors_before_capture(fakes):
     w = _wrapper(fakes)
-    g = DG.DecodeGraphs(w)
+    g = DG.DecodeGraphs(w, max_execs=1)
     w.plan(*paged_kv([100, 20, 300], 16))
     t = _layer(0, 3)
     with pytest.raises(G.GraphCaptureError, match="legacy"):
@@ -364,7 +364,7 @@ def test_graph_replay_equals_eager_run():
     s.synchronize()
     eager = L.check(0, 5, kv, "eager")
     eager_lse = a.host(L.lse[0], 5)
-    g = DG.DecodeGraphs(w)
+    g = DG.DecodeGraphs(w, max_execs=1)
     for rep in range(3):
         a.poison(L.out[0]), a.poison(L.lse[0])
         g.step(q, k, v, out=o, lse=lse, stream=s)
@@ -387,7 +387,7 @@ def test_replan_with_different_lengths_then_replay(stream_kind):
     L = Layers(a, 1, 16, pool, seed=3)
     w = _wrapper_gpu(16, pool)
     s = Stream() if stream_kind == "rtattn" else a.torch.cuda.Stream()
-    g = DG.DecodeGraphs(w)
+    g = DG.DecodeGraphs(w, max_execs=1)
     schedule = [[100, 20, 300], [101, 21, 301], [102, 302, 7], [103, 303, 8, 1, 2000, 45],
                 [1], list(range(1, 800, 50)), [5, 4096]]
     for i, lens in enumerate(schedule):
@@ -411,7 +411,7 @@ def test_pointer_change_updates_in_place(update):
     L = Layers(a, 3, 8, pool, seed=5)
     w = _wrapper_gpu(8, pool)
     s = Stream()
-    g = DG.DecodeGraphs(w, update=update)
+    g = DG.DecodeGraphs(w, update=update, max_execs=1)
     for step, lens in enumerate([[50, 700, 3], [51, 701, 4, 1000], [52, 5]]):
         kv = _kv(lens, 20 + step, pool)
         w.plan(*kv, stream=s)
@@ -651,7 +651,7 @@ fn = SimpleNamespace(handle=cu.CUfunction(0x11000), name="k")
 def layer(arg):   # two calls of one kernel sharing one argument buffer, as the stub's two nodes
     p = Params(arg + bytes(8))
     return Launch([KernelCall(fn, (132, 8), 128, 4096, p, pdl=True), KernelCall(fn, (132, 8), 128, 4096, p)])
-dg = DecodeGraphs()
+dg = DecodeGraphs(max_execs=1)
 for arg in (b"LAYER0", b"LAYER1", b"LAYER1"):
     dg.replay(layer(arg), s)
 assert dg.stats["instantiations"] == 1 and dg.stats["param_updates"] == 1 and dg.stats["replays"] == 3, dg.stats
@@ -752,7 +752,7 @@ def test_replays_refuse_a_replan_with_more_query_tokens(fakes):
     with pytest.raises(ValueError, match="prepared with 3 query tokens"):
         launch()
     with pytest.raises(ValueError, match="prepared with 3 query tokens"):
-        DG.DecodeGraphs(w).replay(launch, 0x5000)
+        DG.DecodeGraphs(w, max_execs=1).replay(launch, 0x5000)
     assert sg.stats["replays"] == 1
 
 
@@ -770,3 +770,16 @@ def test_prepare_takes_max_batch_views_and_run_stays_exact(fakes):
         w.run(_layer(2, 3)["q"], big["k"], big["v"], out=_layer(2, 3)["o"])
     with pytest.raises(ValueError, match="expected at least"):
         w.prepare(small["q"], small["k"], small["v"], out=small["o"], stream=0x5000)
+
+
+def test_default_pool_keeps_one_exec_per_layer(fakes):
+    """The default pool holds a model's layers (up to 256 argument sets per configuration): 32
+    layers that come back with the same tensors every step replay with no node update."""
+    w = _wrapper(fakes)
+    g = DG.DecodeGraphs(w)
+    for step in range(3):
+        w.plan(*paged_kv([100 + step, 20, 300], 16))
+        for layer in range(32):
+            _step(g, _layer(layer, 3))
+    assert g.stats["instantiations"] == 32 and g.stats["param_updates"] == 0 and g.stats["updates"] == 0
+    assert g.stats["replays"] == 96

@@ -163,7 +163,7 @@ def test_graph_replay_follows_the_plan():
     q = torch.randn(1024, H, D, generator=gen, device="cuda").to(torch.bfloat16)
     out = torch.empty(1024, H, D, dtype=torch.bfloat16, device="cuda")
     w = PW.BatchPrefillWrapper(H, Hk, D, ps, max_batch=8, max_qo_tokens=1024, max_pages=pool)
-    g = DecodeGraphs(w)
+    g = DecodeGraphs(w, max_execs=1)
     stream = torch.cuda.Stream()
     rng = np.random.default_rng(8)
     for qo, kv in (([900, 40, 12], [900, 40, 300]), ([200, 3, 77, 5], [200, 1000, 77, 5])):
@@ -239,7 +239,7 @@ def test_decode_graphs_step_runs_the_prefill_wrapper():
     k = torch.randn(pool, ps, Hk, D, generator=gen, device="cuda").to(torch.bfloat16)
     v = torch.randn(pool, ps, Hk, D, generator=gen, device="cuda").to(torch.bfloat16)
     w = PW.BatchPrefillWrapper(H, Hk, D, ps, max_batch=8, max_qo_tokens=1024, max_pages=pool)
-    g = DecodeGraphs(w)
+    g = DecodeGraphs(w, max_execs=1)
     stream = torch.cuda.Stream()
     rng = np.random.default_rng(10)
     f64 = lambda t: t.float().cpu().numpy().astype(np.float64)  # noqa: E731
