@@ -129,7 +129,7 @@ def main(argv=None) -> int:
                 def run_handle():
                     q, k, v, o = layers[next(it) % L]
                     w.run(q, k, v, out=o, stream=0x5000)
-                g = DecodeGraphs(w)
+                g = DecodeGraphs(w, max_execs=1)   # the update path (as documented above)
 
                 def step():
                     q, k, v, o = layers[next(it) % L]
