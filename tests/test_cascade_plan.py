@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from rtattn.plan.cascade import CascadePlanner, execute_cascade, prefill_groups
+from rtattn.plan.cascade import CascadePlanner, execute_cascade, prefill_group, prefill_groups
 from rtattn.plan.layout import indptr_from_lengths, validate_batch
 from rtattn.plan.prefix_tree import prefix_union, share_prefixes
 from rtattn.plan.reference import Variant, reference_attention
@@ -69,6 +69,7 @@ def test_the_family_rule():
     it has KV to read."""
     qo, kv = np.array([1, 8, 9, 64, 64, 3]), np.array([100, 8192, 8192, 8192, 0, 40])
     assert prefill_groups(qo, kv, 8).tolist() == [False, False, True, True, False, False]
+    assert [prefill_group(int(a), int(b), 8) for a, b in zip(qo, kv)] == prefill_groups(qo, kv, 8).tolist()
 
 
 def test_the_cost_rule_sends_only_long_shared_prefixes_to_prefill():
@@ -83,6 +84,7 @@ def test_the_cost_rule_sends_only_long_shared_prefixes_to_prefill():
     kv = np.array([32768, 32768, 8192, 4096, 8192, 1024, 1024, 32768])
     want = [True, True, True, False, False, False, False, False]
     assert prefill_groups(qo, kv, 8, saving).tolist() == want
+    assert [prefill_group(int(a), int(b), 8, saving) for a, b in zip(qo, kv)] == want
     assert prefill_groups(qo, kv, 8).tolist() == [True] * 7 + [False]   # no rule: every eligible group
 
 
@@ -109,25 +111,47 @@ def test_a_shared_prefix_is_read_once_per_prefill_tile():
     assert info.prefill.tile_q == 32 and info.level_prefill_items[0] > 2
 
 
+def _same_info(a, b):
+    """Every CascadeInfo field but the views, the buffer and the union equal."""
+    assert (a.num_levels, a.num_qo_tokens, a.num_state_rows, a.num_pages) == \
+        (b.num_levels, b.num_qo_tokens, b.num_state_rows, b.num_pages)
+    assert a.level_of.tolist() == b.level_of.tolist() and (a.prefill is None) == (b.prefill is None)
+    for x, y in zip(a._parts(), b._parts()):
+        keys = ("num_items", "num_merge_rows", "num_partial_rows", "batch", "num_qo_tokens", "num_ctas", "tile_q",
+                "page_size", "chunk_tokens", "num_split_tiles", "mode")
+        assert [getattr(x, k) for k in keys] == [getattr(y, k) for k in keys]
+        assert x.cta_loads.tolist() == y.cta_loads.tolist()
+    for k in ("level_items", "level_kv_tokens", "level_prefill_items"):
+        assert getattr(a, k).tolist() == getattr(b, k).tolist()
+
+
 @pytest.mark.parametrize("mode", ["auto", "balanced", "contiguous", "naive", "batch-invariant"])
-@pytest.mark.parametrize("shape", [(64, 512, 8, 16), (9, 600, 3, 1), (40, 9, 2, 64), (33, 7, 5, 4), (100, 3, 1, 16)])
-def test_the_one_prefix_path_writes_the_general_plan(mode, shape):
+@pytest.mark.parametrize("shape", [(64, 512, 8, 16), (9, 600, 3, 1), (40, 9, 2, 64), (33, 7, 5, 4), (100, 3, 1, 16),
+                                   (3, 20, 2, 16)])
+@pytest.mark.parametrize("family", ["prefill", "decode", "no-prefill"])
+def test_the_one_prefix_path_writes_the_general_plan(mode, shape, family):
     """plan_shared's path for one prefix under decode requests (no union arrays, the fold map in
     closed form) writes byte for byte the plan set of the general path, over suffixes of equal
-    and unequal lengths (split or not), and the float64 executor runs it to plain attention."""
+    and unequal lengths (split or not), and the float64 executor runs it to plain attention --
+    with the prefix on prefill tiles, on decode where the family rule keeps it there (a rule
+    predicting no saving; fewer requests than a decode tile holds) and with no prefill family."""
     B, prefix_pages, suffix_pages, ps = shape
     kv_indptr, idx, last, pool = one_prefix_batch(B, prefix_pages * ps, suffix_pages * ps, ps, seed=B)
     last = np.random.default_rng(B).integers(1, ps + 1, B).astype(np.int32)   # unequal suffixes
-    cp = CascadePlanner.create(B, B, pool, 8, 2, 64, ps, num_levels=3, mode=mode, num_ctas=5, max_rows=16,
-                               **prefill_kw(8, 2, 64, rows=64, num_ctas=4))
+    prefill = {} if family == "no-prefill" else prefill_kw(8, 2, 64, rows=64, num_ctas=4)
+    if family == "decode":
+        prefill["prefill_saving_us"] = lambda qo, kv: 0.0
+    cp = CascadePlanner.create(B, B, pool, 8, 2, 64, ps, num_levels=3, mode=mode, num_ctas=5, max_rows=16, **prefill)
+    on_prefill = family == "prefill" and B > cp.planner.tile_q
     for lp in (last, np.full(B, ps, np.int32)):
         fast, full = cp.planset.allocate(), cp.planset.allocate()
+        fast[:] = full[:] = 0xAB   # the same stale bytes under both
         info = cp.plan_shared(None, kv_indptr, idx, lp, out=fast)
-        assert info.union is None and info.level_prefill_items[0] > 0   # the one-prefix path
+        assert info.union is None and (info.prefill is None) == (family == "no-prefill")   # the one-prefix path
+        assert (info.level_prefill_items[0] > 0) == on_prefill and info.level_prefill_items[1] == 0
         ref = cp.plan_union(prefix_union(validate_batch(None, kv_indptr, idx, lp, ps), 3), full)
         assert bytes(fast) == bytes(full)
-        assert (info.num_state_rows, info.num_pages, info.level_items.tolist()) == \
-            (ref.num_state_rows, ref.num_pages, ref.level_items.tolist())
+        _same_info(info, ref)
     if B * prefix_pages * ps <= 64 * 600:
         q = np.random.default_rng(1).standard_normal((B, 8, 64))
         k, v = np.random.default_rng(2).standard_normal((2, pool, ps, 2, 64))

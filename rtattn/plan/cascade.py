@@ -59,15 +59,22 @@ PREFILL_BORROWED = ("req_qo_start", "req_qo_len", "req_kv_page_start", "req_kv_l
 PREFILL_MIN_SAVING_US = 40.0
 
 
+def prefill_group(qo_len: int, kv_len: int, decode_tile_q: int, saving_us=None) -> bool:
+    """The family rule for one group: True where it runs on prefill tiles -- more queries than
+    one decode work item holds (decode_tile_q), KV to read, and (given `saving_us(qo, kv)`, the
+    cost rule's predicted saving, rtattn.families.choice.shared_group_saving_us) a saving above
+    PREFILL_MIN_SAVING_US."""
+    return qo_len > decode_tile_q and kv_len > 0 and (saving_us is None or saving_us(qo_len, kv_len) >
+                                                      PREFILL_MIN_SAVING_US)
+
+
 def prefill_groups(qo_len: np.ndarray, kv_len: np.ndarray, decode_tile_q: int, saving_us=None) -> np.ndarray:
-    """The family rule: bool[groups], True where a group runs on prefill tiles -- more queries
-    than one decode work item holds (decode_tile_q), KV to read, and (given `saving_us(qo, kv)`,
-    the cost rule's predicted saving, rtattn.families.choice.shared_group_saving_us) a saving
-    above PREFILL_MIN_SAVING_US."""
+    """The family rule (prefill_group) over groups: bool[groups]; the cost rule runs only on the
+    groups the size test keeps."""
     on = (qo_len > decode_tile_q) & (kv_len > 0)
     if saving_us is not None:
         for g in np.flatnonzero(on):
-            on[g] = saving_us(int(qo_len[g]), int(kv_len[g])) > PREFILL_MIN_SAVING_US
+            on[g] = prefill_group(int(qo_len[g]), int(kv_len[g]), decode_tile_q, saving_us)
     return on
 
 
@@ -152,6 +159,7 @@ class CascadePlanner:
         self.planset = PlanSet(parts)
         self._views = F.ViewCache(self._part_views)
         self._prefill_memo: dict = {}
+        self._tiles_memo: dict = {}
         self._ar = np.arange(max(self.max_state_rows, b.max_tiles, b.max_batch) + 1, dtype=np.int64)
         self._ar32 = np.arange(b.max_tiles + 1, dtype=np.int32)
         self._ones = np.ones(b.max_tiles, np.int32)
@@ -216,13 +224,14 @@ class CascadePlanner:
             qo_indptr = self._ar32[:B + 1] if B < self._ar32.shape[0] else np.arange(B + 1, dtype=np.int32)
         batch = validate_batch(qo_indptr, kv_indptr, kv_indices, kv_last_page_len, self.page_size,
                                num_pages=num_pages, max_batch=self.max_batch, max_qo_tokens=self.max_qo_tokens)
-        if self.prefill is not None and batch.qo_max == 1 and batch.qo_indptr.item(-1) == B > self.planner.tile_q:
+        if batch.qo_max == 1 and batch.qo_indptr.item(-1) == B:
             lcp = one_shared_prefix(batch, self.num_levels)
-            # (a decode query sits in its own last page, never shared: causal holds); the fast
-            # path puts the prefix on prefill tiles, so only where the family rule does too
-            if lcp and prefill_groups(np.array([B]), np.array([lcp * self.page_size]), self.planner.tile_q,
-                                      self.prefill_saving_us)[0]:
-                return self._plan_one_prefix(batch, lcp, out)
+            # (a decode query sits in its own last page, never shared: causal holds); the prefix
+            # goes to the family plan_union's rule would give it
+            if lcp:
+                on_prefill = self.prefill is not None and prefill_group(B, lcp * self.page_size, self.planner.tile_q,
+                                                                        self.prefill_saving_us)
+                return self._plan_one_prefix(batch, lcp, on_prefill, out)
         union = prefix_union(batch, self.num_levels)
         if causal:
             R = union.req_qo_indptr.shape[0] - 1
@@ -275,37 +284,41 @@ class CascadePlanner:
         v["fold_info"][:3] = (N, R, L)
         return CascadeInfo(infos[0], union.level_of, L, N, R, nnz, v, infos[1] if len(infos) > 1 else None, union)
 
-    def _plan_one_prefix(self, batch: Batch, lcp: int, out=None) -> CascadeInfo:
+    def _plan_one_prefix(self, batch: Batch, lcp: int, on_prefill: bool, out=None) -> CascadeInfo:
         """plan_union for the step of serving parallel samples or a system prompt, without the
-        union's intermediate arrays: B decode requests over one prefix of `lcp` pages (group 0,
-        on prefill tiles), each with its own pages (groups 1..B, on decode). The plan set is
-        byte for byte plan_union's (tests/test_cascade_plan.py); the fold map is written in
-        closed form where every row has the same prefill chunks and one suffix item."""
+        union's intermediate arrays: B decode requests over one prefix of `lcp` pages (group 0:
+        on prefill tiles if `on_prefill`, else decode query tiles of tile_q requests scheduled
+        with the suffixes), each with its own pages (groups 1..B, on decode). The plan set is
+        byte for byte plan_union's (tests/test_cascade_plan.py); for a prefix on prefill tiles the
+        fold map is written in closed form where every row has the same prefill chunks and one
+        suffix item."""
         buf = out if out is not None else self.planset.allocate()
         v = self._views.get(buf)
-        B, ps, n = batch.batch, self.page_size, batch.kv_indptr.item(1)
+        B, ps, n, tq = batch.batch, self.page_size, batch.kv_indptr.item(1), self.planner.tile_q
         own, P, Bp = n - lcp, lcp * ps, B + 1
         nnz = lcp + B * own
         if nnz > self.planner.bounds.max_pages:
             raise ValueError(f"the levels hold {nnz} pages, exceeding max_pages={self.planner.bounds.max_pages} "
                              f"(a page counts once per level group that holds it)")
-        suffix = batch.kv_len - P
-        res = self.planner._schedule(Batch(self._ar32[:B + 1], None, None, None, self._ones[:B], suffix, ps, 1),
-                                     partials=False)
-        d_it = res["items"] if res["final"] is None else res["items"].take(res["final"], axis=1)
-        Rd = d_it.shape[1]                 # one query row per suffix item: state row = item
-        req = d_it[0].copy()               # the request (= query row) of each suffix item
-        d_it[5] = self._ar[:Rd]
-        d_it[6] = -1
-        np.multiply(req, own, out=d_it[7])
-        d_it[7] += lcp
-        d_it[0] += 1                       # group b + 1 is request b's suffix
-        p_it, p_res, tmpl, p_rows = self._prefill_items(np.array([B]), np.array([P]), self._ar[:1], None)
-        p_it[5] += Rd
-        R = Rd + p_rows
+        T0 = 0 if on_prefill else -(-B // tq)    # the prefix's decode query tiles
+        t_grp, t_row, t_len = self._one_prefix_tiles(B, T0)
+        t_kv = np.empty(T0 + B, np.int64)
+        t_kv[:T0] = P
+        np.subtract(batch.kv_len, P, out=t_kv[T0:])
+        d_it, d_res = self._tile_items(t_grp, t_row, t_len, t_kv)
+        R = _state_rows(d_it, 0)
+        parts = [(d_it, d_res, self.planner, v["plan"])]
+        tmpl = None
+        if self.prefill is not None:
+            if on_prefill:
+                p_it, p_res, tmpl, p_rows = self._prefill_items(np.array([B]), np.array([P]), self._ar[:1], None)
+            else:   # plan_union's empty prefill part
+                p_it, p_res, _, p_rows = self._prefill_items(self._ar[:0], self._ar[:0], self._ar[:0], self._ar[:0])
+            p_it[5] += R
+            t0, R = R, R + p_rows          # t0: the template's first state row
+            parts.append((p_it, p_res, self.prefill, v["prefill"]))
         if R > self.max_state_rows:
             raise ValueError(f"plan needs {R} state rows, exceeding {self.max_state_rows}")
-        p_it[7] = 0
         pv = v["plan"]
         pv["req_qo_start"][0] = 0
         pv["req_qo_start"][1:Bp] = self._ar[:B]
@@ -315,27 +328,46 @@ class CascadePlanner:
         np.multiply(self._ar[:B], own, out=pv["req_kv_page_start"][1:Bp], casting="unsafe")
         pv["req_kv_page_start"][1:Bp] += lcp
         pv["req_kv_len"][0] = P
-        pv["req_kv_len"][1:Bp] = suffix
+        pv["req_kv_len"][1:Bp] = t_kv[T0:]
         m = batch.kv_indices[:n * B].reshape(B, n)
         ids = pv["kv_indices"]
         ids[:lcp] = m[0, :lcp]
         ids[lcp:nnz].reshape(B, own)[:] = m[:, lcp:]
-        parts = [(d_it, res, self.planner, pv), (p_it, p_res, self.prefill, v["prefill"])]
+        d_it[7] = pv["req_kv_page_start"].take(d_it[0])
+        if on_prefill:
+            p_it[7] = 0                    # the prefix's pages come first
         infos = self._write_parts(buf, parts, R, Bp, B)
         level_of = self._level01[:Bp]
         if tmpl is not None and d_it.shape[1] == B:   # c prefill chunks per row, then its one suffix item
             c = tmpl.shape[1]
             fr = v["fold_rows"][:R].reshape(B, c + 1)
-            np.add(tmpl, Rd, out=fr[:, :c])
-            fr[:, c][req] = self._ar[:B]
+            np.add(tmpl, t0, out=fr[:, :c])
+            fr[:, c][d_it[1]] = d_it[5]
             np.multiply(self._ar[:B + 1], c + 1, out=v["fold_indptr"][:B + 1], casting="unsafe")
         else:
-            self._fold_map(v, np.concatenate([d_it, p_it], axis=1), level_of, B, 2, R)
+            self._fold_map(v, np.concatenate([p[0] for p in parts], axis=1), level_of, B, 2, R)
         np.subtract(batch.kv_len, 1, out=v["q_pos"][:B])
         v["kv_offset"][0] = 0
         v["kv_offset"][1:Bp] = P
         struct.pack_into("=3i", v["fold_info"], 0, B, R, 2)
-        return CascadeInfo(infos[0], level_of, 2, B, R, nnz, v, infos[1])
+        return CascadeInfo(infos[0], level_of, 2, B, R, nnz, v, infos[1] if len(infos) > 1 else None)
+
+    def _one_prefix_tiles(self, B: int, T0: int):
+        """(group, first real row, rows) of each decode query tile, as _decode_items makes them
+        for one prefix: its T0 tiles of tile_q requests (group 0), then each request's suffix
+        (group b + 1). Remembered: they depend only on B and T0."""
+        hit = self._tiles_memo.get((B, T0))
+        if hit is None:
+            tq, T = self.planner.tile_q, T0 + B
+            t_grp, t_row, t_len = (np.empty(T, np.int64) for _ in range(3))
+            t_grp[:T0], t_grp[T0:] = 0, self._ar[1:B + 1]
+            t_row[:T0], t_row[T0:] = self._ar[:T0] * tq, self._ar[:B]
+            t_len[:T0], t_len[T0:] = tq, 1
+            t_len[T0 - 1:T0] = B - (T0 - 1) * tq
+            if len(self._tiles_memo) >= PREFILL_MEMO:
+                self._tiles_memo.clear()
+            hit = self._tiles_memo[(B, T0)] = (t_grp, t_row, t_len)
+        return hit
 
     def _write_parts(self, buf, parts, R: int, Bp: int, N: int) -> list[PlanInfo]:
         """Each family's items, queues and header into its plan part."""
@@ -385,9 +417,14 @@ class CascadePlanner:
             t_j *= tq
             t_row = real0.take(t_grp) + t_j
             t_len = np.minimum(qo_len.take(t_g) - t_j, tq)
+        return self._tile_items(t_grp, t_row, t_len, pb.kv_len.take(t_grp))
+
+    def _tile_items(self, t_grp, t_row, t_len, t_kv):
+        """Decode query tiles (group, first real row, rows, KV tokens each) scheduled as
+        one-query requests, then the items written for the real tiles, in queue order."""
         T = t_grp.shape[0]
-        res = self.planner._schedule(Batch(self._ar32[:T + 1], None, None, None, self._ones[:T],
-                                           pb.kv_len.take(t_grp), self.page_size, 1), partials=False)
+        res = self.planner._schedule(Batch(self._ar32[:T + 1], None, None, None, self._ones[:T], t_kv,
+                                           self.page_size, 1), partials=False)
         it = res["items"] if res["final"] is None else res["items"].take(res["final"], axis=1)
         tile = it[0]
         grp = t_grp.take(tile)
@@ -455,12 +492,14 @@ def _state_rows(it: np.ndarray, first: int) -> int:
     nothing merges in the kernel: the fold does): item_partial, and item_merge = -1. Returns
     the next free row."""
     ql = it[2]
-    ends = np.cumsum(ql)
-    end = first + (ends.item(-1) if ql.shape[0] else 0)
-    it[5] = ends - ql
-    it[5] += first
     it[6] = -1
-    return end
+    if not ql.shape[0]:
+        return first
+    ends = np.add.accumulate(ql)   # (np.cumsum's wrapper costs more than the sum at these sizes)
+    np.subtract(ends, ql, out=it[5])
+    if first:
+        it[5] += first
+    return first + ends.item(-1)
 
 def execute_cascade(info: CascadeInfo, q, k_cache, v_cache, var=None, kv_layout: str = "NHD"):
     """Run a cascade plan in float64 the way the kernels do (rtattn.plan.executor for each
