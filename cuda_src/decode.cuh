@@ -410,15 +410,18 @@ __device__ __forceinline__ void decode_persistent(const P& p, char* smem) {
 
     float o[M_TILES][D / 8][4];
     float m_run[M_TILES][2], l_run[M_TILES][2];
+    auto fresh_state = [&] {  // an empty online softmax: the item's start (and each invariant chunk's)
 #pragma unroll
-    for (int mi = 0; mi < M_TILES; ++mi) {
+      for (int mi = 0; mi < M_TILES; ++mi) {
 #pragma unroll
-      for (int dn = 0; dn < D / 8; ++dn)
+        for (int dn = 0; dn < D / 8; ++dn)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) o[mi][dn][e] = 0.f;
-      m_run[mi][0] = m_run[mi][1] = -INFINITY;
-      l_run[mi][0] = l_run[mi][1] = 0.f;
-    }
+          for (int e = 0; e < 4; ++e) o[mi][dn][e] = 0.f;
+        m_run[mi][0] = m_run[mi][1] = -INFINITY;
+        l_run[mi][0] = l_run[mi][1] = 0.f;
+      }
+    };
+    fresh_state();
     int chunk = 0;  // batch-invariant: chunks of this item combined so far
 
     // ---- Combine the warps, one 16-row tile at a time, in the stage of the last block computed:
@@ -743,15 +746,7 @@ __device__ __forceinline__ void decode_persistent(const P& p, char* smem) {
           __syncthreads();  // every warp is done with this block's stage
           combine_warps(reinterpret_cast<float*>(stage_at(blocks_done % STAGES)), last);
           ++chunk;
-#pragma unroll
-          for (int mi = 0; mi < M_TILES; ++mi) {
-#pragma unroll
-            for (int dn = 0; dn < D / 8; ++dn)
-#pragma unroll
-              for (int e = 0; e < 4; ++e) o[mi][dn][e] = 0.f;
-            m_run[mi][0] = m_run[mi][1] = -INFINITY;
-            l_run[mi][0] = l_run[mi][1] = 0.f;
-          }
+          fresh_state();
         }
       }
     }
