@@ -115,9 +115,10 @@ class _LevelsKernel(BatchDecodeWrapper):
 
     folds_chunks = False   # one state per item: the cascade's state rows (fixed batch-invariant chunks)
 
-    def __init__(self, *args, max_batch, max_qo_tokens, num_levels, prefill_planner=None, prefill_rule=True, **kw):
+    def __init__(self, *args, max_batch, max_qo_tokens, num_levels, prefill_planner=None, prefill_saving_us=None,
+                 **kw):
         self._cascade_bounds = (max_batch, max_qo_tokens, num_levels)
-        self._prefill_planner, self._prefill_rule = prefill_planner, prefill_rule
+        self._prefill_planner, self._prefill_saving_us = prefill_planner, prefill_saving_us
         super().__init__(*args, max_batch=max_batch * num_levels, max_qo_tokens=max_qo_tokens * num_levels, **kw)
         self._may_split = False   # its launch is the decode kernel alone: the cascade's fold merges
 
@@ -125,9 +126,8 @@ class _LevelsKernel(BatchDecodeWrapper):
         # Called by BatchDecodeWrapper.__init__ once its planner exists: the cascade planner
         # wraps it (and the prefill family's planner), and the workspace holds
         # [plan set | state O | state LSE].
-        saving = shared_group_rule(self.num_qo_heads, self.num_kv_heads, self.head_dim) if self._prefill_rule else None
         self.cascade = CascadePlanner(self.planner, *self._cascade_bounds, prefill=self._prefill_planner,
-                                      prefill_saving_us=saving)
+                                      prefill_saving_us=self._prefill_saving_us)
         rows, H, D = self.cascade.max_state_rows, self.num_qo_heads, self.head_dim
         self.state_o_offset = align_up(self.cascade.planset.plan_bytes)
         self.state_lse_offset = align_up(self.state_o_offset + rows * H * D * 4)
@@ -222,7 +222,8 @@ class CascadeWrapper:
                                     max_pages=max_pages, max_qo_tokens=self.max_qo_tokens, num_levels=num_levels,
                                     variant=spec, dtype=dtype, kv_layout=kv_layout, mode=mode, pdl=pdl,
                                     num_ctas=num_ctas, num_pages_pool=num_pages_pool, device=device,
-                                    prefill_planner=pp, prefill_rule=prefill == "auto")
+                                    prefill_planner=pp, prefill_saving_us=shared_group_rule(
+                                        num_qo_heads, num_kv_heads, head_dim) if prefill == "auto" else None)
         k = self.kernel
         self.device, self.spec, self.page_size, self.dtype = k.device, k.spec, page_size, dtype
         self.num_qo_heads, self.head_dim = num_qo_heads, head_dim

@@ -363,7 +363,8 @@ class CascadePlanner:
             t_grp[:T0], t_grp[T0:] = 0, self._ar[1:B + 1]
             t_row[:T0], t_row[T0:] = self._ar[:T0] * tq, self._ar[:B]
             t_len[:T0], t_len[T0:] = tq, 1
-            t_len[T0 - 1:T0] = B - (T0 - 1) * tq
+            if T0:
+                t_len[T0 - 1] = B - (T0 - 1) * tq   # the prefix's last tile holds the rest
             if len(self._tiles_memo) >= PREFILL_MEMO:
                 self._tiles_memo.clear()
             hit = self._tiles_memo[(B, T0)] = (t_grp, t_row, t_len)
