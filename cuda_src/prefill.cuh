@@ -14,16 +14,13 @@
 // float32 partial rows folded afterwards by the shared merge kernel (merge.cuh), which also joins
 // an attention sink to a split row.
 #pragma once
-#include "epilogue.cuh"
-#include "online_softmax.cuh"
 #include "paged_loader.cuh"
+#include "prefill_rows.cuh"
 #include "ptx.cuh"
 #include "query_transform.cuh"
 #include "swizzle.cuh"
 
 namespace rtattn {
-
-template <bool B> struct BoolConst { static constexpr bool value = B; };
 
 template <int HEAD_DIM, int NUM_WARPS, int MMA_Q, int TILE_KV, int STAGES, int ELEM_BYTES>
 struct PrefillShape {
@@ -160,19 +157,13 @@ __device__ __forceinline__ void prefill_persistent(const P& p, char* smem) {
         for (int kk = 0; kk < KT; ++kk) ldmatrix_x4(qa[mi][kk], Tile::kstep(q_lane + mi * kGroupBytes, kk));
     }
 
-    // Rows this thread holds: mi*16 + lane/4 + 8h of the warp's rows. Padding rows borrow the
-    // last real row's indices so hooks never see a query outside the request. Only the hooks
-    // need them: kept in registers for a variant that transforms every logit, else recomputed
-    // in the (rare) masked blocks, so the common block holds no registers for them.
+    // Rows this thread holds: mi*16 + lane/4 + 8h of the warp's rows. Only the hooks need their
+    // indices: kept in registers for a variant that transforms every logit, else recomputed in
+    // the (rare) masked blocks, so the common block holds no registers for them.
     auto row_ids = [&](int (&idx)[MMA_Q][2], int (&head)[MMA_Q][2]) {
 #pragma unroll
       for (int mi = 0; mi < MMA_Q; ++mi)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int r = min(warp_row0 + mi * 16 + lane / 4 + 8 * h, rows_valid - 1);
-          idx[mi][h] = qo_idx0 + r / heads;
-          head[mi][h] = first_qo_head + r % heads;
-        }
+        group_row_ids(idx[mi], head[mi], warp_row0 + mi * 16, rows_valid, heads, qo_idx0, first_qo_head, lane);
     };
     int row_qo_idx[MMA_Q][2], row_qo_head[MMA_Q][2];
     if constexpr (Variant::has_logits_transform) row_ids(row_qo_idx, row_qo_head);
@@ -259,33 +250,9 @@ __device__ __forceinline__ void prefill_persistent(const P& p, char* smem) {
         row_ids(row_qo_idx, row_qo_head);
       uint32_t pa[MMA_Q][KS][4];
 #pragma unroll
-      for (int mi = 0; mi < MMA_Q; ++mi) {
-#pragma unroll
-        for (int n = 0; n < NT; ++n)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int h = e / 2;
-            const int kv_pos = pos0 + n * 8 + (lane % 4) * 2 + (e & 1);
-            float x = s[mi][n][e];
-            if constexpr (Variant::has_logits_transform)  // else sm_scale_log2 joins the exponent's FMA
-              x = var.LogitsTransform(p, x * p.sm_scale, row_qo_idx[mi][h], kv_pos, row_qo_head[mi][h], kv_head);
-            if constexpr (kMasked) {
-              bool keep = kv_pos < hi;
-              if constexpr (Variant::has_logits_mask)
-                keep = keep && var.LogitsMask(p, row_qo_idx[mi][h], kv_pos, row_qo_head[mi][h], kv_head);
-              x = keep ? x : -INFINITY;
-            }
-            s[mi][n][e] = x;
-          }
-        sm[mi].update(s[mi], o[mi], Variant::has_logits_transform ? kLog2e : p.sm_scale_log2);
-#pragma unroll
-        for (int j = 0; j < KS; ++j) {
-          pa[mi][j][0] = pack2<T>(s[mi][2 * j][0], s[mi][2 * j][1]);
-          pa[mi][j][1] = pack2<T>(s[mi][2 * j][2], s[mi][2 * j][3]);
-          pa[mi][j][2] = pack2<T>(s[mi][2 * j + 1][0], s[mi][2 * j + 1][1]);
-          pa[mi][j][3] = pack2<T>(s[mi][2 * j + 1][2], s[mi][2 * j + 1][3]);
-        }
-      }
+      for (int mi = 0; mi < MMA_Q; ++mi)
+        logits_to_p<kMasked>(p, var, sm[mi], s[mi], o[mi], pa[mi], pos0, hi, row_qo_idx[mi], row_qo_head[mi],
+                             kv_head, lane);
 
       // ---- O += P V
       const uint32_t v_base = smem_addr(v_stage(st)) + v_lane;
@@ -318,29 +285,10 @@ __device__ __forceinline__ void prefill_persistent(const P& p, char* smem) {
     }
     cp_async_wait<0>();  // only empty groups can remain; the next item refills every stage
 
-    // ---- Epilogue: each row's quad sums its weights; rows past the item are not written. A
-    // sink joins a row's softmax once, where its state is final: here for writethrough rows,
-    // in the merge kernel for split ones.
+    // ---- Epilogue
 #pragma unroll
     for (int mi = 0; mi < MMA_Q; ++mi)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const float l_total = sm[mi].total(h);
-        const int r = warp_row0 + mi * 16 + lane / 4 + 8 * h;
-        if (r < rows_valid) {
-          const int t = r / heads, qo_head = first_qo_head + r % heads;
-          float norm = (Variant::use_softmax && l_total > 0.f) ? 1.f / l_total : 1.f;
-          float lse = sm[mi].lse(h, l_total);
-          if constexpr (Variant::has_sink) {
-            if (partial_row < 0) {
-              const SinkJoin j = join_sink(sm[mi].m[h], l_total, var.SinkLogit(p, qo_head) * kLog2e);
-              norm = j.l > 0.f ? j.scale / j.l : 0.f;
-              lse = j.l > 0.f ? (j.top + __log2f(j.l)) * kLn2 : -INFINITY;
-            }
-          }
-          store_row(p, var, o[mi], h, norm, lse, q_row0 + t, qo_head, partial_row < 0 ? -1 : partial_row + t, lane);
-        }
-      }
+      store_group(p, var, sm[mi], o[mi], warp_row0 + mi * 16, rows_valid, heads, first_qo_head, q_row0, partial_row, lane);
   }
 }
 

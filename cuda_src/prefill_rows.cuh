@@ -1,0 +1,89 @@
+// One 16-row group of a prefill tile, on accumulators in the mma m16n8 C layout (thread holds
+// rows lane/4 and lane/4 + 8, columns (lane%4)*2 + {0,1} of each 8-column chunk): the per-block
+// logits (transform, mask, online softmax, P packing) and the epilogue. Shared by the prefill
+// kernels: the mma.sync kernel (prefill.cuh) and the wgmma one (prefill_sm90.cuh), whose
+// m64nN accumulators are, per warp, exactly N/8 such chunks.
+#pragma once
+#include "epilogue.cuh"
+#include "online_softmax.cuh"
+#include "ptx.cuh"
+
+namespace rtattn {
+
+template <bool B> struct BoolConst { static constexpr bool value = B; };
+
+// The query index and head of the two rows (h = 0, 1) this thread holds in the 16-row group that
+// starts at fused row `row0`. Padding rows borrow the last real row's indices so hooks never see
+// a query outside the request.
+__device__ __forceinline__ void group_row_ids(int (&idx)[2], int (&head)[2], int row0, int rows_valid, int heads,
+                                              int qo_idx0, int first_qo_head, int lane) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = min(row0 + lane / 4 + 8 * h, rows_valid - 1);
+    idx[h] = qo_idx0 + r / heads;
+    head[h] = first_qo_head + r % heads;
+  }
+}
+
+// Logits s of KV tokens [pos0, pos0 + 8 NT) -> transform -> mask (tokens at or past `hi` and the
+// variant's LogitsMask, when MASKED) -> online softmax (log2 units) -> P as mma A fragments
+// (KS = NT / 2 k-steps of 16 tokens). O is rescaled in place when the row max moves.
+template <bool MASKED, class Variant, class P, class SM, int NT, int DT>
+__device__ __forceinline__ void logits_to_p(const P& p, Variant& var, SM& sm, float (&s)[NT][4], float (&o)[DT][4],
+                                            uint32_t (&pa)[NT / 2][4], int pos0, int hi, const int (&qo_idx)[2],
+                                            const int (&qo_head)[2], int kv_head, int lane) {
+  using T = typename P::DType;
+#pragma unroll
+  for (int n = 0; n < NT; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int h = e / 2;
+      const int kv_pos = pos0 + n * 8 + (lane % 4) * 2 + (e & 1);
+      float x = s[n][e];
+      if constexpr (Variant::has_logits_transform)  // else sm_scale_log2 joins the exponent's FMA
+        x = var.LogitsTransform(p, x * p.sm_scale, qo_idx[h], kv_pos, qo_head[h], kv_head);
+      if constexpr (MASKED) {
+        bool keep = kv_pos < hi;
+        if constexpr (Variant::has_logits_mask) keep = keep && var.LogitsMask(p, qo_idx[h], kv_pos, qo_head[h], kv_head);
+        x = keep ? x : -INFINITY;
+      }
+      s[n][e] = x;
+    }
+  sm.update(s, o, Variant::has_logits_transform ? kLog2e : p.sm_scale_log2);
+#pragma unroll
+  for (int j = 0; j < NT / 2; ++j) {
+    pa[j][0] = pack2<T>(s[2 * j][0], s[2 * j][1]);
+    pa[j][1] = pack2<T>(s[2 * j][2], s[2 * j][3]);
+    pa[j][2] = pack2<T>(s[2 * j + 1][0], s[2 * j + 1][1]);
+    pa[j][3] = pack2<T>(s[2 * j + 1][2], s[2 * j + 1][3]);
+  }
+}
+
+// Epilogue of a 16-row group starting at fused row `row0`: each row's quad sums its weights; rows
+// past the item are not written. A sink joins a row's softmax once, where its state is final:
+// here for writethrough rows, in the merge kernel for split ones.
+template <class Variant, class P, class SM, int DT>
+__device__ __forceinline__ void store_group(const P& p, const Variant& var, const SM& sm, const float (&o)[DT][4],
+                                            int row0, int rows_valid, int heads, int first_qo_head, int q_row0,
+                                            int partial_row, int lane) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const float l_total = sm.total(h);
+    const int r = row0 + lane / 4 + 8 * h;
+    if (r < rows_valid) {
+      const int t = r / heads, qo_head = first_qo_head + r % heads;
+      float norm = (Variant::use_softmax && l_total > 0.f) ? 1.f / l_total : 1.f;
+      float lse = sm.lse(h, l_total);
+      if constexpr (Variant::has_sink) {
+        if (partial_row < 0) {
+          const SinkJoin j = join_sink(sm.m[h], l_total, var.SinkLogit(p, qo_head) * kLog2e);
+          norm = j.l > 0.f ? j.scale / j.l : 0.f;
+          lse = j.l > 0.f ? (j.top + __log2f(j.l)) * kLn2 : -INFINITY;
+        }
+      }
+      store_row(p, var, o, h, norm, lse, q_row0 + t, qo_head, partial_row < 0 ? -1 : partial_row + t, lane);
+    }
+  }
+}
+
+}  // namespace rtattn
