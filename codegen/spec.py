@@ -55,6 +55,9 @@ class AttentionSpec:
     o_dtype: str | None = None   # output: bfloat16 | float16 (default q's)
     # Batch-invariant plans (decode): items fold fixed chunks' states (cuda_src/decode.cuh INVARIANT)
     invariant: bool = False
+    # A cascade level launched after another level (decode only): no wait at entry, one before
+    # exiting (cuda_src/decode.cuh RTATTN_INDEPENDENT_LEVEL)
+    independent: bool = False
 
     def __post_init__(self):
         if not _IDENT.match(self.variant):
@@ -109,7 +112,7 @@ class AttentionSpec:
         kv = "" if self.kv_dtype == self.q_dtype else f"_kv{_SHORT.get(self.kv_dtype, self.kv_dtype)}"
         o = "" if self.o_dtype == self.q_dtype else f"_o{self.o_dtype}"
         return (f"{self.variant}_{self.q_dtype}{kv}{o}_d{self.head_dim}_m{self.m_tiles}"
-                f"_w{self.num_warps}_s{self.stages}{'_inv' if self.invariant else ''}")
+                f"_w{self.num_warps}_s{self.stages}{'_inv' if self.invariant else ''}{'_ind' if self.independent else ''}")
 
     def with_(self, **changes) -> "AttentionSpec":
         """replace(); `dtype=` sets q's type, and the KV and output types that followed it."""

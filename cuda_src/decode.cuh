@@ -147,6 +147,11 @@ __device__ __forceinline__ void merge_tile(const P& p, Variant& var, int entry0,
   }
 }
 
+// RTATTN_INDEPENDENT_LEVEL (defined by a cascade's decode build, codegen spec `independent`): the
+// kernel reads nothing the previous grid writes -- that grid is another cascade level, launched
+// first, which waited for the step's inputs before letting this one launch -- so it starts at
+// once and waits for that grid only before exiting: the two levels run concurrently, and the
+// fold's wait for this grid still covers both. Undefined, the code is as before (same SASS).
 // INVARIANT (batch-invariant plans, plan_info chunk_tokens C): an item is a run of C-token chunks
 // (items start on chunk boundaries, C is a multiple of BT, so blocks are chunk aligned). Each
 // chunk starts a fresh online softmax; its warps' combine gives the chunk's normalized state; a
@@ -307,7 +312,9 @@ __device__ __forceinline__ void decode_persistent(const P& p, char* smem) {
   peek_item(ld_item);
   enter_item();
   fetch_pages();
+#ifndef RTATTN_INDEPENDENT_LEVEL
   wait_for_previous_grid();
+#endif
   allow_next_grid();  // a dependent kernel waits for this grid's completion anyway: launch it now
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) issue_block(s);
@@ -785,6 +792,9 @@ __device__ __forceinline__ void decode_persistent(const P& p, char* smem) {
     }
   }
   cp_async_wait<0>();  // only empty groups remain: the stream ended with the last item
+#ifdef RTATTN_INDEPENDENT_LEVEL
+  wait_for_previous_grid();  // complete only after the previous grid: the next kernel's wait covers both
+#endif
 }
 
 }  // namespace rtattn

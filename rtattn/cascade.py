@@ -11,8 +11,10 @@ one host-to-device copy. A shared group is one "request" whose queries are all i
 so its KV is read once per query tile; groups shared by more queries than a decode tile holds
 run on the prefill family's tensor-core tiles (128 fused rows: 32 queries at 32/8 heads), the
 rest on the decode kernel (rtattn.plan.cascade.prefill_groups is the rule). run() enqueues one
-launch list (PDL): the persistent decode kernel, the persistent prefill kernel, and the fold
-kernel that combines each query's level states with ⊕ into the output and LSE. Every kernel
+launch list (PDL): the persistent prefill kernel, the persistent decode kernel (which reads
+nothing the prefill kernel writes, so it runs concurrently: it waits for that grid only before
+exiting), and the fold kernel that combines each query's level states with ⊕ into the output
+and LSE. Every kernel
 has a fixed grid and reads only fixed workspace addresses, so a captured graph
 (rtattn.graphs.StepGraph) replays across replans, requests joining and leaving shared
 prefixes included.
@@ -79,13 +81,15 @@ def level_spec(base: AttentionSpec) -> tuple[AttentionSpec, bool, bool]:
                       **unclipped), True, causal
 
 
-def shared_prefill_tile(device: plan_devices.Device, head_dim: int, group: int, page_size: int):
-    """The prefill family's tile for shared groups (its policy at the most fused rows: many
-    queries share the group's KV), or None where the family cannot serve: pages past 128
-    tokens, a head group past its rows."""
+def shared_prefill_tile(device: plan_devices.Device, head_dim: int, group: int, page_size: int, max_queries: int):
+    """The prefill family's tile for shared groups: its policy for a group of `max_queries`
+    queries (the most one group can hold: every query of the step), i.e. the smallest tile that
+    holds them, at most 128 fused rows -- 16 decode queries at 32/8 fill 64 rows, and a 128-row
+    tile would spend half its MMAs on padding. None where the family cannot serve: pages past
+    128 tokens, a head group past its rows."""
     if page_size > 128 or group > PREFILL_ROWS[-1]:
         return None
-    return choose_tile(device, head_dim, group, PREFILL_ROWS[-1])
+    return choose_tile(device, head_dim, group, max_queries)
 
 
 OUT_MEMBERS = ("o", "o_stride_tok", "o_stride_head", "lse")
@@ -101,11 +105,13 @@ def _out_members_at(cstruct) -> int:
     return at[0]
 
 
-def shared_group_rule(num_qo_heads: int, num_kv_heads: int, head_dim: int):
-    """(qo, kv) -> predicted us a shared group saves on prefill tiles (the family cost rule,
-    rtattn.families.choice), remembered: the cascade planner asks it per shared group per plan()."""
+def shared_group_rule(num_qo_heads: int, num_kv_heads: int, head_dim: int, prefill_rows: int | None = None):
+    """(qo, kv) -> predicted us a shared group saves on prefill tiles of `prefill_rows` fused rows
+    (the wrapper's tile; None: the family's policy per group) over decode tiles (the family cost
+    rule, rtattn.families.choice), remembered: the cascade planner asks it per shared group per plan()."""
     return functools.lru_cache(maxsize=256)(
-        functools.partial(choice.shared_group_saving_us, num_qo_heads, num_kv_heads, head_dim))
+        functools.partial(choice.shared_group_saving_us, num_qo_heads, num_kv_heads, head_dim,
+                          prefill_rows=prefill_rows))
 
 
 class _LevelsKernel(BatchDecodeWrapper):
@@ -171,7 +177,8 @@ class CascadeWrapper:
 
     CascadeWrapper(num_levels, H_qo, H_kv, D, page_size, max_batch=..., max_pages=...,
                    max_qo_tokens=None, variant="plain", dtype="bfloat16", kv_layout="NHD",
-                   mode="auto", m_tiles=None, num_ctas=None, pdl=True, prefill="auto")
+                   mode="auto", m_tiles=None, num_ctas=None, pdl=True, prefill="auto",
+                   concurrent_levels=True)
 
     `max_pages` bounds the pages of all levels together (a shared page counts once);
     `max_qo_tokens` the query rows (default max_batch: decode). `m_tiles` (16-row query
@@ -181,16 +188,22 @@ class CascadeWrapper:
     runs on the prefill family's tiles (page sizes up to 128) where the family cost rule
     predicts it saves more than PREFILL_MIN_SAVING_US (rtattn.plan.cascade: long prefixes of
     many requests); True: every such group on prefill tiles; False: every group on decode.
+    The prefill tile is the smallest that holds max_qo_tokens queries (64 fused rows for 16
+    decode queries at 32/8), at most 128 rows.
     `num_ctas` is the decode kernel's grid; the prefill kernel's is its own resident wave.
+    `concurrent_levels` (default True; False: the A/B): with a prefill kernel, the decode
+    kernel runs concurrently with it instead of after it.
     """
 
     def __init__(self, num_levels: int, num_qo_heads: int, num_kv_heads: int, head_dim: int, page_size: int, *,
                  max_batch: int, max_pages: int, max_qo_tokens: int | None = None, variant="plain",
                  dtype: str = "bfloat16", kv_layout: str = "NHD", mode: str = "auto", m_tiles: int | None = None,
                  num_ctas: int | None = None, pdl: bool = True, num_pages_pool: int | None = None, device=None,
-                 prefill: bool | str = "auto"):
+                 prefill: bool | str = "auto", concurrent_levels: bool = True):
         if prefill not in (True, False, "auto"):
             raise ValueError(f"prefill must be 'auto', True or False, got {prefill!r}")
+        if not isinstance(concurrent_levels, bool):
+            raise TypeError(f"concurrent_levels must be a bool, got {concurrent_levels!r}")
         if not isinstance(num_levels, int) or num_levels < 1:
             raise ValueError(f"num_levels must be a positive int, got {num_levels!r}")
         group = num_qo_heads // max(num_kv_heads, 1)
@@ -212,19 +225,29 @@ class CascadeWrapper:
         self.num_levels = num_levels
         self.max_qo_tokens = max_qo_tokens or max_batch
         dev = plan_devices.from_props(W.current_device(device).props)
-        tile = shared_prefill_tile(dev, head_dim, group, page_size) if prefill else None
+        tile = shared_prefill_tile(dev, head_dim, group, page_size, self.max_qo_tokens) if prefill else None
         pp = None
         if tile is not None:   # the prefill family's planner: its tile, its grid (one resident wave)
             pp = Planner(max_batch * num_levels, self.max_qo_tokens * num_levels, max_pages, num_qo_heads,
                          num_kv_heads, head_dim, page_size, device=dev, mode=mode,
                          tile=tile_config(tile, head_dim, group))
+            if pp.tile_q <= max(1, spec.rows // group):   # (CascadePlanner's test: no group could need it)
+                tile = pp = None
+        # With a prefill kernel the launch list is prefill, decode, fold; the decode kernel reads
+        # nothing the prefill kernel writes, so (concurrent_levels) it runs alongside it
+        # (codegen spec `independent`: no wait at entry, one before exiting).
+        self.concurrent_levels = concurrent_levels and pp is not None
         self.kernel = _LevelsKernel(num_qo_heads, num_kv_heads, head_dim, page_size, max_batch=max_batch,
                                     max_pages=max_pages, max_qo_tokens=self.max_qo_tokens, num_levels=num_levels,
-                                    variant=spec, dtype=dtype, kv_layout=kv_layout, mode=mode, pdl=pdl,
-                                    num_ctas=num_ctas, num_pages_pool=num_pages_pool, device=device,
-                                    prefill_planner=pp, prefill_saving_us=shared_group_rule(
-                                        num_qo_heads, num_kv_heads, head_dim) if prefill == "auto" else None)
+                                    variant=spec.with_(independent=self.concurrent_levels), dtype=dtype,
+                                    kv_layout=kv_layout, mode=mode, pdl=pdl, num_ctas=num_ctas,
+                                    num_pages_pool=num_pages_pool, device=device, prefill_planner=pp,
+                                    prefill_saving_us=shared_group_rule(num_qo_heads, num_kv_heads, head_dim,
+                                                                        tile.rows if tile else None)
+                                    if prefill == "auto" else None)
         k = self.kernel
+        if (k.cascade.prefill is None) != (pp is None):
+            raise AssertionError("CascadePlanner and CascadeWrapper disagree on the prefill kernel")
         self.device, self.spec, self.page_size, self.dtype = k.device, k.spec, page_size, dtype
         self.num_qo_heads, self.head_dim = num_qo_heads, head_dim
         self.planner = k.cascade
@@ -233,7 +256,7 @@ class CascadeWrapper:
         self.prefill = None
         if self.planner.prefill is not None:
             self.prefill_tile = tile
-            self.prefill = prefill_kernels(k.spec, tile, self.device.ordinal)
+            self.prefill = prefill_kernels(k.spec.with_(independent=False), tile, self.device.ordinal)
             ptrs = self.planner.kernel_plan_ptrs(k.workspace_ptr)["prefill"]
             self._prefill_ptrs = tuple(ptrs[f] for f in FIELD_NAMES)
             self._write_prefill_ptrs = FieldWriter(k.kernels.rendered.params, [f"plan.{f}" for f in FIELD_NAMES])
@@ -325,10 +348,11 @@ class CascadeWrapper:
         else:
             self._bind_calls(launch)
         levels.check_plan()
-        # Eager, a plan with nothing on prefill tiles skips that kernel (a prepared launch keeps it:
-        # later plans it replays may use it).
-        idle = self.prefill is not None and self.info.prefill.num_items == 0
-        launch_path.enqueue(launch.calls[::2] if idle else launch.calls, levels.stream, self.device)
+        # Eager, a plan with nothing on prefill tiles skips that kernel where the decode kernel
+        # waits for the step's inputs itself (a concurrent one relies on the prefill kernel's wait;
+        # a prepared launch keeps it: later plans it replays may use it).
+        idle = self.prefill is not None and self.info.prefill.num_items == 0 and not self.concurrent_levels
+        launch_path.enqueue(launch.calls[1:] if idle else launch.calls, levels.stream, self.device)
         return (levels.out, levels.lse) if levels.lse is not None else levels.out
 
     def prepare(self, q, k_cache, v_cache=None, *, out=None, lse=None, stream=None, sm_scale=None,
@@ -343,15 +367,19 @@ class CascadeWrapper:
                                     exact=False))
 
     def _launch(self, levels) -> "CascadeLaunch":
-        """The launch list over the decode kernel's bound launch `levels`: its call, the prefill
-        kernel's (the same arguments with the prefill plan's pointers) and the fold's (its
-        fixed arguments, and the output pointers and strides of the decode arguments)."""
+        """The launch list over the decode kernel's bound launch `levels`: the prefill kernel's
+        call (the decode arguments with the prefill plan's pointers) where the wrapper has it,
+        the decode kernel's, and the fold's (its fixed arguments, and the output pointers and
+        strides of the decode arguments). The prefill kernel goes first: it waits for the
+        step's inputs, then lets the decode kernel launch, which (concurrent_levels) runs
+        alongside it and waits for it only before exiting."""
         pdl = self.kernel.pdl and self.kernel.kernels.pdl_capable
         calls = list(levels.calls)     # the decode kernel over its groups (no merge kernel: _LevelsKernel)
         if self.prefill is not None:
             r = self.prefill.rendered
-            calls.append(KernelCall(self.prefill.kernel, (self.planner.prefill.num_ctas, self.kernel.num_kv_heads, 1),
-                                    (r.threads, 1, 1), r.smem_bytes, Params(len(levels.args)), pdl))
+            calls.insert(0, KernelCall(self.prefill.kernel, (self.planner.prefill.num_ctas, self.kernel.num_kv_heads,
+                                                             1), (r.threads, 1, 1), r.smem_bytes,
+                                       Params(len(levels.args)), pdl))
         # The fold reads the states after griddepcontrol.wait: PDL overlaps its launch only.
         calls.append(KernelCall(fold_function(self.dtype, self.head_dim, self.softmax, self.device.ordinal),
                                 (self.fold_ctas, 1, 1), (THREADS, 1, 1), 0, Params(self._fold_template), pdl))
@@ -363,7 +391,7 @@ class CascadeWrapper:
         """Copy what the decode arguments hold for this call into the prefill and fold arguments."""
         src = ctypes.addressof(launch.levels.args.buffer)
         if self.prefill is not None:
-            args = launch.calls[1].params
+            args = launch.calls[0].params
             ctypes.memmove(args.buffer, src, args.nbytes)
             self._write_prefill_ptrs(args.buffer, self._prefill_ptrs)
         ctypes.memmove(ctypes.addressof(launch.calls[-1].params.buffer) + self._fold_out_at, src + self._out_at,
@@ -371,8 +399,8 @@ class CascadeWrapper:
 
 
 class CascadeLaunch(Launch):
-    """A validated cascade step: calling it enqueues the levels' kernels (decode, then prefill
-    where the wrapper has it) and the fold, one launch list. `levels` is the decode kernel's
+    """A validated cascade step: calling it enqueues the levels' kernels (prefill where the
+    wrapper has it, then decode) and the fold, one launch list. `levels` is the decode kernel's
     launch (its arguments, outputs and the plan checks of a replay)."""
 
     def __init__(self, wrapper: CascadeWrapper, levels, calls):

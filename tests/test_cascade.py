@@ -74,7 +74,7 @@ def _pinned_bytes(w):
 
 def test_plan_is_one_copy_of_one_plan_set_and_the_kernel_reads_it(fake_gpu):
     kv_indptr, idx, last, pool = one_prefix_batch(6, 256, 40, 16, seed=1)
-    w = C.CascadeWrapper(2, 32, 8, 128, 16, max_batch=8, max_pages=pool + 4, prefill=True)
+    w = C.CascadeWrapper(2, 32, 8, 128, 16, max_batch=16, max_pages=pool + 4, prefill=True)
     info = w.plan(None, kv_indptr, idx, last, share_prefixes=True)
     n = w.planner.planset.plan_bytes
     assert fake_gpu.copies[-1] == (w.workspace_ptr, w._pinned[0].ptr, n) and info.num_levels == 2
@@ -83,10 +83,12 @@ def test_plan_is_one_copy_of_one_plan_set_and_the_kernel_reads_it(fake_gpu):
     w.run(q, kc, vc, out=o, lse=lse)
     k = fake_gpu.kernels[0]
     assert k.grids == [(w.kernel.num_ctas, 8)] and len(k.launches) == 1
-    (dec, dec_args), (fc, fold) = enqueued(k, 2)   # 6 queries on the prefix: nothing on prefill tiles, run() skips it
-    pre = w.prepare(q, kc, vc, out=o, lse=lse).calls[1]   # a prepared launch keeps it for later plans
-    pre_args = bytes(pre.params)
+    # 6 queries on the prefix: nothing on prefill tiles, but the concurrent decode kernel relies on
+    # the prefill kernel's wait for the inputs: run() launches it all the same, first
+    (pre, pre_args), (dec, dec_args), (fc, fold) = enqueued(k)
+    assert w.concurrent_levels and w.kernel.spec.independent and not fake_gpu.prefill[0].spec.independent
     assert [c.name for c in (dec, fc)] == ["decode", "fold"] and all(c.pdl for c in (dec, pre, fc))
+    assert pre.name == fake_gpu.prefill[0].kernel.name and w.prefill_tile.rows == 64   # 16 queries x 4 heads
     ps = k.rendered.params.ctypes_type()
     st = ps.from_buffer_copy(dec_args)
     assert st.plan.work_indptr == w.workspace_ptr + w.kernel.layout.offsets["work_indptr"]
@@ -154,16 +156,24 @@ def test_run_rewrites_one_launch_list_as_prepare_packs_it(fake_gpu):
         ran = enqueued(k)
         calls.add(tuple(id(c) for c, _ in ran))
         assert [a for _, a in ran] == [bytes(c.params) for c in w.prepare(q, kc, vc, out=o, lse=lse).calls]
+        assert ran[0][0].name == fake_gpu.prefill[0].kernel.name and ran[1][0].name == "decode"
         f = params_struct("bfloat16").ctypes_type().from_buffer_copy(ran[2][1])
         assert (f.o, f.lse or 0, f.o_stride_tok, f.o_stride_head) == (o_ptr, lse_ptr, 32 * 128, 128)   # (null: None)
     assert len(calls) == 1   # the same three calls every time
-    # a plan with nothing on prefill tiles: run() skips the idle prefill kernel, prepare() keeps it
-    w.plan(None, *one_prefix_batch(6, 256, 40, 16)[:3], share_prefixes=True)
-    assert not w.info.level_prefill_items.any()
-    n = len(k.enqueued)
-    w.run(cuda((6, 32, 128)), kc, vc, out=cuda((6, 32, 128), ptr=1 << 34))
-    assert [c.name for c, _ in k.enqueued[n:]] == ["decode", "fold"]
-    assert len(w.prepare(cuda((6, 32, 128)), kc, vc, out=cuda((6, 32, 128), ptr=1 << 34)).calls) == 3
+    # a plan with nothing on prefill tiles: run() keeps the idle prefill kernel where the decode
+    # kernel is concurrent (it relies on the prefill kernel's wait), skips it where it is not
+    small = one_prefix_batch(6, 256, 40, 16)[:3]
+    for concurrent, names in ((True, 3), (False, 2)):
+        w = C.CascadeWrapper(2, 32, 8, 128, 16, max_batch=20, max_pages=pool, prefill=True,
+                             concurrent_levels=concurrent)
+        k = fake_gpu.kernels[-1]
+        assert w.kernel.spec.independent == concurrent and w.concurrent_levels == concurrent
+        w.plan(None, *small, share_prefixes=True)
+        assert not w.info.level_prefill_items.any()
+        n = len(k.enqueued)
+        w.run(cuda((6, 32, 128)), kc, vc, out=cuda((6, 32, 128), ptr=1 << 34))
+        assert [c.name for c, _ in k.enqueued[n:]][-2:] == ["decode", "fold"] and len(k.enqueued) - n == names
+        assert len(w.prepare(cuda((6, 32, 128)), kc, vc, out=cuda((6, 32, 128), ptr=1 << 34)).calls) == 3
 
 
 def test_levels_in_flashinfer_convention(fake_gpu):
@@ -197,7 +207,7 @@ def test_sinks_are_refused_across_levels(fake_gpu):
 
 def test_bad_input_is_refused_before_any_launch(fake_gpu):
     kv_indptr, idx, last, pool = one_prefix_batch(4, 64, 20, 16)
-    w = C.CascadeWrapper(2, 8, 8, 64, 16, max_batch=4, max_qo_tokens=24, max_pages=pool, variant="causal", prefill=True)
+    w = C.CascadeWrapper(2, 8, 8, 64, 16, max_batch=4, max_qo_tokens=40, max_pages=pool, variant="causal", prefill=True)
     lv = C.levels_from_page_tables(kv_indptr, idx, last, 16)
     arrs = [list(x) for x in zip(*lv)]
     with pytest.raises(TypeError, match="one array per level"):
@@ -257,13 +267,21 @@ def test_level_kernels_and_the_fold_compile(isolated_cache):
     from rtattn.level_fold import compile_fold
     spec, softmax, causal = C.level_spec(standard(causal=True, window=True, alibi=True, m_tiles=2))
     assert softmax and causal and spec.variant == "causal_window_alibi_levels"
-    assert compile_spec(spec, "sm_90", quiet=True)[1][:4] == b"\x7fELF"
+    # the decode kernel as a level running alongside the prefill kernel (the default with one)
+    from rtattn.families import decode
+    src = decode.render(spec.with_(independent=True), "h200").source
+    assert "#define RTATTN_INDEPENDENT_LEVEL 1" in src and "RTATTN_INDEPENDENT" not in decode.render(spec, "h200").source
+    assert compile_spec(spec.with_(independent=True), "sm_90", quiet=True)[1][:4] == b"\x7fELF"
     assert compile_fold("bfloat16", 128, True, "sm_90")[:4] == b"\x7fELF"
     # the shared groups' prefill kernel, on the same spec (its tile from the family's policy)
     from rtattn.families.prefill import compile_prefill
     from rtattn.families import resources
-    tile = C.shared_prefill_tile(resources.device_for_arch("sm_90"), 128, 4, 16)
-    assert tile.rows == 128 and C.shared_prefill_tile(resources.device_for_arch("sm_90"), 128, 4, 256) is None
+    h200 = resources.device_for_arch("sm_90")
+    tile = C.shared_prefill_tile(h200, 128, 4, 16, 64)
+    assert tile.rows == 128 and C.shared_prefill_tile(h200, 128, 4, 256, 64) is None
+    # the smallest tile holding every query of a step: 16 decode queries x 4 heads fill 64 rows
+    assert [C.shared_prefill_tile(h200, 128, 4, 16, n).rows for n in (9, 16, 17, 1000)] == [64, 64, 128, 128]
+    assert C.shared_prefill_tile(h200, 256, 4, 16, 64).rows == 64   # (head_dim 256: at most 64 rows)
     assert compile_prefill(spec, tile, "sm_90", quiet=True)[1][:4] == b"\x7fELF"
 
 

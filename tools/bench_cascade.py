@@ -15,8 +15,13 @@ requests sharing their own prompt, suffix 128; rtattn builds the levels itself
 Libraries, one process, same inputs: fi-casc (MultiLevelCascadeAttentionWrapper), fi-cc and
 fi-tc (BatchDecodeWithPagedKVCacheWrapper over each request's whole page table: single
 format), rt-single (BatchDecodeWrapper, single format), rt-casc (CascadeWrapper, levels from
-share_prefixes=True: shared groups on prefill tiles, the rest on decode with m_tiles 2), rt-dec
-(the same with every level on decode: prefill=False, the A/B) and rt-m1 (rt-dec with m_tiles 1). Every output is checked
+share_prefixes=True, the default prefill="auto": shared groups on prefill tiles where the cost
+rule says so, the rest on decode with m_tiles 2), rt-pre (every shared group past a decode
+tile on prefill tiles: prefill=True), rt-ser (rt-pre with the decode level after the prefill
+level instead of alongside it: concurrent_levels=False, the A/B), rt-dec (every level on
+decode: prefill=False) and rt-m1 (rt-dec with m_tiles 1). `--breakdown` also times each
+kernel of rt-ser's launch list alone (prefill, decode, fold: where the step's time goes).
+Every output is checked
 against a float32 torch reference (relative error < 2e-2) after an eager call and after the
 timed replays. Timing: tools/bench_common.time_graph (CUDA-graph replays, events, median).
 """
@@ -37,7 +42,10 @@ import bench_common as bc  # noqa: E402
 
 HQ, HKV, D, PAGE, SUFFIX = 32, 8, 128, 16, 128
 TOL = 2e-2
-LIBS = ("rt-casc", "rt-dec", "rt-m1", "rt-single", "fi-casc", "fi-cc", "fi-tc")
+LIBS = ("rt-casc", "rt-pre", "rt-ser", "rt-dec", "rt-m1", "rt-single", "fi-casc", "fi-cc", "fi-tc")
+# CascadeWrapper configurations: (prefill, concurrent_levels, m_tiles)
+RT_CASC = {"rt-casc": ("auto", True, 2), "rt-pre": (True, True, 2), "rt-ser": (True, False, 2),
+           "rt-dec": (False, True, 2), "rt-m1": (False, True, 1)}
 # PERF.md: FlashInfer cascade µs, single-format µs
 PERF_MD = {(1024, 16): (24.3, 36.6), (1024, 64): (44.6, 119.0), (8192, 16): (36.0, 196.0),
            (8192, 64): (72.7, 750.4), (32768, 16): (64.8, 735.2), (32768, 64): (148.0, 2906.4)}
@@ -69,12 +77,13 @@ def page_tables(spec: dict, seed: int = 0):
 
 
 # ---------------------------------------------------------------- plan() host time (CPU)
-def prefill_tile():
-    """The prefill family's tile the CascadeWrapper plans shared groups with (H200 description)."""
+def prefill_tile(batch: int):
+    """The prefill family's tile the CascadeWrapper plans shared groups of up to `batch` decode
+    queries with (H200 description)."""
     from rtattn.cascade import shared_prefill_tile
     from rtattn.families.prefill import tile_config
     from rtattn.plan.devices import get_device
-    return tile_config(shared_prefill_tile(get_device("h200"), D, HQ // HKV, PAGE), D, HQ // HKV)
+    return tile_config(shared_prefill_tile(get_device("h200"), D, HQ // HKV, PAGE, batch), D, HQ // HKV)
 
 
 def bench_plan(reps: int) -> None:
@@ -82,7 +91,6 @@ def bench_plan(reps: int) -> None:
     from rtattn.plan.cascade import CascadePlanner
     from rtattn.plan.inspector import Planner
     from rtattn.plan.prefix_tree import share_prefixes
-    prefill = prefill_tile()
 
     def med(f):
         for _ in range(20):
@@ -107,8 +115,9 @@ def bench_plan(reps: int) -> None:
         qo = np.arange(B + 1, dtype=np.int32)
         plain = Planner(B, B, int(kv_indptr[-1]), HQ, HKV, D, PAGE)
         pbuf = plain.layout.allocate()
+        prefill = prefill_tile(B)
         casc = CascadePlanner.create(B, B, total, HQ, HKV, D, PAGE, num_levels=3, max_rows=32, prefill_tile=prefill,
-                                     prefill_saving_us=shared_group_rule(HQ, HKV, D))
+                                     prefill_saving_us=shared_group_rule(HQ, HKV, D, prefill.max_rows))
         cbuf = casc.planset.allocate()
         lv = share_prefixes(kv_indptr, idx, last, PAGE, max_levels=3)
         step = iter(range(1 << 62))
@@ -196,7 +205,7 @@ def fi_levels(x: Inputs):
             for f in ("qo_indptr", "kv_indptr", "kv_indices", "kv_last_page_len")]
 
 
-def bench_lib(lib: str, x: Inputs, stream, ws, samples: int) -> dict:
+def bench_lib(lib: str, x: Inputs, stream, ws, samples: int, breakdown: bool = False) -> dict:
     import torch
     outs = x.new_outs()
     info = {}
@@ -226,8 +235,9 @@ def bench_lib(lib: str, x: Inputs, stream, ws, samples: int) -> dict:
         calls = [lambda l=l: l(torch.cuda.current_stream()) for l in launches]
     else:
         from rtattn import CascadeWrapper
-        w = CascadeWrapper(3, HQ, HKV, D, PAGE, max_batch=x.B, max_pages=x.pages, m_tiles=1 if lib == "rt-m1" else 2,
-                           prefill="auto" if lib == "rt-casc" else False)
+        prefill, concurrent, m_tiles = RT_CASC[lib]
+        w = CascadeWrapper(3, HQ, HKV, D, PAGE, max_batch=x.B, max_pages=x.pages, m_tiles=m_tiles, prefill=prefill,
+                           concurrent_levels=concurrent)
         t0 = time.perf_counter()
         w.plan(None, x.kv_indptr, x.idx, x.last, share_prefixes=True, stream=stream)
         info.update(plan_us=(time.perf_counter() - t0) * 1e6, levels=w.info.num_levels,
@@ -238,13 +248,21 @@ def bench_lib(lib: str, x: Inputs, stream, ws, samples: int) -> dict:
     torch.cuda.synchronize()
     res = measure(x, stream, calls, outs, samples)
     res.update(info)
+    if breakdown and lib == "rt-ser":   # each kernel alone (each waits for the one before it: serial)
+        from rtattn.runtime import launch as launch_path
+        n = bc.launches_per_graph(bc.estimate_us(x.unique_bytes), x.copies)
+        names = ("prefill", "decode", "fold") if len(launches[0].calls) == 3 else ("decode", "fold")
+        for i, part in enumerate(names):
+            alone = [lambda c=l.calls[i], d=l.device: launch_path.enqueue([c], torch.cuda.current_stream(), d)
+                     for l in launches]
+            res[f"{part}_us"] = round(bc.time_graph(alone, stream, n, samples=samples)["median"], 1)
     return res
 
 
 # ---------------------------------------------------------------- results and the table
 def format_result(name: str, lib: str, r: dict) -> str:
     body = (f"{r['us']:8.1f} us err {r['err']:.1e} {bc.lib_state(r)}" if "us" in r else f"ERR {r['error']}")
-    keys = ("levels", "items", "prefill_items", "kv_tokens", "plan_us")
+    keys = ("levels", "items", "prefill_items", "kv_tokens", "plan_us", "prefill_us", "decode_us", "fold_us")
     return f"{name:>14} {lib:>9}: " + body + "".join(f" {k}={r[k]}" for k in keys if k in r)
 
 
@@ -260,19 +278,21 @@ def format_table(table) -> str:
     ok = lambda r: r["us"] if bc.lib_state(r) == "ok" else None  # noqa: E731
     t = lambda r: r.get("us") if r else None  # noqa: E731
     f = lambda v, s="{:.1f}": s.format(v) if v else "—"  # noqa: E731
-    lines = ["| row | rt cascade µs | rt decode-only µs | rt m1 µs | FI cascade µs | rt / FI cascade | rt single µs "
+    lines = ["| row | rt cascade µs | rt all-prefill µs | rt serialized µs | rt decode-only µs | rt m1 µs "
+             "| FI cascade µs | rt / FI cascade | rt single µs "
              "| FI single (best) µs | rt cascade speedup vs rt single | rt speedup vs FI single | FI speedup (PERF.md) "
              "| check |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, res in table:
         get = lambda k: res.get(k) or {}  # noqa: E731
-        rc, rd, m1, fc, rs = (t(get(k)) for k in ("rt-casc", "rt-dec", "rt-m1", "fi-casc", "rt-single"))
+        rc, rp, rser, rd, m1, fc, rs = (t(get(k)) for k in ("rt-casc", "rt-pre", "rt-ser", "rt-dec", "rt-m1",
+                                                             "fi-casc", "rt-single"))
         fs = min([v for v in (t(get("fi-cc")), t(get("fi-tc"))) if v], default=None)
         best = ok(get("rt-casc"))   # the default configuration (the others are A/B columns)
         fc_ok, rs_ok = ok(get("fi-casc")), ok(get("rt-single"))
         fs_ok = min([v for v in (ok(get("fi-cc")), ok(get("fi-tc"))) if v], default=None)
         pm = PERF_MD.get(tuple(int(x) for x in name[1:].split("x"))) if name.startswith("p") else None
-        lines.append(f"| {name} | {f(rc)} | {f(rd)} | {f(m1)} | {f(fc)} | {f(best / fc_ok if best and fc_ok else None, '{:.2f}')} "
+        lines.append(f"| {name} | {f(rc)} | {f(rp)} | {f(rser)} | {f(rd)} | {f(m1)} | {f(fc)} | {f(best / fc_ok if best and fc_ok else None, '{:.2f}')} "
                      f"| {f(rs)} | {f(fs)} | {f(rs_ok / best if rs_ok and best else None, '{:.2f}')} "
                      f"| {f(fs_ok / best if fs_ok and best else None, '{:.2f}')} "
                      f"| {f(pm[1] / pm[0] if pm else None, '{:.2f}')} | {row_check(res)} |")
@@ -295,6 +315,7 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=300)
     ap.add_argument("--samples", type=int, default=20)
     ap.add_argument("--deadline", type=float, default=150.0, help="seconds; later rows are skipped")
+    ap.add_argument("--breakdown", action="store_true", help="rt-ser: also time each kernel of its launch alone")
     a = ap.parse_args(argv)
     if a.selftest:
         return selftest()
@@ -320,7 +341,7 @@ def main(argv=None) -> int:
         res = {}
         for lib in libs:
             try:
-                res[lib] = bench_lib(lib, x, stream, ws, a.samples)
+                res[lib] = bench_lib(lib, x, stream, ws, a.samples, a.breakdown)
             except Exception as e:   # a peer that fails is reported, the row goes on
                 res[lib] = {"error": f"{type(e).__name__}: {e}"}
                 traceback.print_exc(limit=2)
@@ -362,8 +383,8 @@ def selftest(reference_checks: bool = True) -> int:
            "rt-single": {"error": "CudaError: CUDA_ERROR_ILLEGAL_ADDRESS"}, "fi-cc": {"error": "ImportError: x"}}
     table = [("p1024x16", res), ("p8192x16", bad)]
     lines = format_table(table).splitlines()
-    assert lines[2] == ("| p1024x16 | 20.0 | — | — | 25.0 | 0.80 | 30.0 | 40.0 | 1.50 | 2.00 | 1.51 | PASS |"), lines[2]
-    assert lines[3].startswith("| p8192x16 | 20.0 | — | — | 25.0 | — | — | — | — | — | 5.44 |"), lines[3]
+    assert lines[2] == ("| p1024x16 | 20.0 | — | — | — | — | 25.0 | 0.80 | 30.0 | 40.0 | 1.50 | 2.00 | 1.51 | PASS |"), lines[2]
+    assert lines[3].startswith("| p8192x16 | 20.0 | — | — | — | — | 25.0 | — | — | — | — | — | 5.44 |"), lines[3]
     assert lines[3].endswith("| rt-casc:FAIL fi-casc:FAIL rt-single:ERR fi-cc:ERR |"), lines[3]
     assert failures(table) == ["p8192x16 rt-casc:FAIL", "p8192x16 fi-casc:FAIL", "p8192x16 rt-single:ERR"]
     assert "FAIL" in format_result("p8192x16", "rt-casc", bad["rt-casc"]) and failures(table[:1]) == []
@@ -394,7 +415,7 @@ def _selftest_reference() -> None:
         o64, _ = reference_attention(f64(x.q[0]), f64(x.kv[0][0]), f64(x.kv[0][1]), qo, x.kv_indptr, x.idx, x.last, PAGE)
         err = np.linalg.norm(x.ref.numpy() - o64) / np.linalg.norm(o64)
         assert err < 1e-5, f"bench reference vs float64 reference: {err:.1e}"
-        cp = CascadePlanner.create(x.B, x.B, x.pages, HQ, HKV, D, PAGE, num_levels=3, prefill_tile=prefill_tile())
+        cp = CascadePlanner.create(x.B, x.B, x.pages, HQ, HKV, D, PAGE, num_levels=3, prefill_tile=prefill_tile(x.B))
         info = cp.plan_shared(None, x.kv_indptr, x.idx, x.last)
         assert info.num_levels >= 2
         outs = [torch.from_numpy(execute_cascade(info, f64(x.q[c]), f64(x.kv[c][0]), f64(x.kv[c][1]))[0]).float()

@@ -58,11 +58,11 @@ def analyze_cascade(a, own, hq: int, hk: int) -> dict:
     B = len(own)
     g = hq // hk
     rows = 16 if g <= 16 and a.head_dim > 128 else 32
-    tile = None if a.kernel == "decode" else shared_prefill_tile(get_device(a.device), a.head_dim, g, a.page_size)
+    tile = None if a.kernel == "decode" else shared_prefill_tile(get_device(a.device), a.head_dim, g, a.page_size, B)
     cp = CascadePlanner.create(B, B, pool, hq, hk, a.head_dim, a.page_size, num_levels=a.levels, device=a.device,
                                mode=a.mode, max_rows=rows,
                                prefill_tile=tile and tile_config(tile, a.head_dim, g),
-                               prefill_saving_us=shared_group_rule(hq, hk, a.head_dim))
+                               prefill_saving_us=shared_group_rule(hq, hk, a.head_dim, tile and tile.rows))
     buf = cp.planset.allocate()
     info = cp.plan_shared(None, kv_indptr, idx, last, out=buf)
     ts = []

@@ -74,13 +74,15 @@ def tile_rows(family: str, group: int, head_dim: int, qo_len: int, device="h200"
 
 
 def estimate_us(family: str, num_qo_heads: int, num_kv_heads: int, head_dim: int, qo_len: int, kv_len: float,
-                batch: int = 1, kv_bytes: int = 2, device="h200", costs: dict | None = None) -> tuple[float, int]:
-    """(predicted step time in us, fused rows per tile) of `family` (module docstring's rule)."""
+                batch: int = 1, kv_bytes: int = 2, device="h200", costs: dict | None = None,
+                rows: int | None = None) -> tuple[float, int]:
+    """(predicted step time in us, fused rows per tile) of `family` (module docstring's rule);
+    `rows`: the tile a kernel was built with, where it is not the family's policy for qo_len."""
     if family not in FAMILIES:
         raise ValueError(f"family must be one of {FAMILIES}, got {family!r}")
     c = (costs or COSTS)[family]
     g = num_qo_heads // num_kv_heads
-    rows = tile_rows(family, g, head_dim, qo_len, device)
+    rows = rows or tile_rows(family, g, head_dim, qo_len, device)
     reads = math.ceil(qo_len / max(1, rows // g))
     kv_tokens = batch * reads * kv_len * num_kv_heads
     nbytes = kv_tokens * 2 * head_dim * kv_bytes + batch * qo_len * num_qo_heads * 2 * head_dim * 2
@@ -118,12 +120,14 @@ def choose_family(num_qo_heads: int, num_kv_heads: int, head_dim: int, qo_len: i
 
 
 def shared_group_saving_us(num_qo_heads: int, num_kv_heads: int, head_dim: int, qo_len: int, kv_len: int,
-                           device="h200", costs: dict | None = None) -> float:
+                           device="h200", costs: dict | None = None, prefill_rows: int | None = None) -> float:
     """Predicted microseconds a cascade's shared group (qo_len queries of several requests over
-    kv_len shared KV tokens) saves on prefill tiles over decode tiles: the difference of the two
+    kv_len shared KV tokens) saves on prefill tiles (of `prefill_rows` fused rows: the cascade's
+    tile; None: the family's policy for qo_len) over decode tiles: the difference of the two
     families' byte/FLOP terms, fixed costs excluded (the cascade's kernels run anyway; the prefill
     kernel's own launch is what rtattn.plan.cascade.PREFILL_MIN_SAVING_US must beat)."""
     c = costs or COSTS
     dec, _ = estimate_us("decode", num_qo_heads, num_kv_heads, head_dim, qo_len, kv_len, 1, 2, device, costs)
-    pre, _ = estimate_us("prefill", num_qo_heads, num_kv_heads, head_dim, qo_len, kv_len, 1, 2, device, costs)
+    pre, _ = estimate_us("prefill", num_qo_heads, num_kv_heads, head_dim, qo_len, kv_len, 1, 2, device, costs,
+                         rows=prefill_rows)
     return (dec - c["decode"].fixed_us) - (pre - c["prefill"].fixed_us)
