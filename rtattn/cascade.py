@@ -372,7 +372,8 @@ class CascadeWrapper:
         the decode kernel's, and the fold's (its fixed arguments, and the output pointers and
         strides of the decode arguments). The prefill kernel goes first: it waits for the
         step's inputs, then lets the decode kernel launch, which (concurrent_levels) runs
-        alongside it and waits for it only before exiting."""
+        alongside it and waits for it only before exiting. (So a prefill kernel must call
+        allow_next_grid only after its wait_for_previous_grid, as cuda_src/prefill.cuh does.)"""
         pdl = self.kernel.pdl and self.kernel.kernels.pdl_capable
         calls = list(levels.calls)     # the decode kernel over its groups (no merge kernel: _LevelsKernel)
         if self.prefill is not None:
