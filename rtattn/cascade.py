@@ -9,7 +9,7 @@ levels come from the requests' shared leading pages (rtattn.plan.prefix_tree).
 plan() plans every level together (rtattn.plan.cascade) into one pinned plan set and issues
 one host-to-device copy. A shared group is one "request" whose queries are all its requests',
 so its KV is read once per query tile; groups shared by more queries than a decode tile holds
-run on the prefill family's tensor-core tiles (128 fused rows: 32 queries at 32/8 heads), the
+run on the prefill family's tensor-core tiles (up to 128 fused rows: 32 queries at 32/8 heads), the
 rest on the decode kernel (rtattn.plan.cascade.prefill_groups is the rule). run() enqueues one
 launch list (PDL): the persistent prefill kernel, the persistent decode kernel (which reads
 nothing the prefill kernel writes, so it runs concurrently: it waits for that grid only before

@@ -272,7 +272,9 @@ def test_level_kernels_and_the_fold_compile(isolated_cache):
     src = decode.render(spec.with_(independent=True), "h200").source
     assert "#define RTATTN_INDEPENDENT_LEVEL 1" in src and "RTATTN_INDEPENDENT" not in decode.render(spec, "h200").source
     assert compile_spec(spec.with_(independent=True), "sm_90", quiet=True)[1][:4] == b"\x7fELF"
-    assert compile_fold("bfloat16", 128, True, "sm_90")[:4] == b"\x7fELF"
+    # the fold's three job shapes (D/32 = 2, 4, 8 columns per lane where jobs outnumber warps)
+    for dtype, D, softmax in (("bfloat16", 128, True), ("bfloat16", 64, True), ("float16", 256, False)):
+        assert compile_fold(dtype, D, softmax, "sm_90")[:4] == b"\x7fELF"
     # the shared groups' prefill kernel, on the same spec (its tile from the family's policy)
     from rtattn.families.prefill import compile_prefill
     from rtattn.families import resources

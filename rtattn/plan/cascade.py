@@ -9,7 +9,7 @@ families (`prefill_groups`, the rule):
              its KV is read once either way), and every group with no KV;
     prefill  a group with more queries than that, where the family cost rule predicts a saving
              past PREFILL_MIN_SAVING_US: decode would read its KV once per tile_q queries (8 at
-             32/8 heads), the prefill family's tensor-core tiles once per 32 (128 fused rows) --
+             32/8 heads), the prefill family's tensor-core tiles once per 16-32 (64-128 fused rows) --
              a long prefix shared by many requests.
 
 Each family's groups get their own Algorithm-1 schedule over that family's grid (two plans in
@@ -50,12 +50,14 @@ PREFILL_BORROWED = ("req_qo_start", "req_qo_len", "req_kv_page_start", "req_kv_l
 
 
 # A shared group moves to prefill tiles only where the cost rule predicts it saves more than
-# this: the prefill kernel is a third serialized kernel of the step (+3-8 us measured) and its
-# small split items run below the rule's big-tile matrix rate. H200 run of 9a33267
-# (docs/perf-log.md "v9 F2", 32/8 heads, d128): predicted savings 194 / 48.5 / 48.5 us
-# (p32768x64, p32768x16, p8192x64) measured 91 / 1.6 / 3.5 us faster on prefill; predicted
-# 24.3 (tree-4Kx16x1K's 4K x 64 level), 12.1 (p8192x16), 6.1 and 1.5 (p1024 rows) measured
-# 5-15 us slower. 40 puts every one of those 8 rows on its faster family.
+# this: the prefill kernel adds its own launch and tail to the step, and its small split items
+# run below the rule's big-tile matrix rate. Set from the H200 run of 9a33267 (docs/perf-log.md
+# "v9 F2", 32/8 heads, d128): predicted savings 194 / 48.5 / 48.5 us (p32768x64, p32768x16,
+# p8192x64) measured 91 / 1.6 / 3.5 us faster on prefill; predicted 24.3 (tree-4Kx16x1K's 4K x 64
+# level), 12.1 (p8192x16), 6.1 and 1.5 (p1024 rows) measured 5-15 us slower. Rechecked with the
+# fitted tile and concurrent levels ("Cascade v4", 3be52dc): right on 7 of the 8; p8192x16 now
+# measures 2 us faster on prefill, but the 24.3 above still 14.6 us slower: no threshold
+# separates them.
 PREFILL_MIN_SAVING_US = 40.0
 
 
