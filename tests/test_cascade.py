@@ -287,6 +287,19 @@ def test_level_kernels_and_the_fold_compile(isolated_cache):
     assert compile_prefill(spec, tile, "sm_90", quiet=True)[1][:4] == b"\x7fELF"
 
 
+def test_prefill_kernels_let_the_next_grid_launch_only_after_their_wait():
+    """The concurrent decode level skips its entry wait because the prefill kernel before it
+    calls allow_next_grid only after its own wait_for_previous_grid (the step's inputs are
+    ready by then): every prefill kernel source must keep that order."""
+    from rtattn.runtime import cuda_src_dir
+    files = sorted(cuda_src_dir().glob("prefill*.cuh"))
+    assert files
+    for f in files:
+        text = "\n".join(line.split("//")[0] for line in f.read_text().splitlines())   # code, not comments
+        if "allow_next_grid();" in text:
+            assert "wait_for_previous_grid();" in text.split("allow_next_grid();")[0], f.name
+
+
 # ----------------------------------------------------------------------------- GPU tier
 @pytest.mark.gpu
 def test_gpu_small_cascade_matches_float64():
