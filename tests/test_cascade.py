@@ -383,6 +383,34 @@ def test_gpu_matches_single_format_on_the_same_cache_and_is_bitwise_deterministi
     dec, dlse = gpu_run(c, wd)
     assert wd.prefill is None and not wd.info.level_prefill_items.any()
     assert float((dec.float() - out.float()).norm() / out.float().norm()) < 1e-2 and float((dlse - lse).abs().max()) < 1e-2
+    # the levels serialized (concurrent_levels=False): the same kernels' arithmetic, the same bits
+    ws = gpu_wrapper(c, concurrent_levels=False)
+    ser, slse = gpu_run(c, ws)
+    assert w.concurrent_levels and not ws.concurrent_levels and torch.equal(ser, out) and torch.equal(slse, lse)
+
+
+@pytest.mark.gpu
+def test_gpu_concurrent_level_reads_the_query_the_kernel_before_wrote():
+    """The concurrent decode level starts without its own wait for the previous grid: q written by
+    the kernel right before run() (no plan() copy between them, a long kernel before that) is what
+    every level reads."""
+    import torch
+    from types import SimpleNamespace
+    c = gpu_case(one_prefix_batch(16, 2048, 128, 16, seed=5), 32, 8, 128, 16)
+    w = gpu_wrapper(c)
+    w.plan(c.qo, c.kv_indptr, c.idx, c.last, share_prefixes=True)
+    assert w.concurrent_levels and w.info.level_prefill_items[0] > 0
+    torch.cuda.synchronize()
+    big = torch.randn(4096, 4096, device="cuda")
+    qn = torch.empty_like(c.q)
+    out = torch.full_like(c.q, float("nan"))
+    lse = torch.full(tuple(c.q.shape[:2]), float("nan"), device="cuda")
+    for _ in range(3):
+        big = big @ big / 64.0          # a long kernel first
+    torch.neg(c.q, out=qn)              # then q, right before the levels
+    w.run(qn, c.k, c.v, out=out, lse=lse)
+    torch.cuda.synchronize()
+    check_gpu(SimpleNamespace(**{**vars(c), "q": qn}), out, lse, Variant())
 
 
 @pytest.mark.gpu
