@@ -12,14 +12,15 @@
 
 namespace rtattn {
 
-template <typename T, int HEAD_DIM, int TILE_KV, int THREADS, bool PAGED, bool EVICT_FIRST = false>
+// Tile: the shared layout's at(row, chunk) (SwizzledRows; Sw128Tile for the wgmma kernel).
+template <typename T, int HEAD_DIM, int TILE_KV, int THREADS, bool PAGED, bool EVICT_FIRST = false,
+          class Tile = SwizzledRows<HEAD_DIM>>
 struct KVTileLoader {
   static constexpr int VECS = HEAD_DIM / 8;  // 16-byte chunks per row
   static_assert(THREADS % VECS == 0, "threads must cover whole rows");
   static constexpr int ROWS_PER_PASS = THREADS / VECS;
   static_assert(TILE_KV % ROWS_PER_PASS == 0, "a tile is a whole number of passes");
   static constexpr int PASSES = TILE_KV / ROWS_PER_PASS;
-  using Tile = SwizzledRows<HEAD_DIM>;
 
   const T* k_head;
   const T* v_head;

@@ -21,4 +21,17 @@ struct SwizzledRows {
   }
 };
 
+// The wgmma canonical 128-byte-swizzle layout of a ROWS x HEAD_DIM tile: stored as
+// [HEAD_DIM / 64][ROWS][64], so every 64-column slab is whole 1024-byte atoms of 8 rows x 128 bytes
+// (matrix descriptors step 1024 bytes per 8 rows, ROWS * 128 bytes per slab); inside a row the
+// 16-byte chunk index is XOR-ed with row % 8, as in SwizzledRows (the tensor cores undo it).
+template <int HEAD_DIM, int ROWS>
+struct Sw128Tile {
+  static_assert(HEAD_DIM % 64 == 0 && ROWS % 8 == 0, "whole 8-row x 64-column atoms");
+  static constexpr int slab_bytes = ROWS * 128;
+  static __device__ __forceinline__ int at(int row, int chunk) {
+    return (chunk >> 3) * (ROWS * 64) + row * 64 + (((chunk & 7) ^ (row & 7)) << 3);
+  }
+};
+
 }  // namespace rtattn

@@ -89,7 +89,8 @@ def shared_prefill_tile(device: plan_devices.Device, head_dim: int, group: int, 
     128 tokens, a head group past its rows."""
     if page_size > 128 or group > PREFILL_ROWS[-1]:
         return None
-    return choose_tile(device, head_dim, group, max_queries)
+    # mma.sync: the shared levels have not run on the wgmma kernel (rtattn.families.prefill)
+    return choose_tile(device, head_dim, group, max_queries, mma="sync")
 
 
 OUT_MEMBERS = ("o", "o_stride_tok", "o_stride_head", "lse")

@@ -22,15 +22,52 @@ A100 = device_for_arch("sm_80")
 @pytest.mark.parametrize("avg,group,rows", [(1024, 4, 128), (4, 4, 16), (8, 4, 32), (1, 16, 16), (3, 16, 64),
                                             (1, 32, 32), (2000, 1, 128)])
 def test_rows_cover_the_fused_rows(avg, group, rows):
-    assert P.choose_tile(H200, 128, group, avg).rows == rows
+    assert P.choose_tile(H200, 128, group, avg, mma="sync").rows == rows
+    assert P.choose_tile(A100, 128, group, avg).rows == rows
+
+
+@pytest.mark.parametrize("avg,group,mma", [(1024, 4, "wgmma"), (128, 4, "wgmma"), (127, 4, "sync"), (16, 8, "sync"),
+                                           (4, 16, "sync"), (128, 1, "wgmma"), (200, 64, "wgmma"), (200, 128, "sync")])
+def test_hopper_takes_the_wgmma_kernel_for_prompts_of_128_tokens(avg, group, mma):
+    t = P.choose_tile(H200, 128, group, avg)
+    assert t.mma == mma and (t.rows == 64 if mma == "wgmma" else t.rows == P.choose_tile(A100, 128, group, avg).rows)
+    assert P.choose_tile(A100, 128, group, avg).mma == "sync"
+
+
+@pytest.mark.parametrize("head_dim,tile_kv,stages", [(64, 128, 3), (128, 64, 3), (256, 32, 2)])
+def test_wgmma_tiles_keep_two_ctas_per_sm_and_compile_for_sm90a(head_dim, tile_kv, stages):
+    t = P.choose_tile(H200, head_dim, 8, 512)
+    assert (t.rows, t.num_warps, t.tile_kv, t.stages, t.min_blocks) == (64, 4, tile_kv, stages, 2)
+    assert t.tag.startswith("wg_q64") and t.arch("sm_90") == "sm_90a"
+    assert t.smem_bytes(head_dim) == (64 + 2 * stages * tile_kv) * head_dim * 2
+    assert P.choose_tile(H200, 128, 8, 512, tile_kv=128, stages=2).min_blocks == 1   # 144 KiB
+    # a shape the caller fixes keeps the mma.sync kernel; the override picks either
+    assert P.choose_tile(H200, 128, 8, 512, rows=128).mma == "sync"
+    assert P.choose_tile(H200, 128, 8, 512, mma="sync").mma == "sync"
+    assert P.choose_tile(H200, 128, 8, 1, mma="wgmma").rows == 64
+
+
+def test_wgmma_refusals_name_the_cause():
+    with pytest.raises(ValueError, match="cc 9.0"):
+        P.choose_tile(A100, 128, 4, 1024, mma="wgmma")
+    with pytest.raises(ValueError, match="one warpgroup"):
+        P.PrefillTile(128, 64, 4, 3, mma="wgmma")
+    with pytest.raises(ValueError, match="mma="):
+        P.PrefillTile(64, 64, 4, 3, mma="tcgen05")
+    with pytest.raises(ValueError, match="ctas_per_sm"):
+        P.choose_tile(H200, 128, 4, 1024, mma="wgmma", ctas_per_sm=3)
+    with pytest.raises(ValueError, match="head_dim"):
+        P.choose_tile(H200, 96, 4, 1024, mma="wgmma")
+    with pytest.raises(ValueError, match="sm_90"):
+        P.PrefillTile(64, 64, 4, 3, mma="wgmma").arch("sm_80")
 
 
 def test_head_dim_256_caps_rows_and_the_resource_model_reads_the_device():
-    t = P.choose_tile(H200, 256, 4, 4096)
+    t = P.choose_tile(H200, 256, 4, 4096, mma="sync")
     assert t.rows == 64 and t.tile_kv == 32
     assert t.smem_bytes(256) == (64 + 2 * 2 * 32) * 256 * 2
     # H200: 2 CTAs of 96 KiB fit 228 KiB; A100's 164 KiB holds one
-    assert P.choose_tile(H200, 256, 4).min_blocks == 2
+    assert P.choose_tile(H200, 256, 4, mma="sync").min_blocks == 2
     assert P.choose_tile(A100, 256, 4).min_blocks == 1
     assert P.choose_tile(A100, 128, 4).min_blocks == 2   # 80 KiB
     assert blocks_by_smem(H200, 200 * 1024, 2) == 1
@@ -40,6 +77,7 @@ def test_ctas_per_sm_sets_the_register_budget_within_the_shared_memory():
     t = P.choose_tile(H200, 128, 4, 1024, rows=64, ctas_per_sm=3)
     assert t.min_blocks == 3 and t.tag.endswith("_b3")          # 64 KiB x 3 fit 228 KiB
     assert P.choose_tile(H200, 128, 4, 1024, ctas_per_sm=3).min_blocks == 2   # 80 KiB: only 2 fit
+    assert P.choose_tile(H200, 128, 4, 1024, ctas_per_sm=3).mma == "sync"
     with pytest.raises(ValueError, match="ctas_per_sm"):
         P.choose_tile(H200, 128, 4, ctas_per_sm=0)
 
@@ -60,7 +98,11 @@ def test_prefill_instance_compiles(arch, isolated_cache):
     spec, tile = P.shipped(arch)[1]   # causal bf16 d128
     rendered, cubin = P.compile_prefill(spec, tile, arch, quiet=True)
     assert cubin[:4] == b"\x7fELF" and "prefill" in rendered.attention_name
-    assert f"PrefillShape<128, {tile.num_warps}, {tile.mma_q}, {tile.tile_kv}" in rendered.source
+    if arch == "sm_90":   # the wgmma kernel, an sm_90a CUBIN
+        assert tile.mma == "wgmma" and f"PrefillSm90Shape<128, {tile.tile_kv}, {tile.stages}" in rendered.source
+        assert "prefill_sm90_persistent" in rendered.source and "prefill_persistent<" not in rendered.source
+    else:
+        assert f"PrefillShape<128, {tile.num_warps}, {tile.mma_q}, {tile.tile_kv}" in rendered.source
 
 
 def test_shipped_set_is_modest_and_named():
@@ -108,6 +150,15 @@ def test_causal_plans_skip_hidden_blocks():
 
 
 # ----------------------------------------------------------------------------- GPU tier
+@pytest.fixture(params=P.MMAS)
+def mma(request):
+    """Each GPU case on both kernels of the family (the device must be cc 9.0 for wgmma)."""
+    from rtattn.runtime import Device
+    if request.param == "wgmma" and Device().arch != "sm_90":
+        pytest.skip("the wgmma kernel needs a cc 9.0 device")
+    return request.param
+
+
 GQA_PAGE_CASES = [((32, 32), 16, True), ((32, 8), 1, True), ((32, 8), 16, True), ((32, 8), 64, True),
                   ((32, 4), 16, True), ((32, 2), 16, True), ((32, 8), 16, False), ((32, 2), 64, False)]
 
@@ -115,13 +166,13 @@ GQA_PAGE_CASES = [((32, 32), 16, True), ((32, 8), 1, True), ((32, 8), 16, True),
 @pytest.mark.gpu
 @pytest.mark.parametrize("heads,page_size,causal", GQA_PAGE_CASES,
                          ids=lambda x: f"{x[0]}/{x[1]}" if isinstance(x, tuple) else str(x))
-def test_prefill_matches_reference(heads, page_size, causal):
+def test_prefill_matches_reference(heads, page_size, causal, mma):
     from prefill_cases import TOL, errors, make_case, run_prefill
     rng = np.random.default_rng(hash((heads, page_size, causal)) % 2**32)
     kv = rng.integers(1, 600, 5)
     qo = np.minimum(kv, rng.integers(1, 400, 5))
     case = make_case(kv, *heads, 128, page_size, qo_lens=qo, seed=int(rng.integers(1 << 30)))
-    o, lse, _ = run_prefill(case, "causal" if causal else "plain")
+    o, lse, _ = run_prefill(case, "causal" if causal else "plain", tile={"mma": mma})
     eo, el = errors(case, o, lse, ref.Variant(causal=causal))
     assert eo < TOL["bfloat16"] and el < 2e-2, (eo, el)
 
@@ -130,40 +181,40 @@ def test_prefill_matches_reference(heads, page_size, causal):
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("kv_layout", ["NHD", "HND", "ragged"])
-def test_head_dims_dtypes_layouts(head_dim, dtype, kv_layout):
+def test_head_dims_dtypes_layouts(head_dim, dtype, kv_layout, mma):
     from prefill_cases import TOL, errors, make_case, run_prefill
     kv, qo = [700, 129, 1, 2000], [700, 64, 1, 333]
     ps = 1 if kv_layout == "ragged" else 16
     case = make_case(kv, 16, 4, head_dim, ps, dtype=dtype, kv_layout="NHD" if kv_layout == "ragged" else kv_layout,
                      qo_lens=qo, seed=head_dim)
-    o, lse, _ = run_prefill(case, "causal", dtype, ragged=kv_layout == "ragged")
+    o, lse, _ = run_prefill(case, "causal", dtype, ragged=kv_layout == "ragged", tile={"mma": mma})
     eo, el = errors(case, o, lse, ref.Variant(causal=True))
     assert eo < TOL[dtype] and el < 2e-2, (eo, el)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("variant", ["sliding_window", "soft_cap", "alibi", "sigmoid", "rope", "custom_mask", "sinks"])
-def test_variants(variant):
+def test_variants(variant, mma):
     from prefill_cases import TOL, errors, make_case, run_prefill, variant_args
     rng = np.random.default_rng(7)
     kv, qo = np.array([900, 300, 1500]), np.array([900, 100, 37])
     case = make_case(kv, 16, 4, 128, 16, qo_lens=qo, seed=7)
     params, var = variant_args(variant, 16, qo, kv, rng)
-    o, lse, _ = run_prefill(case, variant, params=params)
+    o, lse, _ = run_prefill(case, variant, params=params, tile={"mma": mma})
     eo, el = errors(case, o, lse, var)
     assert eo < TOL["bfloat16"] and el < 2e-2, (eo, el)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode", ["auto", "naive", "batch-invariant"])
-def test_split_kv_merge_modes_and_determinism(mode):
+def test_split_kv_merge_modes_and_determinism(mode, mma):
     """Few CTAs force split KV (merged by the shared merge kernel); a second run of the same plan
     gives the same bits."""
     import torch
     from prefill_cases import TOL, errors, make_case, run_prefill
     # few query tiles over long cached prefixes: 7 CTAs must split the KV (auto too)
     case = make_case([6000, 4000, 2500], 8, 2, 128, 16, qo_lens=[32, 20, 100], seed=5)
-    o, lse, w = run_prefill(case, "causal", mode=mode, num_ctas=7, chunk_tokens=1024)
+    o, lse, w = run_prefill(case, "causal", mode=mode, num_ctas=7, chunk_tokens=1024, tile={"mma": mma})
     if mode != "naive":
         assert w.info.num_merge_rows > 0
     eo, el = errors(case, o, lse, ref.Variant(causal=True))
@@ -175,10 +226,10 @@ def test_split_kv_merge_modes_and_determinism(mode):
 
 
 @pytest.mark.gpu
-def test_long_prompt_and_multi_token_decode():
+def test_long_prompt_and_multi_token_decode(mma):
     from prefill_cases import TOL, errors, make_case, run_prefill
     case = make_case([4096, 6000], 4, 1, 128, 16, qo_lens=[4096, 3], seed=9)
-    o, lse, _ = run_prefill(case, "causal")
+    o, lse, _ = run_prefill(case, "causal", tile={"mma": mma})
     eo, el = errors(case, o, lse, ref.Variant(causal=True))
     assert eo < TOL["bfloat16"] and el < 2e-2, (eo, el)
     case = make_case([1000, 2000, 1], 32, 8, 128, 16, qo_lens=[4, 2, 1], seed=10)

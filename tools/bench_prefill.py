@@ -4,6 +4,7 @@ the prefill rows of shared/PERF.md, one process, the same inputs for every libra
     python tools/bench_prefill.py                      # every row, rtattn + FlashInfer fa2
     python tools/bench_prefill.py --rows 16x1024 2x8192 --libs rt fa2 fa3 sdpa
     python tools/bench_prefill.py --rt-tiles default q128_kv32_w8_s3 q64_kv32_w4_s3_b3   # tile A/B
+    python tools/bench_prefill.py --rt-tiles default sync   # the family's kernel vs mma.sync
     python tools/bench_prefill.py --rows 'mtd*' --libs rt rtdec fa2        # multi-token decode
 
 32/8 heads, D = 128, bf16, page 16, pages scattered (--heads, --head-dim, --page change them;
@@ -193,9 +194,12 @@ def rt_params(x: Inputs) -> dict | None:
 
 
 def parse_tile(tag: str) -> dict:
-    """'q128_kv64_w4_s2' (optionally '_b3': CTAs per SM compiled for) -> tile overrides."""
+    """'q128_kv64_w4_s2' (optionally '_b3': CTAs per SM compiled for) -> tile overrides; a part
+    'wg' or 'sync' picks the kernel ('sync' alone: the mma.sync kernel under its own policy)."""
     out = {}
     for part in tag.split("_"):
+        if part in ("wg", "sync"):
+            out["mma"] = "wgmma" if part == "wg" else "sync"
         for key, name in (("kv", "tile_kv"), ("q", "rows"), ("w", "num_warps"), ("s", "stages"),
                           ("b", "ctas_per_sm")):
             if part.startswith(key) and part[len(key):].isdigit():
@@ -367,7 +371,8 @@ def main(argv=None) -> int:
         results[row.name] = res
         cells = []
         for key, r in res.items():
-            cells.append(f"{key} {r['tflops']:.0f} ({r['us']:.0f} us)" if r.get("ok") and "tflops" in r else
+            tile = f" [{r['tile']}]" if r.get("ok") and "tile" in r else ""   # the kernel and tile that ran
+            cells.append(f"{key} {r['tflops']:.0f} ({r['us']:.0f} us){tile}" if r.get("ok") and "tflops" in r else
                          f"{key} {'ERR' if 'error' in r else 'WRONG' if r.get('rel_err') == r.get('rel_err') else '-'}")
         rt = next((r for k, r in res.items() if k.startswith("rt") and r.get("ok")), None)
         fa2 = res.get("fa2", {})

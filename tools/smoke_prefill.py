@@ -1,6 +1,7 @@
 """Isolated first check of the prefill kernel on a GPU: a few shapes against the float64
 reference, each case reported (error or exception) without stopping, so one bad case does not
-hide the others. Run before the GPU tier: python tools/smoke_prefill.py"""
+hide the others. Run before the GPU tier: python tools/smoke_prefill.py [--mma sync|wgmma] [case ...]
+(--mma forces the kernel for every case; by default the family picks, and each line names the tile)."""
 from __future__ import annotations
 
 import sys
@@ -46,12 +47,20 @@ def main(argv=None) -> int:
     """Every case, or only the cases whose index is given (one process per case keeps a faulting
     kernel from poisoning the others: `for i in $(seq 0 23); do python tools/smoke_prefill.py $i & done`,
     one per case of CASES)."""
-    picked = [int(a) for a in (sys.argv[1:] if argv is None else argv)]
+    args = list(sys.argv[1:] if argv is None else argv)
+    mma = None
+    if "--mma" in args:
+        i = args.index("--mma")
+        mma = args[i + 1]
+        del args[i:i + 2]
+    picked = [int(a) for a in args]
     cases = [c for i, c in enumerate(CASES) if not picked or i in picked]
     bad = 0
     for name, kv, qo, (H, Hk), D, ps, variant, dtype, extra in cases:
         extra = dict(extra)
         layout = extra.pop("kv_layout", "NHD")
+        if mma is not None:
+            extra["tile"] = {**extra.get("tile", {}), "mma": mma}
         rng = np.random.default_rng(len(name))
         qo = kv if qo is None else qo
         t0 = time.perf_counter()

@@ -1,7 +1,9 @@
 """The prefill family: tile policy, resource model and the kernels a launch enqueues, in one place.
 
 A tile is ROWS = 16 * mma_q * num_warps fused query rows (tokens x head group) against TILE_KV
-KV tokens per pipeline stage. Its shared memory (q tile + stages x (K + V) tiles) and the CTAs
+KV tokens per pipeline stage, run by one of two kernels (`PrefillTile.mma`): "sync", the
+mma.sync kernel (cuda_src/prefill.cuh, sm_80 and sm_90), or "wgmma", the warpgroup kernel
+(cuda_src/prefill_sm90.cuh, compiled for sm_90a: one warpgroup, 64 rows, two CTAs per SM). Its shared memory (q tile + stages x (K + V) tiles) and the CTAs
 per SM it is compiled for (__launch_bounds__) come from `PrefillTile` alone, from the device's
 real limits: the renderer spells the same numbers into the source (a static_assert checks the
 shared memory), the planner sizes its grid with them, and the loaded kernel's occupancy is
@@ -10,7 +12,7 @@ checked against them.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from rtattn.codegen.render import Rendered, render_prefill
 from rtattn.codegen.spec import BUILTINS, DTYPES, AttentionSpec
@@ -23,6 +25,12 @@ from . import resources
 ROWS = (16, 32, 64, 128)
 TILE_KV = (32, 64, 128)
 MAX_CTAS_PER_SM = 2   # register budget: 255 per thread at 128 threads leaves room for 2
+MMAS = ("sync", "wgmma")
+WGMMA_ROWS = 64       # one warpgroup's m64 products
+# wgmma tiles by head_dim (tile_kv, stages): two CTAs per SM fit in the shared memory
+# (d128: 16 KiB q + 3 x 32 KiB stages = 112 KiB each), and S + P + O fit the 255 registers.
+WGMMA_TILES = {64: (128, 3), 128: (64, 3), 256: (32, 2)}
+WGMMA_MIN_QO = 128    # average query tokens from which the policy takes the wgmma kernel
 
 
 @dataclass(frozen=True)
@@ -33,8 +41,14 @@ class PrefillTile:
     stages: int
     paged: bool = True   # False: ragged KV (rows of a [tokens, H, D] tensor)
     min_blocks: int = 1  # CTAs per SM the kernel is compiled for (resource model)
+    mma: str = "sync"    # the kernel: "sync" (mma.sync) or "wgmma" (sm_90a warpgroup MMA)
 
     def __post_init__(self):
+        if self.mma not in MMAS:
+            raise ValueError(f"prefill mma={self.mma!r}: use one of {MMAS}")
+        if self.mma == "wgmma" and (self.rows, self.num_warps) != (WGMMA_ROWS, 4):
+            raise ValueError(f"the wgmma prefill kernel is one warpgroup of {WGMMA_ROWS} rows: rows=64, "
+                             f"num_warps=4 (got rows={self.rows}, num_warps={self.num_warps})")
         if self.rows not in ROWS:
             raise ValueError(f"prefill rows={self.rows}: use one of {ROWS}")
         if self.tile_kv not in TILE_KV:
@@ -53,13 +67,22 @@ class PrefillTile:
         return 32 * self.num_warps
 
     def smem_bytes(self, head_dim: int, elem_bytes: int = 2) -> int:
-        """Mirror of rtattn::PrefillShape::smem_bytes: q tile + stages x (K tile + V tile)."""
+        """Mirror of rtattn::PrefillShape::smem_bytes (and PrefillSm90Shape's):
+        q tile + stages x (K tile + V tile)."""
         return (self.rows + self.stages * 2 * self.tile_kv) * head_dim * elem_bytes
 
     @property
     def tag(self) -> str:
-        return (f"q{self.rows}_kv{self.tile_kv}_w{self.num_warps}_s{self.stages}"
-                f"{'' if self.paged else '_ragged'}_b{self.min_blocks}")
+        return (f"{'wg_' if self.mma == 'wgmma' else ''}q{self.rows}_kv{self.tile_kv}_w{self.num_warps}"
+                f"_s{self.stages}{'' if self.paged else '_ragged'}_b{self.min_blocks}")
+
+    def arch(self, device_arch: str) -> str:
+        """The CUBIN target: the wgmma kernel needs sm_90a (cc 9.0 only)."""
+        if self.mma == "sync":
+            return device_arch
+        if device_arch not in ("sm_90", "sm_90a"):
+            raise ValueError(f"the wgmma prefill kernel runs on sm_90 (Hopper) only, not {device_arch}")
+        return "sm_90a"
 
 
 def spec_for(variant, dtype: str, head_dim: int) -> AttentionSpec:
@@ -69,16 +92,25 @@ def spec_for(variant, dtype: str, head_dim: int) -> AttentionSpec:
 
 def choose_tile(device, head_dim: int, group: int, avg_qo_len: float = 1024, *, paged: bool = True,
                 rows: int | None = None, tile_kv: int | None = None, num_warps: int | None = None,
-                stages: int | None = None, ctas_per_sm: int | None = None) -> PrefillTile:
+                stages: int | None = None, ctas_per_sm: int | None = None, mma: str | None = None) -> PrefillTile:
     """The tile for a workload: the smallest ROWS covering the average fused rows (avg query length
     x g), at least the head group; head_dim 256 at most 64 rows (O alone is 128 registers per
     thread there). KV tile and stages: the largest that keep MAX_CTAS_PER_SM resident where the
     shared memory allows it. Any argument given explicitly overrides the policy (A/B tests);
     ctas_per_sm is the register budget the kernel is compiled for (__launch_bounds__), capped by
-    the shared memory."""
+    the shared memory. mma: the kernel (MMAS); by default "wgmma" on cc 9.0 for queries of
+    WGMMA_MIN_QO tokens or more on average unless the caller fixes another shape (rows, num_warps) or more than
+    2 CTAs per SM, else "sync"."""
     dev = plan_devices.get_device(device)
     if group > ROWS[-1]:
         raise ValueError(f"head group {group} exceeds the prefill kernel's {ROWS[-1]} rows")
+    if mma is None:
+        fixed = rows not in (None, WGMMA_ROWS) or num_warps not in (None, 4) or (ctas_per_sm or 0) > MAX_CTAS_PER_SM
+        mma = "wgmma" if not fixed and _wgmma_fits(dev, head_dim, group, avg_qo_len) else "sync"
+    if mma == "wgmma":
+        if tuple(dev.cc) != (9, 0):
+            raise ValueError(f"prefill mma='wgmma' needs a cc 9.0 (sm_90a) device, not {dev.name} (cc {dev.cc})")
+        return _wgmma_tile(dev, head_dim, paged, tile_kv, stages, ctas_per_sm)
     if rows is None:
         need = max(group, avg_qo_len * group)
         rows = next((r for r in ROWS if r >= need), ROWS[-1])
@@ -104,6 +136,30 @@ def choose_tile(device, head_dim: int, group: int, avg_qo_len: float = 1024, *, 
     return PrefillTile(rows, tile_kv, num_warps, stages, paged, blocks)
 
 
+def _wgmma_fits(dev, head_dim: int, group: int, avg_qo_len: float) -> bool:
+    """The policy's kernel choice: wgmma on Hopper for prompts of WGMMA_MIN_QO query tokens or
+    more. Multi-token decode and short prompts (memory-bound: a few tokens per request) stay on
+    mma.sync, whose 16-128-row tiles read a request's KV once for up to 128 fused rows."""
+    return (tuple(dev.cc) == (9, 0) and head_dim in WGMMA_TILES and group <= WGMMA_ROWS
+            and avg_qo_len >= WGMMA_MIN_QO)
+
+
+def _wgmma_tile(dev, head_dim: int, paged: bool, tile_kv, stages, ctas_per_sm) -> PrefillTile:
+    if head_dim not in WGMMA_TILES:
+        raise ValueError(f"the wgmma prefill kernel takes head_dim {sorted(WGMMA_TILES)}, got {head_dim}")
+    kv, st = WGMMA_TILES[head_dim]
+    tile = PrefillTile(WGMMA_ROWS, tile_kv or kv, 4, stages or st, paged, mma="wgmma")
+    smem = tile.smem_bytes(head_dim)
+    if smem > dev.smem_per_block_optin:
+        raise ValueError(f"prefill tile {tile.tag} needs {smem} B of shared memory, more than the "
+                         f"{dev.smem_per_block_optin} B one block may use on {dev.name}")
+    if ctas_per_sm is not None and not 1 <= ctas_per_sm <= MAX_CTAS_PER_SM:
+        raise ValueError(f"prefill ctas_per_sm={ctas_per_sm} for the wgmma kernel: use 1 or 2 (255 registers "
+                         f"per thread of 128 threads)")
+    blocks = resources.blocks_by_smem(dev, smem, ctas_per_sm or MAX_CTAS_PER_SM)
+    return replace(tile, min_blocks=blocks)
+
+
 def tile_config(tile: PrefillTile, head_dim: int, group: int, ctas_per_sm: int | None = None) -> TileConfig:
     """The planner's view of a tile: tile_q query tokens per work item (rows // g)."""
     return TileConfig(tile_q=tile.rows // group, tile_kv=tile.tile_kv, max_rows=tile.rows, stages=tile.stages,
@@ -113,8 +169,9 @@ def tile_config(tile: PrefillTile, head_dim: int, group: int, ctas_per_sm: int |
 
 def shipped(arch: str = "sm_90") -> list[tuple[AttentionSpec, PrefillTile]]:
     """The prefill instances rtattn-compile warms: every built-in variant at head_dim 128 in both
-    dtypes with the long-prompt tile (128 rows, paged), plus plain and causal at head_dims 64 and
-    256. Other tiles compile on first use (about 2-3 s each)."""
+    dtypes with the long-prompt tile (paged; on sm_90 the wgmma kernel's, on sm_80 128 rows of
+    mma.sync), plus plain and causal at head_dims 64 and 256. Other tiles compile on first use
+    (about 2-3 s each)."""
     dev = resources.device_for_arch(arch)
     out = []
     for dtype in DTYPES:
@@ -148,7 +205,7 @@ def compile_prefill(spec: AttentionSpec, tile: PrefillTile, arch: str, quiet: bo
     """Render and compile to CUBIN (through the on-disk cache); needs no GPU."""
     from rtattn.runtime import compile_to_cubin
     rendered = render_prefill(spec, tile)
-    cubin = compile_to_cubin(rendered.source, name=instance_name(spec, tile), arch=arch,
+    cubin = compile_to_cubin(rendered.source, name=instance_name(spec, tile), arch=tile.arch(arch),
                              options=PREFILL_OPTIONS, quiet=quiet)
     return rendered, bytes(cubin)
 
