@@ -2,10 +2,12 @@
 // kernel for cc 9.0. Same params, plan, work queues, variant hooks and outputs as the mma.sync
 // kernel (prefill.cuh), whose per-block logits/softmax and epilogue it shares (prefill_rows.cuh).
 //
-// A CTA is one warpgroup (4 warps, 128 threads) owning 64 fused query rows (row r = token r / g,
-// head r % g); warp w holds rows [16w, 16w + 16) and their online softmax state. Two CTAs share an
-// SM (the resource model keeps both resident), so one's softmax and item prologue overlap the
-// other's tensor-core products. Per KV block of TILE_KV tokens:
+// A CTA is WGS warpgroups (4 warps, 128 threads each) owning 64 * WGS fused query rows (row r =
+// token r / g, head r % g); warpgroup u issues the products of rows [64u, 64u + 64), warp w holds
+// rows [16w, 16w + 16) and their online softmax state. With one warpgroup two CTAs share an SM
+// (the resource model keeps both resident), so one's softmax and item prologue overlap the
+// other's tensor-core products; two warpgroups share each K/V tile (half the shared-memory fill
+// per product). Per KV block of TILE_KV tokens, per warpgroup:
 //   S (64 x TILE_KV) = Q K^T   D/16 wgmma m64nTILE_KVk16, q and K by descriptor (K-major);
 //   logits -> softmax -> P     on the accumulators, exactly the mma.sync C layout;
 //   O (64 x D) += P V          TILE_KV/16 wgmma m64nDk16, P from registers, V N-major.
@@ -21,10 +23,10 @@
 
 namespace rtattn {
 
-template <int HEAD_DIM, int TILE_KV, int STAGES, int ELEM_BYTES>
+template <int HEAD_DIM, int WGS, int TILE_KV, int STAGES, int ELEM_BYTES>
 struct PrefillSm90Shape {
-  static constexpr int rows = 64;
-  static constexpr int threads = 128;
+  static constexpr int rows = 64 * WGS;
+  static constexpr int threads = 128 * WGS;
   static constexpr int q_bytes = rows * HEAD_DIM * ELEM_BYTES;
   static constexpr int tile_bytes = TILE_KV * HEAD_DIM * ELEM_BYTES;
   static constexpr int stage_bytes = 2 * tile_bytes;
@@ -34,11 +36,11 @@ struct PrefillSm90Shape {
   static_assert(q_bytes % 1024 == 0 && tile_bytes % 1024 == 0, "tiles are whole 1024-byte swizzle atoms");
 };
 
-template <class Variant, class P, int TILE_KV, int STAGES, bool PAGED>
+template <class Variant, class P, int WGS, int TILE_KV, int STAGES, bool PAGED>
 __device__ __forceinline__ void prefill_sm90_persistent(const P& p, char* smem) {
   using T = typename P::DType;
   constexpr int D = P::head_dim;
-  using S = PrefillSm90Shape<D, TILE_KV, STAGES, sizeof(T)>;
+  using S = PrefillSm90Shape<D, WGS, TILE_KV, STAGES, sizeof(T)>;
   using QTile = Sw128Tile<D, S::rows>;
   using KVTile = Sw128Tile<D, TILE_KV>;
   using Loader = KVTileLoader<T, D, TILE_KV, S::threads, PAGED, false, KVTile>;
@@ -62,7 +64,7 @@ __device__ __forceinline__ void prefill_sm90_persistent(const P& p, char* smem) 
   auto kmajor_desc = [](uint32_t base, int slab_bytes, int kk) {
     return sw128_desc(base + (kk / 4) * slab_bytes + (kk % 4) * 32, 16, 1024);
   };
-  const uint32_t q_base = smem_addr(q_smem);
+  const uint32_t q_base = smem_addr(q_smem) + (warp / 4) * 64 * 128;  // this warpgroup's 64 rows
 
   const int item_begin = p.plan.work_indptr[blockIdx.x];
   const int item_end = p.plan.work_indptr[blockIdx.x + 1];

@@ -45,17 +45,23 @@ def test_wgmma_tiles_keep_two_ctas_per_sm_and_compile_for_sm90a(head_dim, tile_k
     assert P.choose_tile(H200, 128, 8, 512, rows=128).mma == "sync"
     assert P.choose_tile(H200, 128, 8, 512, mma="sync").mma == "sync"
     assert P.choose_tile(H200, 128, 8, 1, mma="wgmma").rows == 64
+    two = P.choose_tile(H200, head_dim, 8, 512, rows=128, mma="wgmma")   # two warpgroups, one CTA per SM
+    assert (two.num_warps, two.min_blocks, two.tag[:7]) == (8, 1, "wg_q128")
 
 
 def test_wgmma_refusals_name_the_cause():
     with pytest.raises(ValueError, match="cc 9.0"):
         P.choose_tile(A100, 128, 4, 1024, mma="wgmma")
-    with pytest.raises(ValueError, match="one warpgroup"):
+    with pytest.raises(ValueError, match="warpgroups of 64 rows"):
         P.PrefillTile(128, 64, 4, 3, mma="wgmma")
+    with pytest.raises(ValueError, match="warpgroups of 64 rows"):
+        P.PrefillTile(32, 64, 2, 3, mma="wgmma")
     with pytest.raises(ValueError, match="mma="):
         P.PrefillTile(64, 64, 4, 3, mma="tcgen05")
     with pytest.raises(ValueError, match="ctas_per_sm"):
         P.choose_tile(H200, 128, 4, 1024, mma="wgmma", ctas_per_sm=3)
+    with pytest.raises(ValueError, match="ctas_per_sm"):
+        P.choose_tile(H200, 128, 4, 1024, mma="wgmma", rows=128, ctas_per_sm=2)
     with pytest.raises(ValueError, match="head_dim"):
         P.choose_tile(H200, 96, 4, 1024, mma="wgmma")
     with pytest.raises(ValueError, match="sm_90"):
@@ -99,7 +105,7 @@ def test_prefill_instance_compiles(arch, isolated_cache):
     rendered, cubin = P.compile_prefill(spec, tile, arch, quiet=True)
     assert cubin[:4] == b"\x7fELF" and "prefill" in rendered.attention_name
     if arch == "sm_90":   # the wgmma kernel, an sm_90a CUBIN
-        assert tile.mma == "wgmma" and f"PrefillSm90Shape<128, {tile.tile_kv}, {tile.stages}" in rendered.source
+        assert tile.mma == "wgmma" and f"PrefillSm90Shape<128, 1, {tile.tile_kv}, {tile.stages}" in rendered.source
         assert "prefill_sm90_persistent" in rendered.source and "prefill_persistent<" not in rendered.source
     else:
         assert f"PrefillShape<128, {tile.num_warps}, {tile.mma_q}, {tile.tile_kv}" in rendered.source

@@ -3,7 +3,8 @@
 A tile is ROWS = 16 * mma_q * num_warps fused query rows (tokens x head group) against TILE_KV
 KV tokens per pipeline stage, run by one of two kernels (`PrefillTile.mma`): "sync", the
 mma.sync kernel (cuda_src/prefill.cuh, sm_80 and sm_90), or "wgmma", the warpgroup kernel
-(cuda_src/prefill_sm90.cuh, compiled for sm_90a: one warpgroup, 64 rows, two CTAs per SM). Its shared memory (q tile + stages x (K + V) tiles) and the CTAs
+(cuda_src/prefill_sm90.cuh, compiled for sm_90a: warpgroups of 64 rows; one per CTA with two
+CTAs per SM by default, or two per CTA sharing the K/V tiles). Its shared memory (q tile + stages x (K + V) tiles) and the CTAs
 per SM it is compiled for (__launch_bounds__) come from `PrefillTile` alone, from the device's
 real limits: the renderer spells the same numbers into the source (a static_assert checks the
 shared memory), the planner sizes its grid with them, and the loaded kernel's occupancy is
@@ -26,10 +27,13 @@ ROWS = (16, 32, 64, 128)
 TILE_KV = (32, 64, 128)
 MAX_CTAS_PER_SM = 2   # register budget: 255 per thread at 128 threads leaves room for 2
 MMAS = ("sync", "wgmma")
-WGMMA_ROWS = 64       # one warpgroup's m64 products
-# wgmma tiles by head_dim (tile_kv, stages): two CTAs per SM fit in the shared memory
-# (d128: 16 KiB q + 3 x 32 KiB stages = 112 KiB each), and S + P + O fit the 255 registers.
-WGMMA_TILES = {64: (128, 3), 128: (64, 3), 256: (32, 2)}
+WGMMA_ROWS = 64       # one warpgroup's m64 products: the default wgmma tile
+# wgmma tiles by (rows, head_dim) -> (tile_kv, stages). 64 rows: two CTAs per SM fit in the shared
+# memory (d128: 16 KiB q + 3 x 32 KiB stages = 112 KiB each) and S + P + O fit 255 registers
+# (ptxas: 212 at d64/d128, 255 at d256, no spills). 128 rows (two warpgroups, one CTA per SM):
+# 128-token tiles in 2 stages (d256: 32 in 3; 64 spills).
+WGMMA_TILES = {(64, 64): (128, 3), (64, 128): (64, 3), (64, 256): (32, 2),
+               (128, 64): (128, 3), (128, 128): (128, 2), (128, 256): (32, 3)}
 WGMMA_MIN_QO = 128    # average query tokens from which the policy takes the wgmma kernel
 
 
@@ -46,9 +50,9 @@ class PrefillTile:
     def __post_init__(self):
         if self.mma not in MMAS:
             raise ValueError(f"prefill mma={self.mma!r}: use one of {MMAS}")
-        if self.mma == "wgmma" and (self.rows, self.num_warps) != (WGMMA_ROWS, 4):
-            raise ValueError(f"the wgmma prefill kernel is one warpgroup of {WGMMA_ROWS} rows: rows=64, "
-                             f"num_warps=4 (got rows={self.rows}, num_warps={self.num_warps})")
+        if self.mma == "wgmma" and (self.rows not in (64, 128) or self.num_warps != self.rows // 16):
+            raise ValueError(f"the wgmma prefill kernel runs warpgroups of 64 rows: rows 64 or 128 with "
+                             f"num_warps = rows / 16 (got rows={self.rows}, num_warps={self.num_warps})")
         if self.rows not in ROWS:
             raise ValueError(f"prefill rows={self.rows}: use one of {ROWS}")
         if self.tile_kv not in TILE_KV:
@@ -110,7 +114,7 @@ def choose_tile(device, head_dim: int, group: int, avg_qo_len: float = 1024, *, 
     if mma == "wgmma":
         if tuple(dev.cc) != (9, 0):
             raise ValueError(f"prefill mma='wgmma' needs a cc 9.0 (sm_90a) device, not {dev.name} (cc {dev.cc})")
-        return _wgmma_tile(dev, head_dim, paged, tile_kv, stages, ctas_per_sm)
+        return _wgmma_tile(dev, head_dim, rows or WGMMA_ROWS, paged, tile_kv, stages, ctas_per_sm)
     if rows is None:
         need = max(group, avg_qo_len * group)
         rows = next((r for r in ROWS if r >= need), ROWS[-1])
@@ -140,23 +144,25 @@ def _wgmma_fits(dev, head_dim: int, group: int, avg_qo_len: float) -> bool:
     """The policy's kernel choice: wgmma on Hopper for prompts of WGMMA_MIN_QO query tokens or
     more. Multi-token decode and short prompts (memory-bound: a few tokens per request) stay on
     mma.sync, whose 16-128-row tiles read a request's KV once for up to 128 fused rows."""
-    return (tuple(dev.cc) == (9, 0) and head_dim in WGMMA_TILES and group <= WGMMA_ROWS
+    return (tuple(dev.cc) == (9, 0) and (WGMMA_ROWS, head_dim) in WGMMA_TILES and group <= WGMMA_ROWS
             and avg_qo_len >= WGMMA_MIN_QO)
 
 
-def _wgmma_tile(dev, head_dim: int, paged: bool, tile_kv, stages, ctas_per_sm) -> PrefillTile:
-    if head_dim not in WGMMA_TILES:
-        raise ValueError(f"the wgmma prefill kernel takes head_dim {sorted(WGMMA_TILES)}, got {head_dim}")
-    kv, st = WGMMA_TILES[head_dim]
-    tile = PrefillTile(WGMMA_ROWS, tile_kv or kv, 4, stages or st, paged, mma="wgmma")
+def _wgmma_tile(dev, head_dim: int, rows: int, paged: bool, tile_kv, stages, ctas_per_sm) -> PrefillTile:
+    if (rows, head_dim) not in WGMMA_TILES:
+        raise ValueError(f"the wgmma prefill kernel takes (rows, head_dim) in {sorted(WGMMA_TILES)}, "
+                         f"got ({rows}, {head_dim})")
+    kv, st = WGMMA_TILES[rows, head_dim]
+    tile = PrefillTile(rows, tile_kv or kv, rows // 16, stages or st, paged, mma="wgmma")
+    cap = MAX_CTAS_PER_SM * 64 // rows   # 255 registers per thread: 2 x 128 or 1 x 256 threads
     smem = tile.smem_bytes(head_dim)
     if smem > dev.smem_per_block_optin:
         raise ValueError(f"prefill tile {tile.tag} needs {smem} B of shared memory, more than the "
                          f"{dev.smem_per_block_optin} B one block may use on {dev.name}")
-    if ctas_per_sm is not None and not 1 <= ctas_per_sm <= MAX_CTAS_PER_SM:
-        raise ValueError(f"prefill ctas_per_sm={ctas_per_sm} for the wgmma kernel: use 1 or 2 (255 registers "
-                         f"per thread of 128 threads)")
-    blocks = resources.blocks_by_smem(dev, smem, ctas_per_sm or MAX_CTAS_PER_SM)
+    if ctas_per_sm is not None and not 1 <= ctas_per_sm <= cap:
+        raise ValueError(f"prefill ctas_per_sm={ctas_per_sm} for the wgmma kernel at {rows} rows: use 1 to {cap} "
+                         f"(255 registers per thread)")
+    blocks = resources.blocks_by_smem(dev, smem, ctas_per_sm or cap)
     return replace(tile, min_blocks=blocks)
 
 
