@@ -26,13 +26,10 @@ __device__ __forceinline__ void group_row_ids(int (&idx)[2], int (&head)[2], int
 }
 
 // Logits s of KV tokens [pos0, pos0 + 8 NT) -> transform -> mask (tokens at or past `hi` and the
-// variant's LogitsMask, when MASKED) -> online softmax (log2 units) -> P as mma A fragments
-// (KS = NT / 2 k-steps of 16 tokens). O is rescaled in place when the row max moves.
-template <bool MASKED, class Variant, class P, class SM, int NT, int DT>
-__device__ __forceinline__ void logits_to_p(const P& p, Variant& var, SM& sm, float (&s)[NT][4], float (&o)[DT][4],
-                                            uint32_t (&pa)[NT / 2][4], int pos0, int hi, const int (&qo_idx)[2],
-                                            const int (&qo_head)[2], int kv_head, int lane) {
-  using T = typename P::DType;
+// variant's LogitsMask, when MASKED), in place.
+template <bool MASKED, class Variant, class P, int NT>
+__device__ __forceinline__ void mask_logits(const P& p, Variant& var, float (&s)[NT][4], int pos0, int hi,
+                                            const int (&qo_idx)[2], const int (&qo_head)[2], int kv_head, int lane) {
 #pragma unroll
   for (int n = 0; n < NT; ++n)
 #pragma unroll
@@ -49,7 +46,17 @@ __device__ __forceinline__ void logits_to_p(const P& p, Variant& var, SM& sm, fl
       }
       s[n][e] = x;
     }
-  sm.update(s, o, Variant::has_logits_transform ? kLog2e : p.sm_scale_log2);
+}
+
+// The factor taking mask_logits' output to log2 units in the softmax.
+template <class Variant, class P>
+__device__ __forceinline__ float logits_scale(const P& p) {
+  return Variant::has_logits_transform ? kLog2e : p.sm_scale_log2;
+}
+
+// Weights s -> P as mma A fragments (KS = NT / 2 k-steps of 16 tokens).
+template <class T, int NT>
+__device__ __forceinline__ void pack_p(const float (&s)[NT][4], uint32_t (&pa)[NT / 2][4]) {
 #pragma unroll
   for (int j = 0; j < NT / 2; ++j) {
     pa[j][0] = pack2<T>(s[2 * j][0], s[2 * j][1]);
@@ -57,6 +64,17 @@ __device__ __forceinline__ void logits_to_p(const P& p, Variant& var, SM& sm, fl
     pa[j][2] = pack2<T>(s[2 * j + 1][0], s[2 * j + 1][1]);
     pa[j][3] = pack2<T>(s[2 * j + 1][2], s[2 * j + 1][3]);
   }
+}
+
+// One block of a 16-row group: mask_logits -> online softmax (O rescaled in place when the row max
+// moves) -> P.
+template <bool MASKED, class Variant, class P, class SM, int NT, int DT>
+__device__ __forceinline__ void logits_to_p(const P& p, Variant& var, SM& sm, float (&s)[NT][4], float (&o)[DT][4],
+                                            uint32_t (&pa)[NT / 2][4], int pos0, int hi, const int (&qo_idx)[2],
+                                            const int (&qo_head)[2], int kv_head, int lane) {
+  mask_logits<MASKED>(p, var, s, pos0, hi, qo_idx, qo_head, kv_head, lane);
+  sm.update(s, o, logits_scale<Variant>(p));
+  pack_p<typename P::DType>(s, pa);
 }
 
 // Epilogue of a 16-row group starting at fused row `row0`: each row's quad sums its weights; rows
