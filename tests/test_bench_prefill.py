@@ -34,10 +34,13 @@ def test_attended_pairs_match_a_dense_mask():
 def test_tile_tags_and_shapes():
     assert bench.parse_tile("q64_kv32_w4_s3_b3") == {"rows": 64, "tile_kv": 32, "num_warps": 4, "stages": 3,
                                                      "ctas_per_sm": 3}
+    assert bench.parse_tile("sync") == {"mma": "sync"}   # the kernel choice: A/B against the family's
+    assert bench.parse_tile("wg_q128_kv64_s4") == {"mma": "wgmma", "rows": 128, "tile_kv": 64, "stages": 4}
     shape = (bench.HQ, bench.HKV, bench.D, bench.PAGE)
     try:
         bench.set_shape("32:4", 64, 64)
         assert (bench.HQ, bench.HKV, bench.D, bench.PAGE) == (32, 4, 64, 64)
+        assert bench.rt_spec("alibi").head_dim == 64   # rtattn's spec follows --head-dim
         with pytest.raises(SystemExit, match="bad shape"):
             bench.set_shape("30:4", 128, 16)
         with pytest.raises(SystemExit, match="bad shape"):

@@ -58,6 +58,8 @@ def test_wgmma_refusals_name_the_cause():
         P.PrefillTile(32, 64, 2, 3, mma="wgmma")
     with pytest.raises(ValueError, match="mma="):
         P.PrefillTile(64, 64, 4, 3, mma="tcgen05")
+    with pytest.raises(ValueError, match="mma="):
+        P.choose_tile(H200, 128, 4, 1024, mma="wgmma2")
     with pytest.raises(ValueError, match="ctas_per_sm"):
         P.choose_tile(H200, 128, 4, 1024, mma="wgmma", ctas_per_sm=3)
     with pytest.raises(ValueError, match="ctas_per_sm"):

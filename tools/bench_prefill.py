@@ -183,8 +183,9 @@ def _measure(ctx, x: Inputs, calls, outs) -> dict:
 
 def rt_spec(variant: str):
     from rtattn.codegen import spec as S
-    return {"causal": S.standard(causal=True), "plain": S.standard(), "softcap": S.standard(causal=True, soft_cap=True),
-            "alibi": S.standard(causal=True, alibi=True), "window": S.standard(causal=True, window=True)}[variant]
+    kw = {"causal": dict(causal=True), "plain": {}, "softcap": dict(causal=True, soft_cap=True),
+          "alibi": dict(causal=True, alibi=True), "window": dict(causal=True, window=True)}[variant]
+    return S.standard(head_dim=D, **kw)   # the module's head dim (--head-dim)
 
 
 def rt_params(x: Inputs) -> dict | None:

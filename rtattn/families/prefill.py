@@ -108,6 +108,8 @@ def choose_tile(device, head_dim: int, group: int, avg_qo_len: float = 1024, *, 
     dev = plan_devices.get_device(device)
     if group > ROWS[-1]:
         raise ValueError(f"head group {group} exceeds the prefill kernel's {ROWS[-1]} rows")
+    if mma not in (None,) + MMAS:
+        raise ValueError(f"prefill mma={mma!r}: use one of {MMAS} (or None: the policy's)")
     if mma is None:
         fixed = rows not in (None, WGMMA_ROWS) or num_warps not in (None, 4) or (ctas_per_sm or 0) > MAX_CTAS_PER_SM
         mma = "wgmma" if not fixed and _wgmma_fits(dev, head_dim, group, avg_qo_len) else "sync"
