@@ -81,22 +81,6 @@ struct KVTileLoader {
       copy(v_dst + dst, vb + uint64_t(pg) * vp + uint64_t(slot) * vt, valid);
     }
   }
-  // One tensor of the tile (K: V_TENSOR false, V: true), for a kernel streaming K ahead of V
-  // (prefill_sm90.cuh: one loader each, so each keeps the page ids of its own tile).
-  template <bool V_TENSOR, class P>
-  __device__ __forceinline__ void issue_one(const P& p, T* dst_tile, int pos0, int end) const {
-    const int vec = threadIdx.x % VECS;
-    const uint32_t slot_mask = PAGED ? (1u << p.page_shift) - 1u : 0u;
-    const uint32_t sp = uint32_t(V_TENSOR ? p.v_stride_page : p.k_stride_page) * sizeof(T);
-    const uint32_t st = uint32_t(V_TENSOR ? p.v_stride_tok : p.k_stride_tok) * sizeof(T);
-    const char* base = reinterpret_cast<const char*>(V_TENSOR ? v_head : k_head);
-#pragma unroll
-    for (int i = 0; i < PASSES; ++i) {
-      const int row = row0 + i * ROWS_PER_PASS, pos = pos0 + row;
-      const uint32_t slot = uint32_t(pos) & slot_mask, pg = uint32_t(page[i]);
-      copy(dst_tile + Tile::at(row, vec), base + uint64_t(pg) * sp + uint64_t(slot) * st, pos < end);
-    }
-  }
 };
 
 }  // namespace rtattn

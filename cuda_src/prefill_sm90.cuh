@@ -7,15 +7,13 @@
 // rows [16w, 16w + 16) and their online softmax state. With one warpgroup two CTAs share an SM
 // (the resource model keeps both resident), so one's softmax and item prologue overlap the
 // other's tensor-core products; two warpgroups share each K/V tile (half the shared-memory fill
-// per product). Per KV block j of TILE_KV tokens, per warpgroup:
-//   S (64 x TILE_KV) = Q K^T(j)  D/16 wgmma m64nTILE_KVk16, q and K by descriptor (K-major);
-//   O (64 x D) += P(j-1) V(j-1)  TILE_KV/16 wgmma m64nDk16, P from registers, V N-major, issued
-//                                right behind, so it runs while block j's softmax does;
-//   logits -> softmax -> P(j)    on the accumulators, exactly the mma.sync C layout; O's rescale
-//                                waits for the PV product.
+// per product). Per KV block of TILE_KV tokens, per warpgroup:
+//   S (64 x TILE_KV) = Q K^T   D/16 wgmma m64nTILE_KVk16, q and K by descriptor (K-major);
+//   logits -> softmax -> P     on the accumulators, exactly the mma.sync C layout;
+//   O (64 x D) += P V          TILE_KV/16 wgmma m64nDk16, P from registers, V N-major.
 // q, K and V tiles are in the canonical 128-byte swizzle (Sw128Tile), filled by cp.async (the
-// paged loader: any page size, ragged KV) through STAGES stages; V is read one block later than
-// K, so the K stream runs STAGES - 1 tiles ahead and the V stream STAGES - 2.
+// paged loader: any page size, ragged KV) through STAGES stages; the next tile's copies are
+// issued while the QK^T products run.
 #pragma once
 #include "paged_loader.cuh"
 #include "prefill_rows.cuh"
@@ -70,9 +68,8 @@ __device__ __forceinline__ void prefill_sm90_persistent(const P& p, char* smem) 
 
   const int item_begin = p.plan.work_indptr[blockIdx.x];
   const int item_end = p.plan.work_indptr[blockIdx.x + 1];
-  Loader ld_k, ld_v;  // K runs one tile ahead of V: each keeps the page ids of its next tile
-  ld_k.init(p, kv_head, tid);
-  ld_v.init(p, kv_head, tid);
+  Loader ld;
+  ld.init(p, kv_head, tid);
 
   wait_for_previous_grid();  // programmatic dependent launch, as the mma.sync kernel
   allow_next_grid();
@@ -114,26 +111,13 @@ __device__ __forceinline__ void prefill_sm90_persistent(const P& p, char* smem) 
         cp_async_16(q_smem + QTile::at(r, c), qp, valid);
       }
     }
-    // ---- K/V streams: group g holds K(g) and V(g - 1); block j waits for the group with K(j)
-    // and V(j - 1), STAGES - 2 groups behind the newest.
-    auto issue_k = [&](int t) {
-      if (t < num_blocks) {
-        ld_k.template issue_one<false>(p, k_stage(t % STAGES), lo + t * TILE_KV, hi);
-        ld_k.fetch(p, pages, page_start, lo + (t + 1) * TILE_KV, hi);
-      }
-    };
-    auto issue_v = [&](int t) {
-      if (t >= 0 && t < num_blocks) {
-        ld_v.template issue_one<true>(p, v_stage(t % STAGES), lo + t * TILE_KV, hi);
-        ld_v.fetch(p, pages, page_start, lo + (t + 1) * TILE_KV, hi);
-      }
-    };
-    ld_k.fetch(p, pages, page_start, lo, hi);
-    ld_v.fetch(p, pages, page_start, lo, hi);
+    ld.fetch(p, pages, page_start, lo, hi);
 #pragma unroll
-    for (int g = 0; g < STAGES - 1; ++g) {
-      issue_k(g);
-      issue_v(g - 1);
+    for (int s = 0; s < STAGES - 1; ++s) {
+      if (s < num_blocks) {
+        ld.issue(p, k_stage(s), v_stage(s), lo + s * TILE_KV, hi);
+        ld.fetch(p, pages, page_start, lo + (s + 1) * TILE_KV, hi);
+      }
       cp_async_commit();
     }
     if constexpr (Variant::has_query_transform) {  // QueryTransform on the pair d, d + D/2
@@ -167,17 +151,19 @@ __device__ __forceinline__ void prefill_sm90_persistent(const P& p, char* smem) 
     for (int dn = 0; dn < DT; ++dn)
 #pragma unroll
       for (int e = 0; e < 4; ++e) o[dn][e] = 0.f;
-    uint32_t pa[KS][4];  // P of the previous block, the A operand of its PV product
 
-    auto pv = [&](int blk) {  // O += P(blk) V(blk), asynchronous
-      const uint32_t v_base = smem_addr(v_stage(blk % STAGES));
-#pragma unroll
-      for (int j = 0; j < KS; ++j)
-        WgmmaRS<T, D>::run(o, pa[j], sw128_desc(v_base + j * 2048, KVTile::slab_bytes, 1024));
+    auto issue_next = [&](int blk) {
+      const int nb = blk + STAGES - 1, ns = nb % STAGES;
+      if (nb < num_blocks) {
+        ld.issue(p, k_stage(ns), v_stage(ns), lo + nb * TILE_KV, hi);
+        ld.fetch(p, pages, page_start, lo + (nb + 1) * TILE_KV, hi);
+      }
+      cp_async_commit();
     };
     auto block = [&](auto masked, int blk) {
       constexpr bool kMasked = decltype(masked)::value;
-      T* ks = k_stage(blk % STAGES);
+      const int st = blk % STAGES;
+      T* ks = k_stage(st);
       const int pos0 = lo + blk * TILE_KV;
       if constexpr (Variant::has_key_transform) {
         for (int i = tid; i < TILE_KV * (D / 2); i += S::threads) {
@@ -192,45 +178,39 @@ __device__ __forceinline__ void prefill_sm90_persistent(const P& p, char* smem) 
         __syncthreads();
       }
 
-      // ---- S = Q K^T(blk) and O += P V(blk - 1), two asynchronous groups; the copies of K(blk +
-      // STAGES - 1) and V(blk + STAGES - 2) (stages everyone is past) are issued meanwhile.
+      // ---- S = Q K^T (asynchronous; the next tile's copies are issued meanwhile)
       float s[NT][4];
       const uint32_t k_base = smem_addr(ks);
-      fence_accumulators(o);
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < KT; ++kk)
         WgmmaSS<T, TILE_KV>::run(s, kmajor_desc(q_base, QTile::slab_bytes, kk),
                                  kmajor_desc(k_base, KVTile::slab_bytes, kk), kk > 0);
       wgmma_commit();
-      if (blk > 0) pv(blk - 1);
-      wgmma_commit();  // empty for block 0
-      issue_k(blk + STAGES - 1);
-      issue_v(blk + STAGES - 2);
-      cp_async_commit();
-      wgmma_wait<1>();  // S landed; PV may still run
+      issue_next(blk);
+      wgmma_wait<0>();
       fence_accumulators(s);
 
       if constexpr (kMasked && Variant::has_logits_mask && !Variant::has_logits_transform) row_ids();
-      mask_logits<kMasked>(p, var, s, pos0, hi, row_qo_idx, row_qo_head, kv_head, lane);
-      float corr[2];
-      sm.weights(s, logits_scale<Variant>(p), corr);
-      uint32_t pn[KS][4];
-      pack_p<T>(s, pn);
-      wgmma_wait<0>();  // PV(blk - 1) done: O may be rescaled, its P operand replaced
+      uint32_t pa[KS][4];
+      logits_to_p<kMasked>(p, var, sm, s, o, pa, pos0, hi, row_qo_idx, row_qo_head, kv_head, lane);
+
+      // ---- O += P V
+      const uint32_t v_base = smem_addr(v_stage(st));
       fence_accumulators(o);
-      fence_operands(pa);
-      sm.rescale(o, corr);
+      wgmma_fence();
 #pragma unroll
       for (int j = 0; j < KS; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) pa[j][e] = pn[j][e];
+        WgmmaRS<T, D>::run(o, pa[j], sw128_desc(v_base + j * 2048, KVTile::slab_bytes, 1024));
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_accumulators(o);
     };
 
     for (int blk = 0; blk < num_blocks; ++blk) {
       cp_async_wait<STAGES - 2>();
       fence_proxy_async();
-      __syncthreads();  // K(blk), V(blk - 1) (and q) landed for everyone, who are past S(blk - 1), PV(blk - 2)
+      __syncthreads();  // tile blk (and q) landed for everyone; everyone is past tile blk - 1
       const int pos0 = lo + blk * TILE_KV;
       bool need_mask = pos0 + TILE_KV > hi;  // the range's tail block
       if constexpr (Variant::has_logits_mask)
@@ -241,17 +221,7 @@ __device__ __forceinline__ void prefill_sm90_persistent(const P& p, char* smem) 
         block(BoolConst<false>{}, blk);
       }
     }
-    cp_async_wait<0>();  // V of the last block (and empty groups); the next item refills every stage
-    if (num_blocks > 0) {  // O += P V of the last block
-      fence_proxy_async();
-      __syncthreads();
-      fence_accumulators(o);
-      wgmma_fence();
-      pv(num_blocks - 1);
-      wgmma_commit();
-      wgmma_wait<0>();
-      fence_accumulators(o);
-    }
+    cp_async_wait<0>();  // only empty groups can remain; the next item refills every stage
 
     store_group(p, var, sm, o, warp_row0, rows_valid, heads, first_qo_head, q_row0, partial_row, lane);
   }

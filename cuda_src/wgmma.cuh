@@ -34,15 +34,6 @@ __device__ __forceinline__ void fence_accumulators(float (&d)[C][4]) {
     for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(d[c][e])::"memory");
 }
 
-// The same for register A operands of an in-flight product: kept unchanged until this point.
-template <int C>
-__device__ __forceinline__ void fence_operands(uint32_t (&a)[C][4]) {
-#pragma unroll
-  for (int c = 0; c < C; ++c)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(a[c][e])::"memory");
-}
-
 // D (+)= A B: A (64 x 16) and B (16 x N, K-major) by descriptor; accumulate = false overwrites D.
 template <typename T, int N> struct WgmmaSS;
 // D += A B: A (64 x 16) from registers, B (16 x N, N-major) by descriptor.
