@@ -37,8 +37,10 @@ class BatchPrefillWrapper(PlannedWrapper):
                  num_pages_pool: int | None = None):
         """`max_pages` bounds the pages of one step (paged KV); `max_kv_tokens` the KV tokens
         (ragged KV). `avg_qo_len` (default: max_qo_len or 1024, whichever is smaller) picks
-        the query tile: the smallest of 16..128 fused rows covering avg_qo_len x group.
-        `tile`: overrides of the tile policy (rows, tile_kv, num_warps, stages), for A/B runs.
+        the query tile: the smallest of 16..128 fused rows covering avg_qo_len x group; on an
+        H200 from 128 tokens the wgmma kernel's 64 rows, 128 where the KV bound per request
+        (max_pages x page_size / max_batch) reaches 2048 tokens (rtattn.families.prefill).
+        `tile`: overrides of the tile policy (mma, rows, tile_kv, num_warps, stages), for A/B runs.
         `num_pages_pool` (paged KV): as BatchDecodeWrapper's: plan() refuses page ids >= it."""
         if kv_layout not in PREFILL_KV_LAYOUTS:
             raise ValueError(f"kv_layout must be one of {PREFILL_KV_LAYOUTS}, got {kv_layout!r}")
@@ -64,7 +66,9 @@ class BatchPrefillWrapper(PlannedWrapper):
         dev = plan_devices.from_props(self.device.props)
         mql = int(max_qo_len or max_qo_tokens)
         avg = float(avg_qo_len) if avg_qo_len is not None else float(min(mql, 1024))
-        self.tile = family.choose_tile(dev, head_dim, self.group, avg, paged=not self.ragged, **(tile or {}))
+        avg_kv = max_pages * page_size / max(1, int(max_batch))   # the step's KV bound per request
+        self.tile = family.choose_tile(dev, head_dim, self.group, avg, paged=not self.ragged, avg_kv_len=avg_kv,
+                                       **(tile or {}))
         self.kernels = family.prefill_kernels(self.spec, self.tile, self.device.ordinal)
         self.pdl, self.fused_merge = pdl, False   # split KV: always the merge kernel
         self.num_ctas = int(num_ctas) if num_ctas is not None else self.kernels.num_ctas(num_kv_heads)

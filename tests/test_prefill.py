@@ -49,6 +49,15 @@ def test_wgmma_tiles_keep_two_ctas_per_sm_and_compile_for_sm90a(head_dim, tile_k
     assert (two.num_warps, two.min_blocks, two.tag[:7]) == (8, 1, "wg_q128")
 
 
+def test_long_kv_takes_two_warpgroups_at_head_dim_128():
+    long = P.choose_tile(H200, 128, 4, 1024, avg_kv_len=P.WGMMA_LONG_KV)
+    assert (long.mma, long.rows, long.tile_kv, long.stages, long.min_blocks) == ("wgmma", 128, 128, 2, 1)
+    assert P.choose_tile(H200, 128, 4, 1024, avg_kv_len=P.WGMMA_LONG_KV - 1).rows == 64
+    assert P.choose_tile(H200, 128, 4, 1024).rows == 64          # KV unknown
+    assert P.choose_tile(H200, 64, 4, 1024, avg_kv_len=1e5).rows == 64   # only d128 measured
+    assert P.choose_tile(H200, 128, 4, 1024, avg_kv_len=1e5, tile_kv=64, stages=4).tag == "wg_q128_kv64_w8_s4_b1"
+
+
 def test_wgmma_refusals_name_the_cause():
     with pytest.raises(ValueError, match="cc 9.0"):
         P.choose_tile(A100, 128, 4, 1024, mma="wgmma")
@@ -158,13 +167,17 @@ def test_causal_plans_skip_hidden_blocks():
 
 
 # ----------------------------------------------------------------------------- GPU tier
-@pytest.fixture(params=P.MMAS)
-def mma(request):
-    """Each GPU case on both kernels of the family (the device must be cc 9.0 for wgmma)."""
+KERNELS = {"sync": {"mma": "sync"}, "wgmma": {"mma": "wgmma"}, "wgmma128": {"mma": "wgmma", "rows": 128}}
+
+
+@pytest.fixture(params=list(KERNELS))
+def kernel(request):
+    """Each GPU case on the family's kernels: mma.sync, and wgmma with one and two warpgroups
+    (the tile override; wgmma needs a cc 9.0 device)."""
     from rtattn.runtime import Device
-    if request.param == "wgmma" and Device().arch != "sm_90":
+    if request.param != "sync" and Device().arch != "sm_90":
         pytest.skip("the wgmma kernel needs a cc 9.0 device")
-    return request.param
+    return KERNELS[request.param]
 
 
 GQA_PAGE_CASES = [((32, 32), 16, True), ((32, 8), 1, True), ((32, 8), 16, True), ((32, 8), 64, True),
@@ -174,13 +187,13 @@ GQA_PAGE_CASES = [((32, 32), 16, True), ((32, 8), 1, True), ((32, 8), 16, True),
 @pytest.mark.gpu
 @pytest.mark.parametrize("heads,page_size,causal", GQA_PAGE_CASES,
                          ids=lambda x: f"{x[0]}/{x[1]}" if isinstance(x, tuple) else str(x))
-def test_prefill_matches_reference(heads, page_size, causal, mma):
+def test_prefill_matches_reference(heads, page_size, causal, kernel):
     from prefill_cases import TOL, errors, make_case, run_prefill
     rng = np.random.default_rng(hash((heads, page_size, causal)) % 2**32)
     kv = rng.integers(1, 600, 5)
     qo = np.minimum(kv, rng.integers(1, 400, 5))
     case = make_case(kv, *heads, 128, page_size, qo_lens=qo, seed=int(rng.integers(1 << 30)))
-    o, lse, _ = run_prefill(case, "causal" if causal else "plain", tile={"mma": mma})
+    o, lse, _ = run_prefill(case, "causal" if causal else "plain", tile=kernel)
     eo, el = errors(case, o, lse, ref.Variant(causal=causal))
     assert eo < TOL["bfloat16"] and el < 2e-2, (eo, el)
 
@@ -189,40 +202,40 @@ def test_prefill_matches_reference(heads, page_size, causal, mma):
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("kv_layout", ["NHD", "HND", "ragged"])
-def test_head_dims_dtypes_layouts(head_dim, dtype, kv_layout, mma):
+def test_head_dims_dtypes_layouts(head_dim, dtype, kv_layout, kernel):
     from prefill_cases import TOL, errors, make_case, run_prefill
     kv, qo = [700, 129, 1, 2000], [700, 64, 1, 333]
     ps = 1 if kv_layout == "ragged" else 16
     case = make_case(kv, 16, 4, head_dim, ps, dtype=dtype, kv_layout="NHD" if kv_layout == "ragged" else kv_layout,
                      qo_lens=qo, seed=head_dim)
-    o, lse, _ = run_prefill(case, "causal", dtype, ragged=kv_layout == "ragged", tile={"mma": mma})
+    o, lse, _ = run_prefill(case, "causal", dtype, ragged=kv_layout == "ragged", tile=kernel)
     eo, el = errors(case, o, lse, ref.Variant(causal=True))
     assert eo < TOL[dtype] and el < 2e-2, (eo, el)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("variant", ["sliding_window", "soft_cap", "alibi", "sigmoid", "rope", "custom_mask", "sinks"])
-def test_variants(variant, mma):
+def test_variants(variant, kernel):
     from prefill_cases import TOL, errors, make_case, run_prefill, variant_args
     rng = np.random.default_rng(7)
     kv, qo = np.array([900, 300, 1500]), np.array([900, 100, 37])
     case = make_case(kv, 16, 4, 128, 16, qo_lens=qo, seed=7)
     params, var = variant_args(variant, 16, qo, kv, rng)
-    o, lse, _ = run_prefill(case, variant, params=params, tile={"mma": mma})
+    o, lse, _ = run_prefill(case, variant, params=params, tile=kernel)
     eo, el = errors(case, o, lse, var)
     assert eo < TOL["bfloat16"] and el < 2e-2, (eo, el)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode", ["auto", "naive", "batch-invariant"])
-def test_split_kv_merge_modes_and_determinism(mode, mma):
+def test_split_kv_merge_modes_and_determinism(mode, kernel):
     """Few CTAs force split KV (merged by the shared merge kernel); a second run of the same plan
     gives the same bits."""
     import torch
     from prefill_cases import TOL, errors, make_case, run_prefill
     # few query tiles over long cached prefixes: 7 CTAs must split the KV (auto too)
     case = make_case([6000, 4000, 2500], 8, 2, 128, 16, qo_lens=[32, 20, 100], seed=5)
-    o, lse, w = run_prefill(case, "causal", mode=mode, num_ctas=7, chunk_tokens=1024, tile={"mma": mma})
+    o, lse, w = run_prefill(case, "causal", mode=mode, num_ctas=7, chunk_tokens=1024, tile=kernel)
     if mode != "naive":
         assert w.info.num_merge_rows > 0
     eo, el = errors(case, o, lse, ref.Variant(causal=True))
@@ -234,10 +247,10 @@ def test_split_kv_merge_modes_and_determinism(mode, mma):
 
 
 @pytest.mark.gpu
-def test_long_prompt_and_multi_token_decode(mma):
+def test_long_prompt_and_multi_token_decode(kernel):
     from prefill_cases import TOL, errors, make_case, run_prefill
     case = make_case([4096, 6000], 4, 1, 128, 16, qo_lens=[4096, 3], seed=9)
-    o, lse, _ = run_prefill(case, "causal", tile={"mma": mma})
+    o, lse, _ = run_prefill(case, "causal", tile=kernel)
     eo, el = errors(case, o, lse, ref.Variant(causal=True))
     assert eo < TOL["bfloat16"] and el < 2e-2, (eo, el)
     case = make_case([1000, 2000, 1], 32, 8, 128, 16, qo_lens=[4, 2, 1], seed=10)

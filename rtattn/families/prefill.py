@@ -35,6 +35,11 @@ WGMMA_ROWS = 64       # one warpgroup's m64 products: the default wgmma tile
 WGMMA_TILES = {(64, 64): (128, 3), (64, 128): (64, 3), (64, 256): (32, 2),
                (128, 64): (128, 3), (128, 128): (128, 2), (128, 256): (32, 3)}
 WGMMA_MIN_QO = 128    # average query tokens from which the policy takes the wgmma kernel
+# Average KV tokens per request from which d128 takes two warpgroups (128 rows, one CTA per SM):
+# H200 (docs/perf-log.md, prefill v3) 128 rows won at KV 2048 and more (4x4096 343 vs 321 TFLOP/s,
+# chunked 16 x (4096 + 512) 341 vs 291, 1x16384 388 vs 353), 64 rows below (16x1024 253 vs 241,
+# 32x512 190 vs 170). d64 / d256 keep 64 rows (their 128-row tiles have not run on a GPU).
+WGMMA_LONG_KV = 2048
 
 
 @dataclass(frozen=True)
@@ -96,15 +101,17 @@ def spec_for(variant, dtype: str, head_dim: int) -> AttentionSpec:
 
 def choose_tile(device, head_dim: int, group: int, avg_qo_len: float = 1024, *, paged: bool = True,
                 rows: int | None = None, tile_kv: int | None = None, num_warps: int | None = None,
-                stages: int | None = None, ctas_per_sm: int | None = None, mma: str | None = None) -> PrefillTile:
+                stages: int | None = None, ctas_per_sm: int | None = None, mma: str | None = None,
+                avg_kv_len: float | None = None) -> PrefillTile:
     """The tile for a workload: the smallest ROWS covering the average fused rows (avg query length
     x g), at least the head group; head_dim 256 at most 64 rows (O alone is 128 registers per
     thread there). KV tile and stages: the largest that keep MAX_CTAS_PER_SM resident where the
     shared memory allows it. Any argument given explicitly overrides the policy (A/B tests);
     ctas_per_sm is the register budget the kernel is compiled for (__launch_bounds__), capped by
     the shared memory. mma: the kernel (MMAS); by default "wgmma" on cc 9.0 for queries of
-    WGMMA_MIN_QO tokens or more on average unless the caller fixes another shape (rows, num_warps) or more than
-    2 CTAs per SM, else "sync"."""
+    WGMMA_MIN_QO tokens or more on average unless the caller fixes another shape (rows, num_warps)
+    or more than 2 CTAs per SM, else "sync"; its rows: 128 at head_dim 128 where avg_kv_len
+    (average KV tokens per request; None: unknown) reaches WGMMA_LONG_KV, else 64."""
     dev = plan_devices.get_device(device)
     if group > ROWS[-1]:
         raise ValueError(f"head group {group} exceeds the prefill kernel's {ROWS[-1]} rows")
@@ -116,7 +123,9 @@ def choose_tile(device, head_dim: int, group: int, avg_qo_len: float = 1024, *, 
     if mma == "wgmma":
         if tuple(dev.cc) != (9, 0):
             raise ValueError(f"prefill mma='wgmma' needs a cc 9.0 (sm_90a) device, not {dev.name} (cc {dev.cc})")
-        return _wgmma_tile(dev, head_dim, rows or WGMMA_ROWS, paged, tile_kv, stages, ctas_per_sm)
+        if rows is None:
+            rows = 128 if head_dim == 128 and (avg_kv_len or 0) >= WGMMA_LONG_KV else WGMMA_ROWS
+        return _wgmma_tile(dev, head_dim, rows, paged, tile_kv, stages, ctas_per_sm)
     if rows is None:
         need = max(group, avg_qo_len * group)
         rows = next((r for r in ROWS if r >= need), ROWS[-1])
@@ -178,13 +187,17 @@ def tile_config(tile: PrefillTile, head_dim: int, group: int, ctas_per_sm: int |
 def shipped(arch: str = "sm_90") -> list[tuple[AttentionSpec, PrefillTile]]:
     """The prefill instances rtattn-compile warms: every built-in variant at head_dim 128 in both
     dtypes with the long-prompt tile (paged; on sm_90 the wgmma kernel's, on sm_80 128 rows of
-    mma.sync), plus plain and causal at head_dims 64 and 256. Other tiles compile on first use
-    (about 2-3 s each)."""
+    mma.sync), plus plain and causal at head_dims 64 and 256, and on sm_90 plain and causal at
+    head_dim 128 with the long-KV tile (two warpgroups). Other tiles compile on first use (about
+    2-3 s each)."""
     dev = resources.device_for_arch(arch)
     out = []
     for dtype in DTYPES:
+        base, long = choose_tile(dev, 128, 4), choose_tile(dev, 128, 4, avg_kv_len=WGMMA_LONG_KV)
         for make in BUILTINS.values():
-            out.append((make(dtype=dtype, head_dim=128), choose_tile(dev, 128, 4)))
+            out.append((make(dtype=dtype, head_dim=128), base))
+        if long != base:
+            out += [(BUILTINS[name](dtype=dtype, head_dim=128), long) for name in ("plain", "causal")]
         for d in (64, 256):
             for name in ("plain", "causal"):
                 out.append((BUILTINS[name](dtype=dtype, head_dim=d), choose_tile(dev, d, 4)))
