@@ -15,6 +15,7 @@
 // an attention sink to a split row.
 #pragma once
 #include "paged_loader.cuh"
+#include "prefill_item.cuh"
 #include "prefill_rows.cuh"
 #include "ptx.cuh"
 #include "query_transform.cuh"
@@ -58,8 +59,8 @@ __device__ __forceinline__ void prefill_persistent(const P& p, char* smem) {
   auto k_stage = [&](int s) { return reinterpret_cast<T*>(smem + S::q_bytes + s * S::stage_bytes); };
   auto v_stage = [&](int s) { return reinterpret_cast<T*>(smem + S::q_bytes + s * S::stage_bytes + S::tile_bytes); };
 
-  const int item_begin = p.plan.work_indptr[blockIdx.x];
-  const int item_end = p.plan.work_indptr[blockIdx.x + 1];
+  PrefillQueue queue;
+  queue.init(p);
   Loader ld;
   ld.init(p, kv_head, tid);
   // ldmatrix lane offsets (bytes) inside a 16-token group of K / V and a 16-row tile of q:
@@ -76,74 +77,21 @@ __device__ __forceinline__ void prefill_persistent(const P& p, char* smem) {
   wait_for_previous_grid();
   allow_next_grid();
 
-  // Each CTA walks its queue from its own offset. LPT gives every queue the same shape (costs
-  // descending), so CTAs walking them in order reach their item prologues (plan reads, page ids,
-  // first tiles) together, and the CTA sharing an SM (block L + the SM count: the same queue of
-  // another KV head here) cannot hide them. Items are independent: the order changes no result.
-  const int num_items = item_end - item_begin;
-  const int first = int(int64_t(blockIdx.x + blockIdx.y * gridDim.x) * num_items / (gridDim.x * gridDim.y));
-  for (int k = 0; k < num_items; ++k) {
-    const int item = item_begin + (k + first < num_items ? k + first : k + first - num_items);
-    const int b = p.plan.item_request[item], q_row0 = p.plan.item_qo_start[item];
-    const int q_tokens = p.plan.item_qo_len[item];
-    const int partial_row = p.plan.item_partial[item];
-    int lo = p.plan.item_kv_start[item], hi = p.plan.item_kv_end[item];
-    const int page_start = p.plan.item_kv_page_start[item];
-    const int* pages = p.plan.kv_indices + page_start;
-    const int qo_len = p.plan.req_qo_len[b], kv_len = p.plan.req_kv_len[b];
-    const int qo_idx0 = q_row0 - p.plan.req_qo_start[b];
-    const int rows_valid = q_tokens * heads;
-
+  for (int k = 0; k < queue.size; ++k) {
+    const int item = queue.item(k);
     Variant var;
-    var.init(p, b, qo_len, kv_len);
-    const int q_lo = var.q_pos(qo_idx0), q_hi = var.q_pos(qo_idx0 + q_tokens - 1);
-    var.VisibleKV(p, q_lo, q_hi, lo, hi);
-    const int num_blocks = hi > lo ? (hi - lo + TILE_KV - 1) / TILE_KV : 0;
+    PrefillItem<Variant> it;
+    it.template load<TILE_KV>(p, item, heads, var);
+    const int q_row0 = it.q_row0, partial_row = it.partial_row, hi = it.hi, lo = it.lo;
+    const int qo_idx0 = it.qo_idx0, rows_valid = it.rows_valid, num_blocks = it.num_blocks;
 
     __syncthreads();  // the previous item's readers of q and of every stage are done
-    // ---- Query rows -> the swizzled q tile; rows past the item are zeros (their results are
-    // never written). Without a QueryTransform the rows are cp.async copies issued before the
-    // KV tiles, so they join the first pipeline group: one round trip for q and KV together
-    // (a register round trip per row waited on each load: several microseconds per item).
-    if constexpr (!Variant::has_query_transform) {
-      constexpr int QC = D / 8;  // 16-byte chunks per row; a thread keeps one column of chunks
-      static_assert(S::rows * QC % S::threads == 0 && S::threads % QC == 0, "whole passes of rows");
-#pragma unroll
-      for (int pass = 0; pass < S::rows * QC / S::threads; ++pass) {
-        const int r = (tid + pass * S::threads) / QC, c = tid % QC;
-        const bool valid = r < rows_valid;
-        const T* qp = valid ? p.q + int64_t(q_row0 + r / heads) * p.q_stride_tok +
-                                  int64_t(first_qo_head + r % heads) * p.q_stride_head + c * 8
-                            : p.q;
-        cp_async_16(q_smem + Tile::at(r, c), qp, valid);
-      }
-    }
-    // ---- KV pipeline: STAGES - 1 tiles in flight before the first is computed.
-    ld.fetch(p, pages, page_start, lo, hi);
-#pragma unroll
-    for (int s = 0; s < STAGES - 1; ++s) {
-      if (s < num_blocks) {
-        ld.issue(p, k_stage(s), v_stage(s), lo + s * TILE_KV, hi);
-        ld.fetch(p, pages, page_start, lo + (s + 1) * TILE_KV, hi);
-      }
-      cp_async_commit();
-    }
+    // ---- Query rows (cp.async, joining the first KV group) and the KV stream's first tiles
+    if constexpr (!Variant::has_query_transform) copy_q_rows<Tile, S::rows, S::threads>(p, q_smem, it, heads, first_qo_head, tid);
+    start_kv_stream<STAGES, TILE_KV>(ld, p, it, k_stage, v_stage);
 
-    if constexpr (Variant::has_query_transform) {  // QueryTransform on the pair d, d + D/2
-      constexpr int QV = D / 16;  // 8-element chunks per half row
-      for (int i = tid; i < S::rows * QV; i += S::threads) {
-        const int r = i / QV, c = (i % QV) * 8;
-        uint4 lo4 = make_uint4(0u, 0u, 0u, 0u), hi4 = lo4;
-        if (r < rows_valid) {
-          const T* qp = p.q + int64_t(q_row0 + r / heads) * p.q_stride_tok +
-                        int64_t(first_qo_head + r % heads) * p.q_stride_head + c;
-          lo4 = *reinterpret_cast<const uint4*>(qp);
-          hi4 = *reinterpret_cast<const uint4*>(qp + D / 2);
-          transform_query_chunks<T>(var, p, lo4, hi4, c, qo_idx0 + r / heads, first_qo_head + r % heads);
-        }
-        *reinterpret_cast<uint4*>(q_smem + Tile::at(r, c / 8)) = lo4;
-        *reinterpret_cast<uint4*>(q_smem + Tile::at(r, (c + D / 2) / 8)) = hi4;
-      }
+    if constexpr (Variant::has_query_transform) {
+      transform_q_rows<Tile, S::rows, S::threads>(p, var, q_smem, it, heads, first_qo_head, tid);
       __syncthreads();
     } else if constexpr (kQRegs) {
       cp_async_wait<STAGES - 2>();  // the first group (q and KV tile 0) landed ...
@@ -179,17 +127,6 @@ __device__ __forceinline__ void prefill_persistent(const P& p, char* smem) {
         for (int e = 0; e < 4; ++e) o[mi][dn][e] = 0.f;
     }
 
-    // The copies of tile blk + STAGES - 1 into the stage tile blk - 1 used (everyone is past it),
-    // issued between the QK products and the softmax: the integer work of the loader then runs
-    // while the tensor pipe finishes S (before the products it ran alone, after the barrier).
-    auto issue_next = [&](int blk) {
-      const int nb = blk + STAGES - 1, ns = nb % STAGES;
-      if (nb < num_blocks) {
-        ld.issue(p, k_stage(ns), v_stage(ns), lo + nb * TILE_KV, hi);
-        ld.fetch(p, pages, page_start, lo + (nb + 1) * TILE_KV, hi);
-      }
-      cp_async_commit();
-    };
     // One KV block: S = QK^T, (mask,) online softmax, O += PV. Instantiated twice: blocks that
     // the mask cuts (causal diagonal, window edge, the range's tail) and blocks it does not, so
     // the common unmasked block carries no per-logit compare/select (a warp-uniform branch).
@@ -199,14 +136,7 @@ __device__ __forceinline__ void prefill_persistent(const P& p, char* smem) {
       T* ks = k_stage(st);
       const int pos0 = lo + blk * TILE_KV;
       if constexpr (Variant::has_key_transform) {
-        for (int i = tid; i < TILE_KV * (D / 2); i += S::threads) {
-          const int tok = i / (D / 2), d = i % (D / 2);
-          const int lo_at = Tile::at(tok, d / 8) + d % 8, hi_at = Tile::at(tok, (d + D / 2) / 8) + d % 8;
-          float x = to_float(ks[lo_at]), y = to_float(ks[hi_at]);
-          var.KeyTransform(p, x, y, d, pos0 + tok, kv_head);
-          ks[lo_at] = from_float<T>(x);
-          ks[hi_at] = from_float<T>(y);
-        }
+        transform_k_tile<Tile, TILE_KV, S::threads>(p, var, ks, pos0, kv_head, tid);
         __syncthreads();
       }
 
@@ -243,7 +173,9 @@ __device__ __forceinline__ void prefill_persistent(const P& p, char* smem) {
         }
       }
 
-      issue_next(blk);
+      // The next tile's copies between the QK products and the softmax: the loader's integer
+      // work then runs while the tensor pipe finishes S (before the products it ran alone).
+      next_kv_tile<STAGES, TILE_KV>(ld, p, it, k_stage, v_stage, blk);
 
       // ---- logits -> transform -> mask -> online softmax (scaled to log2 units) -> P fragments
       if constexpr (kMasked && Variant::has_logits_mask && !Variant::has_logits_transform)
@@ -273,11 +205,7 @@ __device__ __forceinline__ void prefill_persistent(const P& p, char* smem) {
     for (int blk = 0; blk < num_blocks; ++blk) {
       cp_async_wait<STAGES - 2>();
       __syncthreads();  // tile blk landed for everyone; everyone is past tile blk - 1
-      const int pos0 = lo + blk * TILE_KV;
-      bool need_mask = pos0 + TILE_KV > hi;  // the range's tail block
-      if constexpr (Variant::has_logits_mask)
-        need_mask = need_mask || !var.BlockUnmasked(p, q_lo, q_hi, pos0, pos0 + TILE_KV);
-      if (need_mask) {
+      if (it.template needs_mask<TILE_KV>(p, var, lo + blk * TILE_KV)) {
         block(BoolConst<true>{}, blk);
       } else {
         block(BoolConst<false>{}, blk);

@@ -16,8 +16,8 @@
 // issued while the QK^T products run.
 #pragma once
 #include "paged_loader.cuh"
+#include "prefill_item.cuh"
 #include "prefill_rows.cuh"
-#include "query_transform.cuh"
 #include "swizzle.cuh"
 #include "wgmma.cuh"
 
@@ -66,77 +66,30 @@ __device__ __forceinline__ void prefill_sm90_persistent(const P& p, char* smem) 
   };
   const uint32_t q_base = smem_addr(q_smem) + (warp / 4) * 64 * 128;  // this warpgroup's 64 rows
 
-  const int item_begin = p.plan.work_indptr[blockIdx.x];
-  const int item_end = p.plan.work_indptr[blockIdx.x + 1];
+  PrefillQueue queue;
+  queue.init(p);
   Loader ld;
   ld.init(p, kv_head, tid);
 
   wait_for_previous_grid();  // programmatic dependent launch, as the mma.sync kernel
   allow_next_grid();
 
-  // Each CTA walks its queue from its own offset (prefill.cuh says why); the order changes no result.
-  const int num_items = item_end - item_begin;
-  const int first = int(int64_t(blockIdx.x + blockIdx.y * gridDim.x) * num_items / (gridDim.x * gridDim.y));
-  for (int k = 0; k < num_items; ++k) {
-    const int item = item_begin + (k + first < num_items ? k + first : k + first - num_items);
-    const int b = p.plan.item_request[item], q_row0 = p.plan.item_qo_start[item];
-    const int q_tokens = p.plan.item_qo_len[item];
-    const int partial_row = p.plan.item_partial[item];
-    int lo = p.plan.item_kv_start[item], hi = p.plan.item_kv_end[item];
-    const int page_start = p.plan.item_kv_page_start[item];
-    const int* pages = p.plan.kv_indices + page_start;
-    const int qo_len = p.plan.req_qo_len[b], kv_len = p.plan.req_kv_len[b];
-    const int qo_idx0 = q_row0 - p.plan.req_qo_start[b];
-    const int rows_valid = q_tokens * heads;
-
+  for (int k = 0; k < queue.size; ++k) {
+    const int item = queue.item(k);
     Variant var;
-    var.init(p, b, qo_len, kv_len);
-    const int q_lo = var.q_pos(qo_idx0), q_hi = var.q_pos(qo_idx0 + q_tokens - 1);
-    var.VisibleKV(p, q_lo, q_hi, lo, hi);
-    const int num_blocks = hi > lo ? (hi - lo + TILE_KV - 1) / TILE_KV : 0;
+    PrefillItem<Variant> it;
+    it.template load<TILE_KV>(p, item, heads, var);
+    const int q_row0 = it.q_row0, partial_row = it.partial_row, hi = it.hi, lo = it.lo;
+    const int qo_idx0 = it.qo_idx0, rows_valid = it.rows_valid, num_blocks = it.num_blocks;
 
     __syncthreads();  // the previous item's products are done with q and every stage
-    // ---- Query rows -> the q tile (rows past the item are zeros, never written out): cp.async
-    // copies joining the first pipeline group, or, with a QueryTransform, through registers.
-    if constexpr (!Variant::has_query_transform) {
-      constexpr int QC = D / 8;
-      static_assert(S::rows * QC % S::threads == 0 && S::threads % QC == 0, "whole passes of rows");
-#pragma unroll
-      for (int pass = 0; pass < S::rows * QC / S::threads; ++pass) {
-        const int r = (tid + pass * S::threads) / QC, c = tid % QC;
-        const bool valid = r < rows_valid;
-        const T* qp = valid ? p.q + int64_t(q_row0 + r / heads) * p.q_stride_tok +
-                                  int64_t(first_qo_head + r % heads) * p.q_stride_head + c * 8
-                            : p.q;
-        cp_async_16(q_smem + QTile::at(r, c), qp, valid);
-      }
-    }
-    ld.fetch(p, pages, page_start, lo, hi);
-#pragma unroll
-    for (int s = 0; s < STAGES - 1; ++s) {
-      if (s < num_blocks) {
-        ld.issue(p, k_stage(s), v_stage(s), lo + s * TILE_KV, hi);
-        ld.fetch(p, pages, page_start, lo + (s + 1) * TILE_KV, hi);
-      }
-      cp_async_commit();
-    }
-    if constexpr (Variant::has_query_transform) {  // QueryTransform on the pair d, d + D/2
-      constexpr int QV = D / 16;
-      for (int i = tid; i < S::rows * QV; i += S::threads) {
-        const int r = i / QV, c = (i % QV) * 8;
-        uint4 lo4 = make_uint4(0u, 0u, 0u, 0u), hi4 = lo4;
-        if (r < rows_valid) {
-          const T* qp = p.q + int64_t(q_row0 + r / heads) * p.q_stride_tok +
-                        int64_t(first_qo_head + r % heads) * p.q_stride_head + c;
-          lo4 = *reinterpret_cast<const uint4*>(qp);
-          hi4 = *reinterpret_cast<const uint4*>(qp + D / 2);
-          transform_query_chunks<T>(var, p, lo4, hi4, c, qo_idx0 + r / heads, first_qo_head + r % heads);
-        }
-        *reinterpret_cast<uint4*>(q_smem + QTile::at(r, c / 8)) = lo4;
-        *reinterpret_cast<uint4*>(q_smem + QTile::at(r, (c + D / 2) / 8)) = hi4;
-      }
-      // the fence and barrier of the first block publish these stores to the tensor cores
-    }
+    // ---- Query rows (cp.async, joining the first KV group; or through registers with a
+    // QueryTransform: the first block's fence and barrier publish those stores to the tensor
+    // cores) and the KV stream's first tiles.
+    if constexpr (!Variant::has_query_transform) copy_q_rows<QTile, S::rows, S::threads>(p, q_smem, it, heads, first_qo_head, tid);
+    start_kv_stream<STAGES, TILE_KV>(ld, p, it, k_stage, v_stage);
+    if constexpr (Variant::has_query_transform)
+      transform_q_rows<QTile, S::rows, S::threads>(p, var, q_smem, it, heads, first_qo_head, tid);
 
     int row_qo_idx[2], row_qo_head[2];
     auto row_ids = [&] {
@@ -152,28 +105,13 @@ __device__ __forceinline__ void prefill_sm90_persistent(const P& p, char* smem) 
 #pragma unroll
       for (int e = 0; e < 4; ++e) o[dn][e] = 0.f;
 
-    auto issue_next = [&](int blk) {
-      const int nb = blk + STAGES - 1, ns = nb % STAGES;
-      if (nb < num_blocks) {
-        ld.issue(p, k_stage(ns), v_stage(ns), lo + nb * TILE_KV, hi);
-        ld.fetch(p, pages, page_start, lo + (nb + 1) * TILE_KV, hi);
-      }
-      cp_async_commit();
-    };
     auto block = [&](auto masked, int blk) {
       constexpr bool kMasked = decltype(masked)::value;
       const int st = blk % STAGES;
       T* ks = k_stage(st);
       const int pos0 = lo + blk * TILE_KV;
       if constexpr (Variant::has_key_transform) {
-        for (int i = tid; i < TILE_KV * (D / 2); i += S::threads) {
-          const int tok = i / (D / 2), d = i % (D / 2);
-          const int lo_at = KVTile::at(tok, d / 8) + d % 8, hi_at = KVTile::at(tok, (d + D / 2) / 8) + d % 8;
-          float x = to_float(ks[lo_at]), y = to_float(ks[hi_at]);
-          var.KeyTransform(p, x, y, d, pos0 + tok, kv_head);
-          ks[lo_at] = from_float<T>(x);
-          ks[hi_at] = from_float<T>(y);
-        }
+        transform_k_tile<KVTile, TILE_KV, S::threads>(p, var, ks, pos0, kv_head, tid);
         fence_proxy_async();
         __syncthreads();
       }
@@ -187,7 +125,7 @@ __device__ __forceinline__ void prefill_sm90_persistent(const P& p, char* smem) 
         WgmmaSS<T, TILE_KV>::run(s, kmajor_desc(q_base, QTile::slab_bytes, kk),
                                  kmajor_desc(k_base, KVTile::slab_bytes, kk), kk > 0);
       wgmma_commit();
-      issue_next(blk);
+      next_kv_tile<STAGES, TILE_KV>(ld, p, it, k_stage, v_stage, blk);
       wgmma_wait<0>();
       fence_accumulators(s);
 
@@ -211,11 +149,7 @@ __device__ __forceinline__ void prefill_sm90_persistent(const P& p, char* smem) 
       cp_async_wait<STAGES - 2>();
       fence_proxy_async();
       __syncthreads();  // tile blk (and q) landed for everyone; everyone is past tile blk - 1
-      const int pos0 = lo + blk * TILE_KV;
-      bool need_mask = pos0 + TILE_KV > hi;  // the range's tail block
-      if constexpr (Variant::has_logits_mask)
-        need_mask = need_mask || !var.BlockUnmasked(p, q_lo, q_hi, pos0, pos0 + TILE_KV);
-      if (need_mask) {
+      if (it.template needs_mask<TILE_KV>(p, var, lo + blk * TILE_KV)) {
         block(BoolConst<true>{}, blk);
       } else {
         block(BoolConst<false>{}, blk);
