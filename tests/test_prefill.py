@@ -3,6 +3,8 @@ sm_80 and sm_90), plans the float64 executor checks, wrapper refusals; and the k
 the float64 reference (GPU tier)."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -120,6 +122,22 @@ def test_prefill_instance_compiles(arch, isolated_cache):
         assert "prefill_sm90_persistent" in rendered.source and "prefill_persistent<" not in rendered.source
     else:
         assert f"PrefillShape<128, {tile.num_warps}, {tile.mma_q}, {tile.tile_kv}" in rendered.source
+
+
+@pytest.mark.parametrize("head_dim", [128, 256])
+def test_wgmma_tiles_fit_their_registers(head_dim, isolated_cache):
+    """The resource model's promise for the wgmma kernel (2 CTAs/SM at 128 threads: 255 registers)
+    holds with no spill, for the heaviest hooks (ALiBi, sinks); d256 is the tight one."""
+    from rtattn.codegen.render import render_prefill
+    from rtattn.codegen.spec import BUILTINS
+    from rtattn.runtime import compile_to_cubin
+    tile = P.choose_tile(H200, head_dim, 4, 1024)
+    for name in ("alibi", "sinks"):
+        spec = BUILTINS[name](dtype="bfloat16", head_dim=head_dim)
+        cubin = compile_to_cubin(render_prefill(spec, tile).source, name=P.instance_name(spec, tile), arch="sm_90a",
+                                 options=P.PREFILL_OPTIONS + ("--ptxas-options=-v",), quiet=True)
+        log = cubin.log.split("Compiling entry function 'rtattn_prefill_" + spec.variant)[1]
+        assert re.search(r"\b0 bytes spill stores, 0 bytes spill loads", log.split("Used")[0]), log[:400]
 
 
 def test_shipped_set_is_modest_and_named():
