@@ -44,7 +44,6 @@ Chunks are laid out from the tile's first visible token.
 """
 from __future__ import annotations
 
-import heapq
 import math
 import struct
 from dataclasses import dataclass, field
@@ -52,16 +51,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import fields as F
+from . import small
+from .costs import (AUTO_IMBALANCE, COST_ALPHA, COST_BETA, COST_GAMMA, MIN_CHUNK_TOKENS, TAIL_FRACTION,  # noqa: F401
+                    item_cost)
 from .devices import get_device
 from .layout import Batch, check_config, check_int, indptr_from_lengths, validate_batch
 from .tiles import TileConfig, num_ctas_for, select_tile
 
-COST_ALPHA = 4
-COST_BETA = 1
-COST_GAMMA = 64
-AUTO_IMBALANCE = 1.06  # mode "auto": slowest CTA / mean load above which contiguous is tried
-MIN_CHUNK_TOKENS = 128
-TAIL_FRACTION = 8      # a tile's last chunk of <= L / TAIL_FRACTION tokens joins the one before
 # Batch-invariant chunk: the balanced chunk of a small decode batch, 16 requests x 1024 tokens,
 # spread over this grid. A batch that small (or smaller, or skewed: one long request among short
 # ones) is split as finely as balanced mode would split it, so it pays no tail for being
@@ -125,10 +121,6 @@ class PlanInfo:
         n = self.num_items
         v = self.views
         return int(np.subtract(v["item_kv_end"][:n], v["item_kv_start"][:n], dtype=np.int64).sum())
-
-
-def item_cost(qo_len, kv_len):
-    return COST_ALPHA * qo_len + COST_BETA * kv_len + COST_GAMMA
 
 
 _ADD = np.add.reduce
@@ -202,15 +194,7 @@ def lpt_assign(cost_sorted: np.ndarray, num_ctas: int, ar: np.ndarray) -> np.nda
         heap = ((loads << shift) | ar[:num_ctas]).tolist()
     else:
         heap = (keys[:m] | ar[:m]).tolist()
-    heapq.heapify(heap)
-    tops = []
-    push = heapq.heapreplace
-    append = tops.append
-    for c in keys[m:].tolist():
-        top = heap[0]
-        push(heap, top + c)
-        append(top & mask)
-    cta[m:] = tops
+    cta[m:] = small.lpt_deal(heap, keys[m:].tolist(), mask)
     return cta
 
 
@@ -242,7 +226,12 @@ class Planner:
 
     Planner(max_batch, max_qo_tokens, max_pages, num_qo_heads, num_kv_heads,
             head_dim, page_size, device="h200", mode="auto", ...)
+
+    `small_tiles`: plans of up to this many query tiles take the plain-Python path
+    (rtattn.plan.small, byte-identical); 0 sends every plan the numpy way.
     """
+
+    small_tiles = small.SMALL_TILES
 
     def __init__(self, max_batch: int, max_qo_tokens: int, max_pages: int,
                  num_qo_heads: int, num_kv_heads: int, head_dim: int, page_size: int, *,
@@ -324,21 +313,27 @@ class Planner:
         """`window_left`: the sliding window (query at q_pos sees KV >= q_pos - window_left);
         None: no window, every tile reads from KV 0."""
         window_left = check_window(window_left)
-        b = self.bounds
-        batch = validate_batch(qo_indptr, kv_indptr, kv_indices, kv_last_page_len,
-                               self.page_size, num_pages=self.num_pages_pool,
-                               causal=self.causal, max_batch=b.max_batch,
-                               max_qo_tokens=b.max_qo_tokens, max_pages=b.max_pages,
-                               max_qo_len=b.max_qo_len)
-        items = self._schedule(batch, window_left)
         if out is None:
             buf = self.layout.allocate()
             views = self.layout.views(buf)
         else:
             buf, views = out, self._views.get(out)
-        self._write(views, batch, items)
-        return PlanInfo(items["n"], items["merge_rows"], items["partial_rows"], batch.batch,
-                        batch.qo_indptr.item(-1), self.num_ctas, self._tq, self.page_size,
+        fast = small.plan(self, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, window_left, views) \
+            if self.small_tiles else None
+        if fast is not None:
+            items, B, num_qo = fast
+        else:
+            b = self.bounds
+            batch = validate_batch(qo_indptr, kv_indptr, kv_indices, kv_last_page_len,
+                                   self.page_size, num_pages=self.num_pages_pool,
+                                   causal=self.causal, max_batch=b.max_batch,
+                                   max_qo_tokens=b.max_qo_tokens, max_pages=b.max_pages,
+                                   max_qo_len=b.max_qo_len)
+            items = self._schedule(batch, window_left)
+            self._write(views, batch, items)
+            B, num_qo = batch.batch, batch.qo_indptr.item(-1)
+        return PlanInfo(items["n"], items["merge_rows"], items["partial_rows"], B,
+                        num_qo, self.num_ctas, self._tq, self.page_size,
                         items["L"], items["split_tiles"], items["loads"],
                         buf if isinstance(buf, np.ndarray) else np.frombuffer(buf, np.uint8),
                         views, items["mode"])

@@ -1,0 +1,308 @@
+"""Planner.plan() for small batches, in plain Python ints.
+
+A batch-1 decode plan was ~60 numpy calls of ~1 us each on a few dozen numbers. Up to
+`Planner.small_tiles` query tiles (modes auto, balanced and contiguous), plan() takes this
+path: the schedule of rtattn.plan.inspector's numpy path (tiles, Algorithm 1's chunks, auto's
+choice of the contiguous partition, LPT, partial rows, the merge map) on lists, written into
+the same views with the same writes, so plan bytes and PlanInfo are identical
+(tests/test_small_plan.py compares both paths on fuzzed batches). What this path does not take
+(a larger batch, another mode, input its quick checks do not accept, an exceeded bound) goes
+the numpy way, whose validation names what is wrong: errors have one source.
+"""
+from __future__ import annotations
+
+import heapq
+import struct
+from itertools import accumulate
+
+import numpy as np
+
+from .costs import AUTO_IMBALANCE, COST_ALPHA, COST_BETA, COST_GAMMA, TAIL_FRACTION
+
+SMALL_TILES = 8    # crossover with the numpy path on the development machine (docs/perf-log.md "Host path v3")
+MODES = ("auto", "balanced", "contiguous")
+_I32 = np.dtype(np.int32)
+_I32_MAX = 2**31 - 1
+
+
+class _Numpy(Exception):
+    """This batch goes the numpy way (a check or bound this path leaves to it)."""
+
+
+def lpt_deal(heap: list, keys: list, mask: int) -> list:
+    """LPT's greedy steps: each key (cost << shift) in turn onto the least-loaded CTA of `heap`
+    ((load << shift) | cta, ties by CTA id); the CTA of each."""
+    heapq.heapify(heap)
+    rep = heapq.heapreplace
+    return [rep(heap, heap[0] + k) & mask for k in keys]
+
+
+def plan(p, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, window_left, views):
+    """Plan into `views` if this path takes the batch: (schedule dict, batch, query tokens),
+    else None (nothing written)."""
+    if (p.mode not in MODES or type(kv_indptr) is not np.ndarray or kv_indptr.ndim != 1
+            or kv_indptr.shape[0] > p.small_tiles + 1):   # (a tile per request at least)
+        return None
+    try:
+        qo, qo_len, kp, kv_len, nnz = _batch(p, qo_indptr, kv_indptr, kv_indices, kv_last_page_len)
+        res = _schedule(p, qo, qo_len, kv_len, window_left)
+    except _Numpy:
+        return None
+    _write(p, views, qo, qo_len, kp, kv_len, nnz, kv_indices, res)
+    res["loads"] = np.array(res["loads"], dtype=np.int64)
+    return res, len(qo_len), qo[-1]
+
+
+def _ints(a) -> list:
+    """The values of what plan() is given every step (a 1-D int32 ndarray); else _Numpy."""
+    if type(a) is np.ndarray and a.dtype is _I32 and a.ndim == 1:
+        return a.tolist()
+    raise _Numpy
+
+
+def _batch(p, qo_indptr, kv_indptr, kv_indices, last):
+    """validate_batch's rules as quick checks on lists: (qo_indptr, qo_len, kv_indptr, kv_len,
+    pages read) of a batch they accept; _Numpy for anything else (validate_batch decides)."""
+    kp, la = _ints(kv_indptr), _ints(last)
+    B = len(kp) - 1
+    qo = list(range(B + 1)) if qo_indptr is None else _ints(qo_indptr)
+    b, ps = p.bounds, p.page_size
+    if (type(kv_indices) is not np.ndarray or kv_indices.dtype is not _I32 or kv_indices.ndim != 1
+            or B < 1 or len(qo) != B + 1 or len(la) != B or B > b.max_batch or qo[0] or kp[0]):
+        raise _Numpy
+    qo_len = [y - x for x, y in zip(qo, qo[1:])]
+    pages = [y - x for x, y in zip(kp, kp[1:])]
+    nnz = kp[-1]
+    if (min(qo_len) < 0 or min(pages) < 0 or nnz * ps > _I32_MAX or kv_indices.shape[0] < nnz
+            or nnz > b.max_pages or qo[-1] > b.max_qo_tokens or max(qo_len) > b.max_qo_len):
+        raise _Numpy
+    if nnz:
+        ids = kv_indices[:nnz]
+        pool = p.num_pages_pool
+        if ids[ids.argmin()] < 0 or (pool is not None and ids[ids.argmax()] >= pool):
+            raise _Numpy
+    kv_len = []
+    for n, last_len in zip(pages, la):
+        if n and not 1 <= last_len <= ps:
+            raise _Numpy
+        kv_len.append((n - 1) * ps + last_len if n else 0)
+    if p.causal and any(q > k for q, k in zip(qo_len, kv_len)):
+        raise _Numpy
+    return qo, qo_len, kp, kv_len, nnz
+
+
+def _schedule(p, qo, qo_len, kv_len, window_left) -> dict:
+    """inspector.Planner._schedule (modes auto / balanced / contiguous) on lists."""
+    tq, C, mode, ps = p._tq, p.num_ctas, p.mode, p.page_size
+    B = len(qo_len)
+    decode = qo[-1] == B and max(qo_len) == 1
+    if (B if decode else sum(-(-n // tq) for n in qo_len)) > p.small_tiles:
+        raise _Numpy
+    if decode:   # every request is one 1-token tile
+        t_req, t_qs, t_qlen, t_kv = list(range(B)), qo[:B], qo_len, kv_len
+        q0 = [k - 1 for k in kv_len]
+    else:
+        t_req, t_qs, t_qlen, t_kv, q0 = [], [], [], [], []
+        for r in range(B):
+            n, s, kv = qo_len[r], qo[r], kv_len[r]
+            for off in range(0, n, tq):
+                ql = min(n - off, tq)
+                t_req.append(r), t_qs.append(s + off), t_qlen.append(ql), q0.append(kv - n + off)
+                t_kv.append(kv - n + off + ql if p.causal else kv)   # causal: the tile's last row's horizon
+    T = len(t_req)
+    if T == 0:
+        raise _Numpy
+    t_k0 = None
+    if window_left is not None:   # the tile spans [t_k0, t_kv): nothing below q0 - window_left
+        t_k0 = []
+        for x, k in zip(q0, t_kv):
+            k0 = max(x - window_left, 0)
+            t_k0.append(min(k0 - k0 % ps, k))
+        t_kv = [k - k0 for k, k0 in zip(t_kv, t_k0)]
+    kv_total = sum(t_kv)
+    L = max(-(-kv_total // C), p.min_chunk)
+    L = -(-L // ps) * ps
+    tail = L // TAIL_FRACTION
+    nchunk = [max((k + L - 1 - tail) // L, 1) for k in t_kv]
+    if mode == "contiguous":
+        return _shift(_contiguous(p, decode, t_req, t_qs, t_qlen, t_kv), t_k0)
+    if max(nchunk) == 1:
+        n, i_tile = T, None
+        it = [t_req, t_qs, t_qlen, [0] * T, list(t_kv)]
+        fixed = [COST_ALPHA + COST_GAMMA] * T if decode else [COST_ALPHA * q + COST_GAMMA for q in t_qlen]
+    else:
+        n = sum(nchunk)
+        if n > p.bounds.max_items:
+            raise _Numpy
+        i_tile, i_chunk, ks, ke = [], [], [], []
+        for t, c in enumerate(nchunk):
+            i_tile += [t] * c
+            i_chunk += range(c)
+            ks += range(0, c * L, L)
+            ke += range(L, c * L, L)
+            ke.append(t_kv[t])   # a tile's last chunk ends at its end
+        it = [[t_req[t] for t in i_tile], [t_qs[t] for t in i_tile], [t_qlen[t] for t in i_tile], ks, ke]
+        fixed = [COST_ALPHA + COST_GAMMA] * n if decode else [COST_ALPHA * q + COST_GAMMA for q in it[2]]
+    cost = [e - s + f for s, e, f in zip(it[3], it[4], fixed)]
+    neg = [-x for x in cost]
+    order = sorted(range(n), key=neg.__getitem__)   # longest first, stable
+    cs = [cost[i] for i in order]
+    if n <= C:   # one item per CTA at most: queue order is the sorted order
+        final, counts, loads = order, [1] * n + [0] * (C - n), cs + [0] * (C - n)
+    else:
+        con, auto = None, mode == "auto"
+        if auto:   # the contiguous partition if lighter (inspector: the same bound, then LPT's loads)
+            total = sum(cost)
+            bound = max(cs[0], cs[C - 1] + cs[C], -(-total // C))
+            if bound * C > AUTO_IMBALANCE * total:
+                con = _contiguous(p, decode, t_req, t_qs, t_qlen, t_kv)
+                if max(con["loads"]) < bound:
+                    return _shift(con, t_k0)
+        if cs[0] == cs[-1]:
+            cta = [i % C for i in range(n)]
+        else:
+            cta = lpt(cs, C)
+        loads = [0] * C
+        for c, x in zip(cta, cs):
+            loads[c] += x
+        if auto:
+            top = max(loads)
+            if top * C > AUTO_IMBALANCE * total:
+                con = con or _contiguous(p, decode, t_req, t_qs, t_qlen, t_kv)
+                if max(con["loads"]) < top:
+                    return _shift(con, t_k0)
+        q = sorted(range(n), key=cta.__getitem__)   # queue order: (cta, assignment order)
+        final = [order[i] for i in q]
+        counts = [0] * C
+        for c in cta:
+            counts[c] += 1
+    res = dict(n=n, L=L, loads=loads, counts=counts, items=it, final=final, merge_rows=0, partial_rows=0,
+               split_tiles=0, mode="balanced" if mode == "auto" else mode, i_tile=i_tile)
+    if i_tile is not None:
+        _partials(p, res, it, nchunk, t_qlen, t_qs, i_tile, i_chunk, decode)
+    return _shift(res, t_k0)
+
+
+def lpt(cs: list, C: int) -> list:
+    """inspector.lpt_assign on a list of costs sorted descending: the CTA of each."""
+    n, c0 = len(cs), cs[0]
+    run = n if c0 == cs[-1] else next(i for i, x in enumerate(cs) if x != c0)
+    m = max(run, min(n, C))
+    shift = C.bit_length()
+    if m > C:   # the leading run of equal costs dealt round robin: k or k + 1 on every CTA
+        k, r = divmod(m, C)
+        heap = [((k + (i < r)) * c0 << shift) | i for i in range(C)]
+    else:
+        heap = [(cs[i] << shift) | i for i in range(m)]
+    return [i % C for i in range(m)] + lpt_deal(heap, [c << shift for c in cs[m:]], (1 << shift) - 1)
+
+
+def _contiguous(p, decode, t_req, t_qs, t_qlen, t_kv) -> dict:
+    """inspector.Planner._contiguous on lists: tiles end to end on one cost axis, CTA c takes
+    [c w, (c + 1) w), cut on page boundaries, empty pieces dropped (an empty tile keeps one)."""
+    C, ps, T = p.num_ctas, p.page_size, len(t_req)
+    fixed = [COST_ALPHA + COST_GAMMA] * T if decode else [COST_ALPHA * q + COST_GAMMA for q in t_qlen]
+    ends = list(accumulate(COST_BETA * k + f for k, f in zip(t_kv, fixed)))
+    w = max(-(-ends[-1] // C), p.min_chunk * COST_BETA)
+    i_tile, i_chunk, nchunk, ctas, ks, ke = [], [], [], [], [], []
+    for t in range(T):
+        e, kv = ends[t], t_kv[t]
+        base = e - kv                  # cost offset of the tile's KV token 0
+        c0 = (base - fixed[t]) // w
+        cuts = []
+        for c in range(c0, -(e // -w)):
+            cut = max(c * w - base, 0)
+            cuts.append(cut - cut % ps)
+        cuts.append(kv)
+        kept = 0
+        for k in range(len(cuts) - 1):
+            if cuts[k + 1] > cuts[k] or (kv == 0 and k == 0):
+                i_tile.append(t), i_chunk.append(kept), ctas.append(c0 + k)
+                ks.append(cuts[k]), ke.append(cuts[k + 1])
+                kept += 1
+        nchunk.append(kept)
+    n = len(i_tile)
+    if n > p.bounds.max_items:
+        raise _Numpy
+    it = [[t_req[t] for t in i_tile], [t_qs[t] for t in i_tile], [t_qlen[t] for t in i_tile], ks, ke]
+    loads, counts = [0] * C, [0] * C
+    for c, s, e, t in zip(ctas, ks, ke, i_tile):
+        loads[c] += e - s + fixed[t]
+        counts[c] += 1
+    res = dict(n=n, L=w, loads=loads, counts=counts, items=it, final=None, merge_rows=0, partial_rows=0,
+               split_tiles=0, mode="contiguous", i_tile=i_tile)
+    if max(nchunk) > 1:
+        _partials(p, res, it, nchunk, t_qlen, t_qs, i_tile, i_chunk, decode)
+    return res
+
+
+def _partials(p, res, it, nchunk, t_qlen, t_qs, i_tile, i_chunk, decode) -> None:
+    """inspector.Planner._partials on lists: split tile t owns partial rows pbase[t] ..
+    + n_t * qo_t (state j, row r: pbase[t] + j * qo_t + r); its merge entries are consecutive."""
+    st = [t for t, c in enumerate(nchunk) if c >= 2]
+    T, b = len(nchunk), p.bounds
+    pbase, entry = [-1] * T, [-1] * T   # -1 for unsplit tiles: their item writes through
+    if decode:   # one row per tile: the merge entries are the split tiles, pbase = merge_indptr
+        m_indptr = [0, *accumulate(nchunk[t] for t in st)]
+        for k, t in enumerate(st):
+            pbase[t], entry[t] = m_indptr[k], k
+        M = len(st)
+        P = m_indptr[M]
+        m_row, m_start, m_stride = st, m_indptr[:M], [1] * M
+    else:
+        P = 0
+        m_row, m_start, m_stride, cnt = [], [], [], []
+        for t in st:
+            ql = t_qlen[t]
+            pbase[t], entry[t] = P, len(m_row)
+            P += nchunk[t] * ql
+            m_row += range(t_qs[t], t_qs[t] + ql)
+            m_start += range(pbase[t], pbase[t] + ql)
+            m_stride += [ql] * ql
+            cnt += [nchunk[t]] * ql
+        M = len(m_row)
+        m_indptr = [0, *accumulate(cnt)]
+    if P > b.max_partial_rows or M > b.max_merge_rows:
+        raise _Numpy
+    it.append([pbase[t] + j * q for t, j, q in zip(i_tile, i_chunk, it[2])])
+    it.append([entry[t] for t in i_tile])
+    res.update(m_indptr=m_indptr, m_row=m_row, m_start=m_start, m_stride=m_stride,
+               merge_rows=M, partial_rows=P, split_tiles=len(st))
+
+
+def _shift(res: dict, t_k0) -> dict:
+    """Items laid out on span lengths -> absolute KV positions of their tile (window)."""
+    if t_k0 is not None:
+        it, i_tile = res["items"], res["i_tile"]
+        off = t_k0 if i_tile is None else [t_k0[t] for t in i_tile]
+        it[3] = [x + o for x, o in zip(it[3], off)]
+        it[4] = [x + o for x, o in zip(it[4], off)]
+    return res
+
+
+def _write(p, v, qo, qo_len, kp, kv_len, nnz, kv_indices, res) -> None:
+    """inspector.Planner._write from lists: the same arrays, the same extents."""
+    B, n, C = len(qo_len), res["n"], p.num_ctas
+    v["req_qo_start"][:B] = qo[:B]
+    v["req_qo_len"][:B] = qo_len
+    v["req_kv_page_start"][:B] = kp[:B]
+    v["req_kv_len"][:B] = kv_len
+    v["kv_indices"][:nnz] = kv_indices[:nnz]
+    wi = v["work_indptr"]
+    wi[0] = 0
+    wi[1:C + 1] = list(accumulate(res["counts"]))
+    it = res["items"]
+    if len(it) == 5:   # no split: every item writes through
+        it += [[-1] * n, [-1] * n]
+    it.append([kp[r] for r in it[0]])   # item_kv_page_start
+    final = res["final"]
+    v["_items"][:, :n] = it if final is None else [[row[i] for i in final] for row in it]
+    m = res["merge_rows"]
+    v["merge_indptr"][0] = 0
+    if m:
+        v["merge_indptr"][:m + 1] = res["m_indptr"]
+        v["merge_qo_row"][:m] = res["m_row"]
+        v["merge_partial_start"][:m] = res["m_start"]
+        v["merge_partial_stride"][:m] = res["m_stride"]
+    struct.pack_into("=9i", v["plan_info"], 0, n, m, res["partial_rows"], B, p._tq, p.page_size, C, qo[-1],
+                     p._fold_chunk)

@@ -1,0 +1,118 @@
+"""The plain-Python small-batch path of Planner.plan (rtattn.plan.small) against the numpy path
+(small_tiles=0) on fuzzed batches: the same bytes in a buffer holding the same stale contents,
+the same PlanInfo, the same error for batches either path refuses."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rtattn.plan import small
+from rtattn.plan.inspector import Planner
+from rtattn.plan.layout import indptr_from_lengths, paged_kv
+
+MODES = ("auto", "balanced", "contiguous")
+
+
+def _lengths(rng, batch, page_size):
+    kind = rng.integers(4)
+    top = 4096 if page_size > 1 else 600
+    if kind == 0:     # uniform
+        kv = rng.integers(0, top, batch)
+    elif kind == 1:   # heavy-tailed
+        kv = np.minimum(8 * top, rng.pareto(1.2, batch) * top / 8 + 1).astype(np.int64)
+    elif kind == 2:   # one long request among short ones
+        kv = rng.integers(1, 64, batch)
+        kv[rng.integers(batch)] = 8 * top
+    else:             # all equal
+        kv = np.full(batch, int(rng.integers(1, top)))
+    if rng.random() < 0.2:   # some requests with no KV
+        kv[rng.random(batch) < 0.3] = 0
+    return kv
+
+
+def _case(rng):
+    """(planner kwargs, plan args, plan kwargs) of one random small batch, sometimes broken."""
+    ps = int(rng.choice([1, 16, 64]))
+    batch = int(rng.integers(1, 40))
+    kv = _lengths(rng, batch, ps)
+    decode = rng.random() < 0.5
+    qo = np.ones(batch, np.int64) if decode else rng.integers(0 if rng.random() < 0.2 else 1, 9, batch)
+    causal = bool(rng.random() < 0.5) and not decode
+    if causal:
+        kv = np.maximum(kv, qo)
+    kvp, idx, last = paged_kv(kv, ps, shuffle_seed=int(rng.integers(1 << 30)))
+    nnz = int(kvp[-1])
+    group = int(rng.choice([1, 4, 8, 16, 32]))
+    pk = dict(max_batch=batch + int(rng.integers(0, 3)), max_qo_tokens=max(1, int(qo.sum())) + int(rng.integers(0, 4)),
+              max_pages=max(1, nnz + int(rng.integers(0, 3))), num_qo_heads=group * (32 // group if group < 32 else 1),
+              num_kv_heads=32 // group if group < 32 else 1, head_dim=int(rng.choice([64, 128, 256])), page_size=ps,
+              mode=str(rng.choice(MODES)), causal=causal, num_ctas=int(rng.choice([3, 16, 33, 66, 132])),
+              max_qo_len=max(1, int(qo.max())), num_pages_pool=max(1, nnz) + int(rng.integers(0, 5)))
+    args = [None if decode and rng.random() < 0.3 else indptr_from_lengths(qo), kvp, idx, last]
+    kw = {}
+    if rng.random() < 0.25:
+        kw["window_left"] = int(rng.integers(0, 3 * ps + 300))
+    if rng.random() < 0.15:   # break one thing the quick checks must leave to validate_batch
+        i = int(rng.integers(4))
+        bad = rng.integers(4)
+        if args[i] is not None and args[i].shape[0]:
+            a = args[i].copy()
+            j = int(rng.integers(a.shape[0]))
+            a[j] = (-1, a[j] + 10**6, 2**31 - 1, a[j] - 1)[bad]
+            args[i] = a
+        elif i == 0:
+            args[0] = indptr_from_lengths(qo).astype(np.int64)   # another dtype: the numpy way
+    elif rng.random() < 0.05:   # other forms of an array: a list, 0-d or 2-D
+        i = int(rng.integers(1, 4))
+        args[i] = (args[i].tolist(), np.asarray(7, np.int32), args[i].reshape(1, -1))[int(rng.integers(3))]
+    return pk, args, kw
+
+
+def _plan(p, args, kw, stale):
+    buf = stale.copy()
+    try:
+        info = p.plan(*args, out=buf, **kw)
+    except (ValueError, TypeError) as e:
+        return buf, f"{type(e).__name__}: {e}"
+    fields = (info.num_items, info.num_merge_rows, info.num_partial_rows, info.batch, info.num_qo_tokens,
+              info.num_ctas, info.tile_q, info.page_size, info.chunk_tokens, info.num_split_tiles, info.mode,
+              info.cta_loads.dtype, info.cta_loads.tolist())
+    return buf, fields
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_small_path_plans_byte_identical_to_numpy_path(seed):
+    rng = np.random.default_rng(seed)
+    taken = 0
+    for case in range(700):
+        pk, args, kw = _case(rng)
+        fast, ref = Planner(**pk), Planner(**pk)
+        fast.small_tiles, ref.small_tiles = 64, 0   # every case this path can take; none
+        stale = rng.integers(0, 256, fast.layout.plan_bytes, dtype=np.uint8)
+        for _ in range(2):   # twice: the second plan lands on the first one's bytes
+            got, want = _plan(fast, args, kw, stale), _plan(ref, args, kw, stale)
+            assert got[1] == want[1], (case, pk, kw)
+            assert np.array_equal(got[0], want[0]), (case, pk, kw)
+            stale = got[0]
+        views = fast._views.get(stale)
+        taken += small.plan(fast, *args, kw.get("window_left"), views) is not None
+    assert taken > 300   # the small path really planned most cases
+
+
+def test_large_batches_and_other_modes_go_the_numpy_way(monkeypatch):
+    calls = []
+    monkeypatch.setattr(Planner, "_schedule", lambda self, *a, **k: calls.append(1) or _schedule(self, *a, **k))
+    kvp, idx, last = paged_kv([1000] * 64, 16)
+    p = Planner(64, 64, int(kvp[-1]), 32, 8, 128, 16, num_ctas=33)
+    p.small_tiles = 63
+    p.plan(None, kvp, idx, last)
+    assert calls == [1]
+    p.small_tiles = 64
+    p.plan(None, kvp, idx, last)
+    assert calls == [1]
+    q = Planner(64, 64, int(kvp[-1]), 32, 8, 128, 16, num_ctas=33, mode="naive")
+    q.plan(None, kvp, idx, last)
+    assert calls == [1, 1]
+
+
+_schedule = Planner._schedule
