@@ -5,20 +5,28 @@
 Per batch size (KV ~1024 per request, 32/8 heads, D=128, page 16, bf16, pages scattered, a
 distinct KV cache per layer so nothing stays in L2 between layers):
 
-* plan_us        host time of one plan() (rtattn: fills the pinned plan, issues the H2D copy)
+* plan_us        host time of one plan() (rtattn: fills the pinned plan, issues the H2D copy),
+                 median of PLAN_SAMPLES after PLAN_WARMUP untimed plans
 * h2d_us         device time of rtattn's plan copy (events around one copy of the plan bytes)
 * eager          one step = `layers` x run() (direct libcuda entry); eager_bindings: the same
                  through cuda.bindings' cuLaunchKernelEx
 * graph          the same step replayed from one StepGraph (all layers captured once)
-* layer_graph    DecodeGraphs.step() per layer, one exec updated in place per layer (kernel-node
-                 arguments); layer_graphs: one exec per layer (replays only)
+* layer_graph    DecodeGraphs.step() per layer with the default pool (one exec per layer: replays
+                 only); layer_graph1: max_execs=1, one exec updated in place per layer (kernel-node
+                 arguments)
 * per path: *_us wall (enqueue -> stream synchronized), *_enqueue_us host time until the last
   launch returned, *_gpu_us device time (events): all per layer (step / layers)
 * inv: the same for a batch-invariant wrapper (inv_vs_auto_gpu: its step graph's GPU time / auto's)
 * pf: the same paths for BatchPrefillWrapper on PREFILL_QO query tokens per request (multi-token
   verification, causal; --no-prefill skips it)
 * FlashInfer's BatchDecodeWithPagedKVCacheWrapper in the same run: plan_us, eager and a
-  torch.cuda.CUDAGraph of the step (graph), when `import flashinfer` works.
+  torch.cuda.CUDAGraph of the step (graph), when `import flashinfer` works; and the plan() of its
+  BatchPrefillWithPagedKVCacheWrapper on the pf rows' inputs (pf_plan_us, causal). plan_us /
+  pf_plan_us take the page table as CUDA tensors (as FlashInfer's examples do: the plan copies
+  indptr and last_page_len to the host); *_host_us pass indptr, last_page_len (and qo_indptr) as
+  CPU tensors, FlashInfer's cheapest plan (page ids stay on the GPU, where run() reads them).
+* The first batch is run once untimed before any row is measured (warm-up: the first row timed
+  read ~1.4x high at batch 1 before).
 
 Prints a compact table last; writes $OUT/overhead.json when OUT is set.
 """
@@ -35,6 +43,7 @@ import numpy as np
 
 H, HK, D, PS = 32, 8, 128, 16
 PREFILL_QO = 4   # query tokens per request of the prefill wrapper's rows
+PLAN_WARMUP, PLAN_SAMPLES = 10, 200   # plan() is cheap: many samples, after its first calls (view caches)
 
 
 def med(xs):
@@ -80,6 +89,7 @@ class Bench:
         s = self.stream
         walls, enq, gpu = [], [], []
         fn()
+        fn()
         s.synchronize()
         for _ in range(reps):
             e0, e1 = self.events()
@@ -95,14 +105,14 @@ class Bench:
         return med(walls), med(enq), med(gpu)
 
     # ------------------------------------------------------------------ rtattn
-    def rtattn(self, batch, kv, mode="auto", family="decode"):
+    def rtattn(self, batch, kv, mode="auto", family="decode", reps=None):
         """One wrapper in `mode` (of `family`: decode, or prefill on PREFILL_QO tokens per request):
         plan, then every way of running a step's layers."""
         from rtattn.graphs import DecodeGraphs, StepGraph
         from rtattn.prefill_wrapper import BatchPrefillWrapper
         from rtattn.runtime import libcuda, memcpy_htod_async
         from rtattn.wrapper import BatchDecodeWrapper
-        L, s, reps = self.L, self.stream, self.args.reps
+        L, s, reps = self.L, self.stream, reps or self.args.reps
         if family == "prefill":
             rows = batch * PREFILL_QO
             w = BatchPrefillWrapper(H, HK, D, PS, max_batch=batch, max_qo_tokens=rows, max_pages=self.pool,
@@ -117,11 +127,7 @@ class Bench:
 
             def plan():
                 w.plan(*kv, stream=s)
-        plans = []
-        for _ in range(reps * 2):
-            t0 = time.perf_counter()
-            plan()
-            plans.append((time.perf_counter() - t0) * 1e6)
+        plans = time_calls(plan)
         s.synchronize()
         copies = []
         for _ in range(reps):
@@ -161,8 +167,8 @@ class Bench:
         record("graph", sg.replay)
         err = float((o[0].float() - ref).norm() / ref.norm())
         sg.close()
-        for name, execs in (("layer_graph", 1), ("layer_graphs", L)):
-            dg = DecodeGraphs(w, max_execs=execs)
+        for name, execs in (("layer_graph", None), ("layer_graph1", 1)):
+            dg = DecodeGraphs(w) if execs is None else DecodeGraphs(w, max_execs=execs)
 
             def per_layer():
                 for l in range(L):
@@ -178,17 +184,32 @@ class Bench:
         import flashinfer
         torch, L, s, reps = self.torch, self.L, self.stream, self.args.reps
         indptr, indices, last = (torch.from_numpy(a).cuda() for a in kv)
+        indptr_h, last_h = torch.from_numpy(kv[0]), torch.from_numpy(kv[2])
         w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, kv_layout="NHD")
+        types = dict(q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16)
 
         def plan():
-            w.plan(indptr, indices, last, H, HK, D, PS, q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16)
+            w.plan(indptr, indices, last, H, HK, D, PS, **types)
+
+        def plan_host():
+            w.plan(indptr_h, indices, last_h, H, HK, D, PS, **types)
         with torch.cuda.stream(s):
+            plans_h = time_calls(plan_host)
+            plans = time_calls(plan)
+            res_plan = dict(plan_us=med(plans), plan_host_us=med(plans_h))
+            if not self.args.no_prefill:   # the prefill wrapper's plan on the pf rows' inputs
+                try:
+                    qi_h = torch.arange(0, batch * PREFILL_QO + 1, PREFILL_QO, dtype=torch.int32)
+                    qi = qi_h.cuda()
+                    pw = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace, kv_layout="NHD",
+                                                                        backend=self.args.fi_prefill_backend)
+                    res_plan["pf_plan_host_us"] = med(time_calls(
+                        lambda: pw.plan(qi_h, indptr_h, indices, last_h, H, HK, D, PS, causal=True, **types)))
+                    res_plan["pf_plan_us"] = med(time_calls(
+                        lambda: pw.plan(qi, indptr, indices, last, H, HK, D, PS, causal=True, **types)))
+                except Exception as e:  # report, keep the decode numbers
+                    res_plan["pf_plan_error"] = f"{type(e).__name__}: {e}"[:200]
             plan()
-            plans = []
-            for _ in range(reps * 2):
-                t0 = time.perf_counter()
-                plan()
-                plans.append((time.perf_counter() - t0) * 1e6)
             q = [x[:batch] for x in self.q]
             o = [x[:batch] for x in self.o]
 
@@ -197,7 +218,7 @@ class Bench:
                     w.run(q[l], (self.k[l], self.v[l]), out=o[l])
             e_wall, e_enq, e_gpu = self.time_step(eager, reps)
             out0 = o[0].float().clone()
-            res = dict(plan_us=med(plans), eager_us=e_wall / L, eager_enqueue_us=e_enq / L, eager_gpu_us=e_gpu / L,
+            res = dict(res_plan, eager_us=e_wall / L, eager_enqueue_us=e_enq / L, eager_gpu_us=e_gpu / L,
                        out0=out0)
             try:  # a CUDA-graph wrapper needs fixed-size index buffers
                 gw = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
@@ -216,6 +237,18 @@ class Bench:
             except Exception as e:  # report, keep the eager numbers
                 res["graph_error"] = f"{type(e).__name__}: {e}"[:200]
         return res
+
+
+def time_calls(fn) -> list:
+    """Host µs of PLAN_SAMPLES calls of fn after PLAN_WARMUP untimed ones."""
+    for _ in range(PLAN_WARMUP):
+        fn()
+    out = []
+    for _ in range(PLAN_SAMPLES):
+        t0 = time.perf_counter()
+        fn()
+        out.append((time.perf_counter() - t0) * 1e6)
+    return out
 
 
 def _table(title, cols, rows, extra=None):
@@ -242,6 +275,8 @@ def main(argv=None) -> int:
     ap.add_argument("--no-flashinfer", action="store_true")
     ap.add_argument("--no-invariant", action="store_true", help="skip the batch-invariant wrapper")
     ap.add_argument("--no-prefill", action="store_true", help="skip the prefill wrapper's rows")
+    ap.add_argument("--fi-prefill-backend", default="fa2",
+                    help="FlashInfer prefill backend whose plan() is timed (fa2: the module bench_prefill builds)")
     args = ap.parse_args(argv)
     try:
         import torch
@@ -261,6 +296,9 @@ def main(argv=None) -> int:
     b = Bench(args)
     workspace = torch.zeros(256 * 2**20, dtype=torch.uint8, device="cuda") if fi_ok else None
     rows = []
+    rng = np.random.default_rng(0)   # warm-up: the first batch once, untimed (every rtattn path)
+    with torch.cuda.stream(b.stream):
+        b.rtattn(args.batches[0], page_table(rng, np.full(args.batches[0], args.kv), b.pool), reps=2)
     for batch in args.batches:
         rng = np.random.default_rng(batch)
         kv_lens = rng.integers(int(args.kv * 0.75), b.kv_max + 1, batch)
@@ -289,7 +327,7 @@ def main(argv=None) -> int:
               flush=True)
 
     host = [("rt", "eager_enqueue_us", "eager"), ("rt", "eager_bindings_enqueue_us", "eager-b"),
-            ("rt", "layer_graph_enqueue_us", "dg.step"), ("rt", "layer_graphs_enqueue_us", "dg.stepL"),
+            ("rt", "layer_graph_enqueue_us", "dg.step"), ("rt", "layer_graph1_enqueue_us", "dg.step1"),
             ("rt", "graph_enqueue_us", "stepgr"), ("pf", "eager_enqueue_us", "pf eager"),
             ("pf", "layer_graph_enqueue_us", "pf dg"), ("fi", "eager_enqueue_us", "FI eager"),
             ("fi", "graph_enqueue_us", "FI graph")]
@@ -298,14 +336,27 @@ def main(argv=None) -> int:
             ("pf", "graph_gpu_us", "pf gpu"), ("fi", "eager_us", "FI eager"),
             ("fi", "graph_us", "FI graph"), ("fi", "graph_gpu_us", "FI gpu")]
     plan = [("rt", "plan_us", "rt plan"), ("inv", "plan_us", "inv plan"), ("rt", "h2d_us", "rt h2d"),
-            ("fi", "plan_us", "FI plan")]
+            ("fi", "plan_us", "FI plan"), ("fi", "plan_host_us", "FI plan-h"), ("pf", "plan_us", "pf plan"),
+            ("fi", "pf_plan_us", "FI pf"), ("fi", "pf_plan_host_us", "FI pf-h")]
     print(f"\nDecode overhead, {args.layers} layers/step, {H}/{HK} heads, D={D}, page {PS}, KV ~{args.kv}. {fi_note}")
-    _table("host µs per layer, enqueue only (eager-b: cuda.bindings entry; dg.step: DecodeGraphs, one exec "
-           "updated per layer; dg.stepL: one exec per layer; stepgr: whole-step graph / layers; pf: "
+    _table("host µs per layer, enqueue only (eager-b: cuda.bindings entry; dg.step: DecodeGraphs' default "
+           "pool, one exec per layer; dg.step1: max_execs=1, one exec updated per layer; stepgr: whole-step graph / layers; pf: "
            f"BatchPrefillWrapper, {PREFILL_QO} query tokens per request)", host, rows)
     _table("µs per layer, wall (enqueue to synchronized) and GPU (events), step / layers; "
            "inv = batch-invariant mode", wall, rows, extra=("inv_vs_auto_gpu", "inv/auto"))
-    _table("plan() host µs and plan copy device µs, per step", plan, rows, extra=("rt_vs_fi_rel_diff", "rt~FI"))
+    _table("plan() host µs and plan copy device µs, per step (FI: page table as CUDA tensors; -h: indptr and "
+           "last_page_len as CPU tensors; pf: prefill plans on the pf rows' inputs)", plan, rows,
+           extra=("rt_vs_fi_rel_diff", "rt~FI"))
+    ratios = [("rt", "plan_us", "fi", "plan_us", "rt/FI"), ("rt", "plan_us", "fi", "plan_host_us", "rt/FI-h"),
+              ("pf", "plan_us", "fi", "pf_plan_us", "pf/FIpf"), ("pf", "plan_us", "fi", "pf_plan_host_us", "pf/FIpf-h")]
+    print("\nplan() time ratios, rtattn / FlashInfer (target <= 0.5; aim 0.45)")
+    print(f"{'batch':>6s}" + "".join(f"{r[4]:>10s}" for r in ratios))
+    for r in rows:
+        cells = []
+        for a, ka, f, kf, _ in ratios:
+            x, y = r.get(a, {}).get(ka), r.get(f, {}).get(kf)
+            cells.append(f"{x / y:10.2f}" if isinstance(x, float) and isinstance(y, float) and y else f"{'-':>10s}")
+        print(f"{r['batch']:6d}" + "".join(cells))
     print(f"# total {time.perf_counter() - t_start:.1f} s")
     out = os.environ.get("OUT")
     if out:
