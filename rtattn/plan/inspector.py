@@ -292,6 +292,12 @@ class Planner:
                                  b.max_merge_rows) + 1, dtype=np.int64)
         self._views = F.ViewCache(self.layout.views)
         self._tq = self.tile.tile_q
+        # An unsplit decode plan's items: request = query row = tile, one token, KV from 0,
+        # writethrough; rows 4 (KV end) and 7 (page start) are rewritten by every plan that uses it
+        # (the items are taken in queue order before anything else sees them).
+        self._decode_items = np.empty((8, b.max_batch), dtype=np.int32)
+        self._decode_items[0:2] = self._ar[:b.max_batch]
+        self._decode_items[2], self._decode_items[3], self._decode_items[5:7] = 1, 0, -1
 
     # convenience ---------------------------------------------------------------
     @property
@@ -395,10 +401,21 @@ class Planner:
         like_auto = mode == "auto" or self.chunk_runs   # chunk runs choose their cuts as auto does
         # Items: rows request, qo_start, qo_len, kv_start, kv_end, partial, merge, and
         # kv_page_start (filled by _write).
+        cost = con = None
+        if mode == "auto" and decode and maxc > 1:
+            con, chosen = self._auto_contiguous_first(t_req, t_qs, t_qlen, t_kv, nchunk, L, kv_total, partials)
+            if chosen:
+                return _shift(con, t_k0)
         if maxc == 1:
             n = T
-            it = np.empty((8, n), dtype=np.int32)
-            it[0], it[1], it[2], it[3], it[4], it[5:7] = t_req, t_qs, t_qlen, 0, t_kv, -1
+            if decode and t_k0 is None and n <= self._decode_items.shape[1]:   # (a cascade plans more tiles)
+                # rows but the KV end (and page start) are the same every step
+                it = self._decode_items[:, :n]
+                it[4] = t_kv
+                cost = np.add(t_kv, COST_ALPHA + COST_GAMMA, dtype=np.int64)
+            else:
+                it = np.empty((8, n), dtype=np.int32)
+                it[0], it[1], it[2], it[3], it[4], it[5:7] = t_req, t_qs, t_qlen, 0, t_kv, -1
             i_tile = i_chunk = None
         else:
             ends = _ACC(nchunk, dtype=np.int64)
@@ -418,11 +435,12 @@ class Planner:
             np.multiply(i_chunk, L, out=it[3])
             np.add(it[3], L, out=it[4])
             it[4][ends - 1] = t_kv   # a tile's last chunk ends at its end
-        cost = np.subtract(it[4], it[3], dtype=np.int64)
-        if decode:
-            cost += COST_ALPHA + COST_GAMMA
-        else:
-            cost += COST_ALPHA * it[2] + COST_GAMMA
+        if cost is None:   # (the unsplit decode items have theirs)
+            cost = np.subtract(it[4], it[3], dtype=np.int64)
+            if decode:
+                cost += COST_ALPHA + COST_GAMMA
+            else:
+                cost += COST_ALPHA * it[2] + COST_GAMMA
         # Assignment: naive = round robin in item order; else LPT.
         if mode == "naive":
             order, cs = None, cost
@@ -442,7 +460,6 @@ class Planner:
             # more split rows) was faster on the H200 (docs/perf-log.md): mode "auto" takes
             # it if it is lighter. Decided on the loads alone, before this plan's queues and
             # partial rows are laid out.
-            con = None
             if like_auto:
                 # the loads sum to every KV token once plus each item's fixed cost
                 total = (kv_total + (COST_ALPHA + COST_GAMMA) * n) if decode else int(_ADD(cost))
@@ -451,7 +468,8 @@ class Planner:
                 # one item of cost cs[C-1]). When that bound already decides, skip LPT.
                 bound = max(cs.item(0), cs.item(C - 1) + cs.item(C), -(-total // C))
                 if bound * C > AUTO_IMBALANCE * total:
-                    con = self._contiguous(decode, t_req, t_qs, t_qlen, t_kv, partials)
+                    if con is None:
+                        con = self._contiguous(decode, t_req, t_qs, t_qlen, t_kv, partials)
                     if _top(con["loads"]) < bound:
                         return _shift(con, t_k0)
             if mode == "naive" or cs[0] == cs[n - 1]:   # round robin (== LPT if all equal)
@@ -479,6 +497,26 @@ class Planner:
             self._partials(res, it, nchunk, t_qlen, t_qs, i_tile, i_chunk, decode, partials, t_kv)
             res["i_tile"] = i_tile
         return _shift(res, t_k0)
+
+    def _auto_contiguous_first(self, t_req, t_qs, t_qlen, t_kv, nchunk, L, kv_total, partials):
+        """Auto's choice of the contiguous partition from a part of its bound, before the
+        balanced items are laid out (decode, some tile split): the largest chunk (L, or a tile's
+        last of up to L + L/8) and the mean are both known from the chunk counts. If they already
+        put the bound over AUTO_IMBALANCE and the contiguous loads under them, the full bound
+        (>= them) decides the same way: (the contiguous plan, True). Else (the contiguous plan it
+        made, or None; False): the full decision reuses it."""
+        C, fixed = self.num_ctas, COST_ALPHA + COST_GAMMA
+        n = int(_ADD(nchunk))
+        if n <= C or n > self.bounds.max_items:   # (the balanced layout decides / refuses)
+            return None, False
+        total = kv_total + fixed * n
+        last = t_kv - (nchunk - 1) * L
+        b0 = max(L, last.item(last.argmax())) + fixed
+        b0 = max(b0, -(-total // C))
+        if b0 * C <= AUTO_IMBALANCE * total:
+            return None, False
+        con = self._contiguous(True, t_req, t_qs, t_qlen, t_kv, partials)
+        return con, _top(con["loads"]) < b0
 
     def _contiguous(self, decode, t_req, t_qs, t_qlen, t_kv, partials: bool = True) -> dict:
         """Contiguous cost partition: lay the tiles end to end on one cost axis (each tile's

@@ -159,13 +159,16 @@ def validate_batch(qo_indptr, kv_indptr, kv_indices, kv_last_page_len, page_size
     if page_size < 1 or page_size & (page_size - 1):
         check_page_size(page_size)   # raises, naming the rule
     kv_indptr = _int32("kv_indptr", kv_indptr)
-    if qo_indptr is None:   # decode: one query token per request
-        qo_indptr = np.arange(kv_indptr.shape[0], dtype=np.int32)
-    qo_indptr = _int32("qo_indptr", qo_indptr)
+    decode = qo_indptr is None and kv_indptr.shape[0] > 0   # one query token per request
+    qo_indptr = np.arange(kv_indptr.shape[0], dtype=np.int32) if qo_indptr is None else _int32("qo_indptr", qo_indptr)
     kv_indices = _int32("kv_indices", kv_indices)
     last = _int32("kv_last_page_len", kv_last_page_len)
 
-    qo_len, qo_min = _check_indptr("qo_indptr", qo_indptr)
+    if decode:   # (a valid indptr by construction)
+        qo_len = np.ones(qo_indptr.shape[0] - 1, dtype=np.int64)
+        qo_min = min(1, qo_len.shape[0])   # (_check_indptr: 0 for an empty batch)
+    else:
+        qo_len, qo_min = _check_indptr("qo_indptr", qo_indptr)
     batch = qo_indptr.shape[0] - 1
     pages, pages_min = _check_indptr("kv_indptr", kv_indptr, batch + 1)
     if last.shape[0] != batch:
@@ -186,14 +189,15 @@ def validate_batch(qo_indptr, kv_indptr, kv_indices, kv_last_page_len, page_size
         raise ValueError(f"{total_q} query tokens (qo_indptr[{batch}]) exceed "
                          f"max_qo_tokens={max_qo_tokens}")
     ids = kv_indices[:nnz]
-    if nnz:
+    # As unsigned, a negative id is >= 2**31: one pass finds both kinds of bad id.
+    u = ids.view(np.uint32)
+    if nnz and u[u.argmax()] >= (_I32_MAX + 1 if num_pages is None else num_pages):
         if ids[ids.argmin()] < 0:
             i = _first(ids < 0)
             raise ValueError(f"kv_indices[{i}] = {ids[i]} is negative")
-        if num_pages is not None and ids[ids.argmax()] >= num_pages:
-            i = _first(ids >= num_pages)
-            raise ValueError(f"kv_indices[{i}] = {ids[i]} is outside the page pool "
-                             f"[0, {num_pages})")
+        i = _first(ids >= num_pages)
+        raise ValueError(f"kv_indices[{i}] = {ids[i]} is outside the page pool "
+                         f"[0, {num_pages})")
 
     # last_page_len in [1, page_size] <=> (last - 1) as unsigned < page_size; only for
     # requests with pages (an empty request's last_page_len is ignored). The per-request

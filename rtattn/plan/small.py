@@ -14,6 +14,7 @@ from __future__ import annotations
 import heapq
 import struct
 from itertools import accumulate
+from operator import itemgetter
 
 import numpy as np
 
@@ -296,7 +297,10 @@ def _write(p, v, qo, qo_len, kp, kv_len, nnz, kv_indices, res) -> None:
         it += [[-1] * n, [-1] * n]
     it.append([kp[r] for r in it[0]])   # item_kv_page_start
     final = res["final"]
-    v["_items"][:, :n] = it if final is None else [[row[i] for i in final] for row in it]
+    if final is not None and n > 1:   # queue order
+        pick = itemgetter(*final)
+        it = [pick(row) for row in it]
+    v["_items"][:, :n] = it
     m = res["merge_rows"]
     v["merge_indptr"][0] = 0
     if m:
