@@ -359,6 +359,9 @@ class Planner:
             t_qlen = qo_len
             t_qs = qo_indptr[:B]
             t_kv = kv_len
+        elif bt.qo_max <= tq and qo_len[qo_len.argmin()] >= 1:   # every request one tile: its own
+            t_req, t_off = self._ar[:B], 0                        # (causal: its last row's horizon
+            t_qlen, t_qs, t_kv = qo_len, qo_indptr[:B], kv_len    # is its KV)
         else:
             t_req, tj = _repeat_index(np.floor_divide(qo_len + (tq - 1), tq), self._ar)
             t_off = tj * tq
@@ -402,8 +405,9 @@ class Planner:
         # Items: rows request, qo_start, qo_len, kv_start, kv_end, partial, merge, and
         # kv_page_start (filled by _write).
         cost = con = None
-        if mode == "auto" and decode and maxc > 1:
-            con, chosen = self._auto_contiguous_first(t_req, t_qs, t_qlen, t_kv, nchunk, L, kv_total, partials)
+        if mode == "auto" and maxc > 1:
+            con, chosen = self._auto_contiguous_first(decode, t_req, t_qs, t_qlen, t_kv, nchunk, L, kv_total,
+                                                      partials)
             if chosen:
                 return _shift(con, t_k0)
         if maxc == 1:
@@ -498,24 +502,32 @@ class Planner:
             res["i_tile"] = i_tile
         return _shift(res, t_k0)
 
-    def _auto_contiguous_first(self, t_req, t_qs, t_qlen, t_kv, nchunk, L, kv_total, partials):
+    def _auto_contiguous_first(self, decode, t_req, t_qs, t_qlen, t_kv, nchunk, L, kv_total, partials):
         """Auto's choice of the contiguous partition from a part of its bound, before the
-        balanced items are laid out (decode, some tile split): the largest chunk (L, or a tile's
-        last of up to L + L/8) and the mean are both known from the chunk counts. If they already
+        balanced items are laid out (some tile split): the largest chunk (L, or a tile's last of
+        up to L + L/8) and the mean are both known from the chunk counts. If they already
         put the bound over AUTO_IMBALANCE and the contiguous loads under them, the full bound
         (>= them) decides the same way: (the contiguous plan, True). Else (the contiguous plan it
         made, or None; False): the full decision reuses it."""
-        C, fixed = self.num_ctas, COST_ALPHA + COST_GAMMA
+        C = self.num_ctas
         n = int(_ADD(nchunk))
         if n <= C or n > self.bounds.max_items:   # (the balanced layout decides / refuses)
             return None, False
-        total = kv_total + fixed * n
         last = t_kv - (nchunk - 1) * L
-        b0 = max(L, last.item(last.argmax())) + fixed
+        if decode:   # one fixed cost, and some tile has a full chunk
+            fixed = COST_ALPHA + COST_GAMMA
+            total = kv_total + fixed * n
+            b0 = max(L, last.item(last.argmax())) + fixed
+        else:        # a tile's fixed cost from its rows; full chunks only in split tiles
+            fixed = COST_ALPHA * t_qlen + COST_GAMMA
+            total = kv_total + int(_ADD(nchunk * fixed))
+            big = np.maximum(last, L * (nchunk > 1))
+            big += fixed
+            b0 = big.item(big.argmax())
         b0 = max(b0, -(-total // C))
         if b0 * C <= AUTO_IMBALANCE * total:
             return None, False
-        con = self._contiguous(True, t_req, t_qs, t_qlen, t_kv, partials)
+        con = self._contiguous(decode, t_req, t_qs, t_qlen, t_kv, partials)
         return con, _top(con["loads"]) < b0
 
     def _contiguous(self, decode, t_req, t_qs, t_qlen, t_kv, partials: bool = True) -> dict:
