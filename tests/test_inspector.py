@@ -542,3 +542,35 @@ def test_batch_invariant_rounds_stay_near_lpt_at_large_batches(seed):
     ar = np.arange(len(cs) + 64, dtype=np.int64)
     lpt = np.bincount(I.lpt_assign(cs, p.num_ctas, ar), weights=cs, minlength=p.num_ctas).max()
     assert cs.sum() == info.cta_loads.sum() and info.max_load <= 1.02 * lpt
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_auto_early_contiguous_choice_changes_no_plan(monkeypatch, seed):
+    """Auto may take the contiguous partition before laying out the balanced items (from the
+    largest chunk and the mean, a part of its bound): the same plan bytes as deciding on the whole
+    bound, over uniform, heavy-tailed and one-long decode batches that land on both sides."""
+    rng = np.random.default_rng(seed)
+    chosen = []
+    for case in range(60):
+        batch = int(rng.integers(2, 300))
+        kind = case % 3
+        kv = (rng.integers(1, 4096, batch) if kind == 0 else
+              np.minimum(32768, rng.pareto(1.2, batch) * 300 + 1).astype(np.int64) if kind == 1 else
+              np.full(batch, int(rng.integers(1, 8192))))
+        if kind == 2:
+            kv[0] = 32768
+        ps, C = int(rng.choice([1, 16])), int(rng.choice([16, 33, 132]))
+        kvp, idx, last = paged_kv(kv, ps, shuffle_seed=case)
+        bufs = []
+        for early in (True, False):
+            p = Planner(batch, batch, int(kvp[-1]), 32, 8, 128, ps, num_ctas=C, max_qo_len=1)
+            p.small_tiles = 0
+            if not early:
+                monkeypatch.setattr(p, "_auto_contiguous_first", lambda *a: (None, False))
+            else:
+                first = p._auto_contiguous_first
+                monkeypatch.setattr(p, "_auto_contiguous_first", lambda *a: chosen.append(first(*a)[1]) or first(*a))
+            bufs.append(p.layout.allocate())
+            p.plan(None, kvp, idx, last, out=bufs[-1])
+        assert np.array_equal(bufs[0], bufs[1]), case
+    assert any(chosen) and not all(chosen)   # both outcomes exercised

@@ -87,7 +87,7 @@ def test_small_path_plans_byte_identical_to_numpy_path(seed):
     for case in range(700):
         pk, args, kw = _case(rng)
         fast, ref = Planner(**pk), Planner(**pk)
-        fast.small_tiles, ref.small_tiles = 64, 0   # every case this path can take; none
+        fast.small_tiles, fast.small_tokens, ref.small_tiles = 64, 10**6, 0   # every case it can take; none
         stale = rng.integers(0, 256, fast.layout.plan_bytes, dtype=np.uint8)
         for _ in range(2):   # twice: the second plan lands on the first one's bytes
             got, want = _plan(fast, args, kw, stale), _plan(ref, args, kw, stale)

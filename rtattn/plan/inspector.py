@@ -227,11 +227,11 @@ class Planner:
     Planner(max_batch, max_qo_tokens, max_pages, num_qo_heads, num_kv_heads,
             head_dim, page_size, device="h200", mode="auto", ...)
 
-    `small_tiles`: plans of up to this many query tiles take the plain-Python path
-    (rtattn.plan.small, byte-identical); 0 sends every plan the numpy way.
+    `small_tiles`, `small_tokens`: plans of up to this many query tiles and tokens take the
+    plain-Python path (rtattn.plan.small, byte-identical); 0 sends every plan the numpy way.
     """
 
-    small_tiles = small.SMALL_TILES
+    small_tiles, small_tokens = small.SMALL_TILES, small.SMALL_TOKENS
 
     def __init__(self, max_batch: int, max_qo_tokens: int, max_pages: int,
                  num_qo_heads: int, num_kv_heads: int, head_dim: int, page_size: int, *,
@@ -404,10 +404,11 @@ class Planner:
         like_auto = mode == "auto" or self.chunk_runs   # chunk runs choose their cuts as auto does
         # Items: rows request, qo_start, qo_len, kv_start, kv_end, partial, merge, and
         # kv_page_start (filled by _write).
-        cost = con = None
-        if mode == "auto" and maxc > 1:
-            con, chosen = self._auto_contiguous_first(decode, t_req, t_qs, t_qlen, t_kv, nchunk, L, kv_total,
-                                                      partials)
+        cost = con = ends = None
+        if mode == "auto" and decode and maxc > 1:
+            ends = _ACC(nchunk, dtype=np.int64)
+            con, chosen = self._auto_contiguous_first(t_req, t_qs, t_qlen, t_kv, nchunk, L, kv_total,
+                                                      ends.item(-1), partials)
             if chosen:
                 return _shift(con, t_k0)
         if maxc == 1:
@@ -422,7 +423,8 @@ class Planner:
                 it[0], it[1], it[2], it[3], it[4], it[5:7] = t_req, t_qs, t_qlen, 0, t_kv, -1
             i_tile = i_chunk = None
         else:
-            ends = _ACC(nchunk, dtype=np.int64)
+            if ends is None:   # (auto's early choice has them)
+                ends = _ACC(nchunk, dtype=np.int64)
             n = ends.item(-1)
             if n > self.bounds.max_items:
                 raise ValueError(f"plan needs {n} work items, exceeding max_items="
@@ -502,32 +504,27 @@ class Planner:
             res["i_tile"] = i_tile
         return _shift(res, t_k0)
 
-    def _auto_contiguous_first(self, decode, t_req, t_qs, t_qlen, t_kv, nchunk, L, kv_total, partials):
+    def _auto_contiguous_first(self, t_req, t_qs, t_qlen, t_kv, nchunk, L, kv_total, n, partials):
         """Auto's choice of the contiguous partition from a part of its bound, before the
-        balanced items are laid out (some tile split): the largest chunk (L, or a tile's last of
-        up to L + L/8) and the mean are both known from the chunk counts. If they already
+        balanced items are laid out (decode, some tile split): the largest chunk (L, or a tile's
+        last of up to L + L/8) and the mean are both known from the chunk counts. If they already
         put the bound over AUTO_IMBALANCE and the contiguous loads under them, the full bound
         (>= them) decides the same way: (the contiguous plan, True). Else (the contiguous plan it
         made, or None; False): the full decision reuses it."""
         C = self.num_ctas
-        n = int(_ADD(nchunk))
         if n <= C or n > self.bounds.max_items:   # (the balanced layout decides / refuses)
             return None, False
-        last = t_kv - (nchunk - 1) * L
-        if decode:   # one fixed cost, and some tile has a full chunk
-            fixed = COST_ALPHA + COST_GAMMA
-            total = kv_total + fixed * n
-            b0 = max(L, last.item(last.argmax())) + fixed
-        else:        # a tile's fixed cost from its rows; full chunks only in split tiles
-            fixed = COST_ALPHA * t_qlen + COST_GAMMA
-            total = kv_total + int(_ADD(nchunk * fixed))
-            big = np.maximum(last, L * (nchunk > 1))
-            big += fixed
-            b0 = big.item(big.argmax())
-        b0 = max(b0, -(-total // C))
+        fixed = COST_ALPHA + COST_GAMMA
+        total = kv_total + fixed * n
+        mean = -(-total // C)
+        # No chunk exceeds L + L/8: if that does not decide, nothing here does (ints only).
+        if max(L + L // TAIL_FRACTION + fixed, mean) * C <= AUTO_IMBALANCE * total:
+            return None, False
+        last = t_kv - nchunk * L   # (each tile's last chunk, less L)
+        b0 = max(L + max(0, last.item(last.argmax())) + fixed, mean)   # (some tile has a full chunk)
         if b0 * C <= AUTO_IMBALANCE * total:
             return None, False
-        con = self._contiguous(decode, t_req, t_qs, t_qlen, t_kv, partials)
+        con = self._contiguous(True, t_req, t_qs, t_qlen, t_kv, partials)
         return con, _top(con["loads"]) < b0
 
     def _contiguous(self, decode, t_req, t_qs, t_qlen, t_kv, partials: bool = True) -> dict:

@@ -1,8 +1,8 @@
 """Planner.plan() for small batches, in plain Python ints.
 
 A batch-1 decode plan was ~60 numpy calls of ~1 us each on a few dozen numbers. Up to
-`Planner.small_tiles` query tiles (modes auto, balanced and contiguous), plan() takes this
-path: the schedule of rtattn.plan.inspector's numpy path (tiles, Algorithm 1's chunks, auto's
+`Planner.small_tiles` query tiles and `small_tokens` query tokens (modes auto, balanced and
+contiguous), plan() takes this path: the schedule of rtattn.plan.inspector's numpy path (tiles, Algorithm 1's chunks, auto's
 choice of the contiguous partition, LPT, partial rows, the merge map) on lists, written into
 the same views with the same writes, so plan bytes and PlanInfo are identical
 (tests/test_small_plan.py compares both paths on fuzzed batches). What this path does not take
@@ -20,7 +20,10 @@ import numpy as np
 
 from .costs import AUTO_IMBALANCE, COST_ALPHA, COST_BETA, COST_GAMMA, TAIL_FRACTION
 
-SMALL_TILES = 8    # crossover with the numpy path on the development machine (docs/perf-log.md "Host path v3")
+# Crossovers with the numpy path on the development machine (docs/perf-log.md "Host path v3"): the
+# Python cost grows with items, and with query rows (a split tile's merge entries and partial rows).
+SMALL_TILES = 8
+SMALL_TOKENS = 32
 MODES = ("auto", "balanced", "contiguous")
 _I32 = np.dtype(np.int32)
 _I32_MAX = 2**31 - 1
@@ -42,7 +45,9 @@ def plan(p, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, window_left, vie
     """Plan into `views` if this path takes the batch: (schedule dict, batch, query tokens),
     else None (nothing written)."""
     if (p.mode not in MODES or type(kv_indptr) is not np.ndarray or kv_indptr.ndim != 1
-            or kv_indptr.shape[0] > p.small_tiles + 1):   # (a tile per request at least)
+            or kv_indptr.shape[0] > p.small_tiles + 1   # (a tile per request at least)
+            or (qo_indptr is not None and (type(qo_indptr) is not np.ndarray or qo_indptr.ndim != 1
+                                           or qo_indptr.shape[0] == 0 or qo_indptr.item(-1) > p.small_tokens))):
         return None
     try:
         qo, qo_len, kp, kv_len, nnz = _batch(p, qo_indptr, kv_indptr, kv_indices, kv_last_page_len)
