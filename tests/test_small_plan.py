@@ -61,7 +61,7 @@ def _case(rng):
             a[j] = (-1, a[j] + 10**6, 2**31 - 1, a[j] - 1)[bad]
             args[i] = a
         elif i == 0:
-            args[0] = indptr_from_lengths(qo).astype(np.int64)   # another dtype: the numpy way
+            args[0] = indptr_from_lengths(qo).astype((np.int64, np.float32, str)[bad % 3])   # another dtype
     elif rng.random() < 0.05:   # other forms of an array: a list, 0-d or 2-D
         i = int(rng.integers(1, 4))
         args[i] = (args[i].tolist(), np.asarray(7, np.int32), args[i].reshape(1, -1))[int(rng.integers(3))]

@@ -407,10 +407,13 @@ class Planner:
         cost = con = ends = None
         if mode == "auto" and decode and maxc > 1:
             ends = _ACC(nchunk, dtype=np.int64)
-            con, chosen = self._auto_contiguous_first(t_req, t_qs, t_qlen, t_kv, nchunk, L, kv_total,
-                                                      ends.item(-1), partials)
-            if chosen:
-                return _shift(con, t_k0)
+            # (n <= C or over max_items: the balanced layout decides, or refuses; past 2 items per
+            # CTA the mean is rarely below the largest chunk: not worth the pass over the tiles)
+            if C < ends.item(-1) <= min(2 * C, self.bounds.max_items):
+                con, chosen = self._auto_contiguous_first(t_req, t_qs, t_qlen, t_kv, nchunk, L, kv_total,
+                                                          ends.item(-1), partials)
+                if chosen:
+                    return _shift(con, t_k0)
         if maxc == 1:
             n = T
             if decode and t_k0 is None and n <= self._decode_items.shape[1]:   # (a cascade plans more tiles)
@@ -512,8 +515,6 @@ class Planner:
         (>= them) decides the same way: (the contiguous plan, True). Else (the contiguous plan it
         made, or None; False): the full decision reuses it."""
         C = self.num_ctas
-        if n <= C or n > self.bounds.max_items:   # (the balanced layout decides / refuses)
-            return None, False
         fixed = COST_ALPHA + COST_GAMMA
         total = kv_total + fixed * n
         mean = -(-total // C)
