@@ -344,6 +344,20 @@ class PlanLayout:
                 for f in PLAN_FIELDS]
 
 
+def write_merge_and_info(v: dict, res: dict, info: tuple) -> None:
+    """The merge map of a schedule `res` (merge_rows, m_indptr, m_row, m_start, m_stride) and
+    the plan_info header (PLAN_INFO_NAMES' values) into the views `v` of a plan buffer."""
+    m = res["merge_rows"]
+    v["merge_indptr"][0] = 0
+    if m:
+        v["merge_indptr"][:m + 1] = res["m_indptr"]
+        v["merge_qo_row"][:m] = res["m_row"]
+        v["merge_partial_start"][:m] = res["m_start"]
+        v["merge_partial_stride"][:m] = res["m_stride"]
+    # the header in one call (a tuple assignment converts through numpy, ~2x slower)
+    struct.pack_into("=9i", v["plan_info"], 0, *info)
+
+
 def merge_partials(views: dict, num_merge_rows: int) -> np.ndarray:
     """Every merge entry's partial rows, flattened in entry order (entry r's slice is
     merge_indptr[r]:merge_indptr[r+1]), from the start/stride form the kernel reads."""

@@ -45,7 +45,6 @@ Chunks are laid out from the tile's first visible token.
 from __future__ import annotations
 
 import math
-import struct
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -693,13 +692,5 @@ class Planner:
         items, final = it["items"], it["final"]
         items[7] = batch.kv_indptr.take(items[0])   # item_kv_page_start (take: int32 indices)
         v["_items"][:, :n] = items if final is None else items.take(final, axis=1)
-        m = it["merge_rows"]
-        v["merge_indptr"][0] = 0
-        if m:
-            v["merge_indptr"][:m + 1] = it["m_indptr"]
-            v["merge_qo_row"][:m] = it["m_row"]
-            v["merge_partial_start"][:m] = it["m_start"]
-            v["merge_partial_stride"][:m] = it["m_stride"]
-        # the header in one call (a tuple assignment converts through numpy, ~2x slower)
-        struct.pack_into("=9i", v["plan_info"], 0, n, m, it["partial_rows"], B, self._tq,
-                         self.page_size, C, batch.qo_indptr.item(-1), self._fold_chunk)
+        F.write_merge_and_info(v, it, (n, it["merge_rows"], it["partial_rows"], B, self._tq, self.page_size, C,
+                                       batch.qo_indptr.item(-1), self._fold_chunk))

@@ -12,13 +12,13 @@ the numpy way, whose validation names what is wrong: errors have one source.
 from __future__ import annotations
 
 import heapq
-import struct
 from itertools import accumulate
 from operator import itemgetter
 
 import numpy as np
 
 from .costs import AUTO_IMBALANCE, COST_ALPHA, COST_BETA, COST_GAMMA, TAIL_FRACTION
+from .fields import write_merge_and_info
 
 # Crossovers with the numpy path on the development machine (docs/perf-log.md "Host path v3"): the
 # Python cost grows with items, and with query rows (a split tile's merge entries and partial rows).
@@ -307,12 +307,5 @@ def _write(p, v, qo, qo_len, kp, kv_len, nnz, kv_indices, res) -> None:
         pick = itemgetter(*final)
         it = [pick(row) for row in it]
     v["_items"][:, :n] = it
-    m = res["merge_rows"]
-    v["merge_indptr"][0] = 0
-    if m:
-        v["merge_indptr"][:m + 1] = res["m_indptr"]
-        v["merge_qo_row"][:m] = res["m_row"]
-        v["merge_partial_start"][:m] = res["m_start"]
-        v["merge_partial_stride"][:m] = res["m_stride"]
-    struct.pack_into("=9i", v["plan_info"], 0, n, m, res["partial_rows"], B, p._tq, p.page_size, C, qo[-1],
-                     p._fold_chunk)
+    write_merge_and_info(v, res, (n, res["merge_rows"], res["partial_rows"], B, p._tq, p.page_size, C, qo[-1],
+                                  p._fold_chunk))
