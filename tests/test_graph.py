@@ -210,6 +210,21 @@ def test_one_exec_per_layer_means_no_updates(fakes):
     assert g.stats["instantiations"] == 3 and g.stats["param_updates"] == 0 and g.stats["replays"] == 12
 
 
+def test_default_pool_replays_a_models_layers_with_no_update(fakes):
+    """The default pool keeps one exec per layer: after a model's first step, every step() is
+    run()'s binding plus one graph launch (run() makes one launch per kernel), never a node update."""
+    w = _wrapper(fakes)
+    g = DG.DecodeGraphs(w)
+    w.plan(*paged_kv([100, 20, 300], 16))
+    layers = [_layer(i, 3) for i in range(32)]
+    for _ in range(3):
+        for t in layers:
+            _step(g, t)
+    assert g.stats["instantiations"] == 32 and g.stats["param_updates"] == 0 and g.stats["updates"] == 0
+    assert g.stats["replays"] == 96 and len(fakes.captured) == 32
+    assert all(ex.launched == 3 for pool in g._pools.values() for ex in pool.values())
+
+
 def test_configurations_get_separate_graphs(fakes):
     a, b = _wrapper(fakes), _wrapper(fakes, variant="causal")
     assert DG.config_key(a._reusable()) != DG.config_key(b._reusable())
