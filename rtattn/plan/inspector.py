@@ -318,15 +318,10 @@ class Planner:
         """`window_left`: the sliding window (query at q_pos sees KV >= q_pos - window_left);
         None: no window, every tile reads from KV 0."""
         window_left = check_window(window_left)
-        if out is None:
-            buf = self.layout.allocate()
-            views = self.layout.views(buf)
-        else:
-            buf, views = out, self._views.get(out)
-        fast = small.plan(self, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, window_left, views) \
-            if self.small_tiles else None
+        fast = small.plan(self, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, window_left,
+                          lambda: self._buffer(out)) if self.small_tiles else None
         if fast is not None:
-            items, B, num_qo = fast
+            items, B, num_qo, (buf, views) = fast
         else:
             b = self.bounds
             batch = validate_batch(qo_indptr, kv_indptr, kv_indices, kv_last_page_len,
@@ -335,6 +330,7 @@ class Planner:
                                    max_qo_tokens=b.max_qo_tokens, max_pages=b.max_pages,
                                    max_qo_len=b.max_qo_len)
             items = self._schedule(batch, window_left)
+            buf, views = self._buffer(out)
             self._write(views, batch, items)
             B, num_qo = batch.batch, batch.qo_indptr.item(-1)
         return PlanInfo(items["n"], items["merge_rows"], items["partial_rows"], B,
@@ -342,6 +338,13 @@ class Planner:
                         items["L"], items["split_tiles"], items["loads"],
                         buf if isinstance(buf, np.ndarray) else np.frombuffer(buf, np.uint8),
                         views, items["mode"])
+
+    def _buffer(self, out):
+        """(buffer, its field views): `out`, or a new buffer when None."""
+        if out is None:
+            buf = self.layout.allocate()
+            return buf, self.layout.views(buf)
+        return out, self._views.get(out)
 
     def _schedule(self, bt: Batch, window_left: int | None = None, partials: bool = True) -> dict:
         """Tiles -> chunks -> items, LPT assignment, partial rows, merge map (`partials`

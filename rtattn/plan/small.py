@@ -41,9 +41,10 @@ def lpt_deal(heap: list, keys: list, mask: int) -> list:
     return [rep(heap, heap[0] + k) & mask for k in keys]
 
 
-def plan(p, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, window_left, views):
-    """Plan into `views` if this path takes the batch: (schedule dict, batch, query tokens),
-    else None (nothing written)."""
+def plan(p, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, window_left, buffer):
+    """Plan into `buffer()`'s (buffer, views), asked for once the batch is planned (as the
+    numpy path does), if this path takes the batch: (schedule dict, batch, query tokens, (buffer,
+    views)); else None (nothing written)."""
     if (p.mode not in MODES or type(kv_indptr) is not np.ndarray or kv_indptr.ndim != 1
             or kv_indptr.shape[0] > p.small_tiles + 1   # (a tile per request at least)
             or (qo_indptr is not None and (type(qo_indptr) is not np.ndarray or qo_indptr.dtype is not _I32
@@ -55,9 +56,10 @@ def plan(p, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, window_left, vie
         res = _schedule(p, qo, qo_len, kv_len, window_left)
     except _Numpy:
         return None
-    _write(p, views, qo, qo_len, kp, kv_len, nnz, kv_indices, res)
+    out = buffer()
+    _write(p, out[1], qo, qo_len, kp, kv_len, nnz, kv_indices, res)
     res["loads"] = np.array(res["loads"], dtype=np.int64)
-    return res, len(qo_len), qo[-1]
+    return res, len(qo_len), qo[-1], out
 
 
 def _ints(a) -> list:
