@@ -75,6 +75,13 @@ def _int32(name: str, a) -> np.ndarray:
     return as_int32(name, a)
 
 
+def _top_u32(a: np.ndarray) -> int:
+    """The largest entry of int32 `a` read as unsigned: a negative entry is >= 2**31, so one pass
+    checks a range [0, n) (argmax: ~4x cheaper than a reduction)."""
+    u = a.view(np.uint32)
+    return u.item(u.argmax())
+
+
 def _first(mask: np.ndarray) -> int:
     return int(np.flatnonzero(mask)[0])
 
@@ -189,9 +196,7 @@ def validate_batch(qo_indptr, kv_indptr, kv_indices, kv_last_page_len, page_size
         raise ValueError(f"{total_q} query tokens (qo_indptr[{batch}]) exceed "
                          f"max_qo_tokens={max_qo_tokens}")
     ids = kv_indices[:nnz]
-    # As unsigned, a negative id is >= 2**31: one pass finds both kinds of bad id.
-    u = ids.view(np.uint32)
-    if nnz and u[u.argmax()] >= (_I32_MAX + 1 if num_pages is None else num_pages):
+    if nnz and (ids[ids.argmin()] < 0 if num_pages is None else _top_u32(ids) >= num_pages):
         if ids[ids.argmin()] < 0:
             i = _first(ids < 0)
             raise ValueError(f"kv_indices[{i}] = {ids[i]} is negative")

@@ -46,7 +46,7 @@ def plan(p, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, window_left, buf
     numpy path does), if this path takes the batch: (schedule dict, batch, query tokens, (buffer,
     views)); else None (nothing written)."""
     if (p.mode not in MODES or type(kv_indptr) is not np.ndarray or kv_indptr.ndim != 1
-            or kv_indptr.shape[0] > p.small_tiles + 1   # (a tile per request at least)
+            or kv_indptr.shape[0] > p.small_tiles + 1   # (a request has a tile at least)
             or (qo_indptr is not None and (type(qo_indptr) is not np.ndarray or qo_indptr.dtype is not _I32
                                            or qo_indptr.ndim != 1 or qo_indptr.shape[0] == 0
                                            or qo_indptr.item(-1) > p.small_tokens))):
