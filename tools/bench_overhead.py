@@ -340,8 +340,8 @@ def main(argv=None) -> int:
             ("fi", "pf_plan_us", "FI pf"), ("fi", "pf_plan_host_us", "FI pf-h")]
     print(f"\nDecode overhead, {args.layers} layers/step, {H}/{HK} heads, D={D}, page {PS}, KV ~{args.kv}. {fi_note}")
     _table("host µs per layer, enqueue only (eager-b: cuda.bindings entry; dg.step: DecodeGraphs' default "
-           "pool, one exec per layer; dg.step1: max_execs=1, one exec updated per layer; stepgr: whole-step graph / layers; pf: "
-           f"BatchPrefillWrapper, {PREFILL_QO} query tokens per request)", host, rows)
+           "pool, one exec per layer; dg.step1: max_execs=1, one exec updated per layer; stepgr: whole-step "
+           f"graph / layers; pf: BatchPrefillWrapper, {PREFILL_QO} query tokens per request)", host, rows)
     _table("µs per layer, wall (enqueue to synchronized) and GPU (events), step / layers; "
            "inv = batch-invariant mode", wall, rows, extra=("inv_vs_auto_gpu", "inv/auto"))
     _table("plan() host µs and plan copy device µs, per step (FI: page table as CUDA tensors; -h: indptr and "

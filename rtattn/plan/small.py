@@ -2,10 +2,10 @@
 
 A batch-1 decode plan was ~60 numpy calls of ~1 us each on a few dozen numbers. Up to
 `Planner.small_tiles` query tiles and `small_tokens` query tokens (modes auto, balanced and
-contiguous), plan() takes this path: the schedule of rtattn.plan.inspector's numpy path (tiles, Algorithm 1's chunks, auto's
-choice of the contiguous partition, LPT, partial rows, the merge map) on lists, written into
-the same views with the same writes, so plan bytes and PlanInfo are identical
-(tests/test_small_plan.py compares both paths on fuzzed batches). What this path does not take
+contiguous), plan() takes this path: the schedule of rtattn.plan.inspector's numpy path
+(tiles, Algorithm 1's chunks, auto's choice of the contiguous partition, LPT, partial rows,
+the merge map) on lists, written into the same views with the same writes, so plan bytes and
+PlanInfo are identical (tests/test_small_plan.py compares both paths on fuzzed batches). What this path does not take
 (a larger batch, another mode, input its quick checks do not accept, an exceeded bound) goes
 the numpy way, whose validation names what is wrong: errors have one source.
 """
