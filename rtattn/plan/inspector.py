@@ -180,8 +180,12 @@ def lpt_assign(cost_sorted: np.ndarray, num_ctas: int, ar: np.ndarray) -> np.nda
     # A leading run of equal costs (full chunks: batch-invariant's are all C tokens) goes round
     # robin, exactly as the heap would deal it (all loads equal -> lowest id first); the heap
     # then starts from those loads and deals only the rest.
-    run = n if cost_sorted[0] == cost_sorted[n - 1] else int((cost_sorted != cost_sorted[0]).argmax())
-    m = max(run, min(n, num_ctas))
+    # (m = max(run, min(n, C)): the run matters only when it outlasts the first round)
+    c0 = cost_sorted.item(0)
+    if n > num_ctas and cost_sorted.item(num_ctas) == c0:
+        m = n if cost_sorted.item(n - 1) == c0 else int((cost_sorted != c0).argmax())
+    else:
+        m = min(n, num_ctas)
     shift = num_ctas.bit_length()
     mask = (1 << shift) - 1
     keys = cost_sorted << shift
@@ -485,7 +489,7 @@ class Planner:
                         con = self._contiguous(decode, t_req, t_qs, t_qlen, t_kv, partials)
                     if _top(con["loads"]) < bound:
                         return _shift(con, t_k0)
-            if mode == "naive" or cs[0] == cs[n - 1]:   # round robin (== LPT if all equal)
+            if mode == "naive" or cs.item(0) == cs.item(n - 1):   # round robin (== LPT if all equal)
                 cta = self._ar[:n] % C
             elif mode == "batch-invariant" and not self.chunk_runs and n > ROUNDS_MIN_ITEMS_PER_CTA * C:
                 cta = rounds_assign(cs, C, self._ar)   # the assignment never changes its numerics
