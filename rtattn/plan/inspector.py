@@ -367,7 +367,7 @@ class Planner:
             t_qlen = qo_len
             t_qs = qo_indptr[:B]
             t_kv = kv_len
-        elif bt.qo_max <= tq and qo_len[qo_len.argmin()] >= 1:   # every request one tile: its own
+        elif bt.qo_max <= tq and qo_len.item(qo_len.argmin()) >= 1:   # every request one tile: its own
             t_req, t_off = self._ar[:B], 0                        # (causal: its last row's horizon
             t_qlen, t_qs, t_kv = qo_len, qo_indptr[:B], kv_len    # is its KV)
         else:
@@ -404,7 +404,7 @@ class Planner:
             # Fixed batch-invariant chunks stay at their fixed positions.
             tail = 0 if mode == "batch-invariant" and not self.chunk_runs else L // TAIL_FRACTION
             nchunk = np.floor_divide(t_kv + (L - 1 - tail), L)
-            if nchunk[nchunk.argmin()] < 1:   # empty or short KV: still one chunk
+            if nchunk.item(nchunk.argmin()) < 1:   # empty or short KV: still one chunk
                 np.maximum(nchunk, 1, out=nchunk)
             maxc = nchunk.item(nchunk.argmax())
         if mode == "contiguous" and T > 0:
@@ -579,9 +579,9 @@ class Planner:
         nxt[pend] = t_kv
         kv_end = nxt[1:]
         keep = kv_end > cut
-        if t_kv[t_kv.argmin()] == 0:       # empty KV: its first piece is its one item
+        if t_kv.item(t_kv.argmin()) == 0:   # empty KV: its first piece is its one item
             keep[(pend - pieces)[t_kv == 0]] = True
-        if keep[keep.argmin()]:            # no empty piece to drop (the usual case)
+        if keep.item(keep.argmin()):        # no empty piece to drop (the usual case)
             n, nchunk, i_chunk = i_tile.shape[0], pieces, k
         else:
             i_tile, cut, kv_end, cta = i_tile[keep], cut[keep], kv_end[keep], cta[keep]

@@ -26,7 +26,7 @@ import numpy as np
 _I32_MAX = np.iinfo(np.int32).max
 _I32 = np.dtype(np.int32)
 HEAD_DIMS = (64, 128, 256)   # what the kernels are built for (codegen.spec and the planner read it)
-# Extremes are taken as x[x.argmin()] / x[x.argmax()]: on the small arrays of a decode
+# Extremes are taken as x.item(x.argmin()) / x.item(x.argmax()): on the small arrays of a decode
 # step that is ~4x less overhead than a ufunc reduction or ndarray.min() (plan() is on
 # the per-step host critical path).
 
@@ -97,7 +97,7 @@ def _check_indptr(name: str, indptr: np.ndarray, length: int | None = None):
         raise ValueError(f"{name} must have at least one entry (batch+1), got 0")
     if length is not None and indptr.shape[0] != length:
         raise ValueError(f"{name} has {indptr.shape[0]} entries, expected {length}")
-    if indptr[0] != 0:
+    if indptr.item(0) != 0:
         raise ValueError(f"{name}[0] = {indptr[0]}, must be 0")
     # int64: an int32 difference wraps ([0, 2**31-1, -2**31+1] would look monotone)
     d = np.subtract(indptr[1:], indptr[:-1], dtype=np.int64)
@@ -196,8 +196,8 @@ def validate_batch(qo_indptr, kv_indptr, kv_indices, kv_last_page_len, page_size
         raise ValueError(f"{total_q} query tokens (qo_indptr[{batch}]) exceed "
                          f"max_qo_tokens={max_qo_tokens}")
     ids = kv_indices[:nnz]
-    if nnz and (ids[ids.argmin()] < 0 if num_pages is None else _top_u32(ids) >= num_pages):
-        if ids[ids.argmin()] < 0:
+    if nnz and (ids.item(ids.argmin()) < 0 if num_pages is None else _top_u32(ids) >= num_pages):
+        if ids.item(ids.argmin()) < 0:
             i = _first(ids < 0)
             raise ValueError(f"kv_indices[{i}] = {ids[i]} is negative")
         i = _first(ids >= num_pages)
@@ -207,7 +207,7 @@ def validate_batch(qo_indptr, kv_indptr, kv_indices, kv_last_page_len, page_size
     # last_page_len in [1, page_size] <=> (last - 1) as unsigned < page_size; only for
     # requests with pages (an empty request's last_page_len is ignored). The per-request
     # test runs only when the extremes are out of range.
-    if batch and (last[last.argmin()] < 1 or last[last.argmax()] > page_size):
+    if batch and (last.item(last.argmin()) < 1 or last.item(last.argmax()) > page_size):
         bad = ((last - 1).view(np.uint32) >= page_size) & (pages > 0)
         if bad.any():
             i = _first(bad)
@@ -227,7 +227,7 @@ def validate_batch(qo_indptr, kv_indptr, kv_indices, kv_last_page_len, page_size
                          f"max_qo_len={max_qo_len}")
     if causal and batch:
         d = qo_len - kv_len
-        if d[d.argmax()] > 0:
+        if d.item(d.argmax()) > 0:
             i = _first(qo_len > kv_len)
             raise ValueError(f"causal: request {i} has qo_len {qo_len[i]} (qo_indptr) > "
                              f"kv_len {kv_len[i]} (kv_indptr/kv_last_page_len)")

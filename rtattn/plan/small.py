@@ -88,7 +88,7 @@ def _batch(p, qo_indptr, kv_indptr, kv_indices, last):
     if nnz:
         ids = kv_indices[:nnz]
         pool = p.num_pages_pool
-        if ids[ids.argmin()] < 0 or (pool is not None and ids[ids.argmax()] >= pool):
+        if ids.item(ids.argmin()) < 0 or (pool is not None and ids.item(ids.argmax()) >= pool):
             raise _Numpy
     kv_len = []
     for n, last_len in zip(pages, la):
