@@ -24,11 +24,11 @@
 
 namespace rtattn {
 
-// Batch-invariant kernels keep an item's folded state after DecodeShape's smem_bytes: O [rows][D],
-// then the LSE of rows twice (the chunk being folded reads one, writes the other: no race between
-// rows). A function, not a DecodeShape member: a new static member would move the other kernels'
+// Batch-invariant kernels keep an item's folded state after DecodeShape's smem_bytes: o [rows][D],
+// then the (m, l) of rows twice (the chunk being folded reads one, writes the other: no race
+// between rows). A function, not a DecodeShape member: a new static member would move the other kernels'
 // constant-bank slots, and their SASS is to stay byte-identical.
-__host__ __device__ constexpr int fold_state_bytes(int rows, int head_dim) { return rows * (head_dim + 2) * 4; }
+__host__ __device__ constexpr int fold_state_bytes(int rows, int head_dim) { return rows * (head_dim + 4) * 4; }
 
 template <int HEAD_DIM, int M_TILES, int NUM_WARPS, int STAGES, int KV_BYTES>
 struct DecodeShape : SwizzledRows<HEAD_DIM> {  // at(), kstep(): the 16-bit q/K/V tiles' swizzle
@@ -93,19 +93,9 @@ __device__ __forceinline__ void merge_tile(const P& p, Variant& var, int entry0,
     for (int u = tid; u < units; u += blockDim.x) {
       const int c = u % C4 * 4, head = head0 + u / C4 % heads, e = entry0 + u / C4 / heads;
       const int first = p.plan.merge_indptr[e], n = p.plan.merge_indptr[e + 1] - first;
-      float o[4], lse;
-      fold_partials<Variant::use_softmax, 4, 8, true>(p, p.plan.merge_partial_start[e],
-                                                      p.plan.merge_partial_stride[e], n, head, c, o, lse);
-      if constexpr (Variant::has_sink) fold_sink<4>(o, lse, var.SinkLogit(p, head));  // once per row: here
-      const int q_row = p.plan.merge_qo_row[e];
-      O* op = p.o + int64_t(q_row) * p.o_stride_tok + int64_t(head) * p.o_stride_head + c;
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        float x = o[j];
-        if constexpr (Variant::has_output_transform) x = var.OutputTransform(p, x, head, c + j);
-        op[j] = from_float<O>(x);
-      }
-      if (p.lse != nullptr && c == 0) p.lse[int64_t(q_row) * H + head] = lse;
+      float o[4], m, l;
+      fold_partials<4, 8, true>(p, p.plan.merge_partial_start[e], p.plan.merge_partial_stride[e], n, head, c, o, m, l);
+      write_folded<Variant, P, 4>(p, var, p.plan.merge_qo_row[e], head, c, o, m, l);
     }
     return;
   }
@@ -154,11 +144,11 @@ __device__ __forceinline__ void merge_tile(const P& p, Variant& var, int entry0,
 // fold's wait for this grid still covers both. Undefined, the code is as before (same SASS).
 // INVARIANT (batch-invariant plans, plan_info chunk_tokens C): an item is a run of C-token chunks
 // (items start on chunk boundaries, C is a multiple of BT, so blocks are chunk aligned). Each
-// chunk starts a fresh online softmax; its warps' combine gives the chunk's normalized state; a
-// writethrough item folds the states left to right with fold_state (in shared memory,
-// fold_state_bytes), a split item writes one partial row per chunk for the merge to fold the same
-// way. So a row's bits are its chunks', whatever the batch. With INVARIANT false none of it is
-// compiled (the auto kernels' SASS is unchanged).
+// chunk starts a fresh online softmax; its warps' combine gives the chunk's unnormalized state; a
+// writethrough item folds the states left to right (fold_weights, fold_acc: in shared memory,
+// fold_state_bytes) and normalizes once, a split item writes one partial row per chunk for the
+// merge to fold the same way. So a row's bits are its chunks', whatever the batch. With INVARIANT
+// false none of it is compiled (the auto kernels' SASS is unchanged).
 template <class Variant, class P, int M_TILES, int NUM_WARPS, int STAGES, bool INVARIANT = false>
 __device__ __forceinline__ void decode_persistent(const P& p, char* smem) {
   using T = typename P::DType;    // q
@@ -333,7 +323,7 @@ __device__ __forceinline__ void decode_persistent(const P& p, char* smem) {
   const int fold_chunk = INVARIANT ? p.plan.plan_info[RTATTN_PLAN_INFO_CHUNK_TOKENS] : 0;
   const int chunk_blocks = fold_chunk >= BT ? fold_chunk / BT : (1 << 30);
   float* fold_o = reinterpret_cast<float*>(smem + S::smem_bytes);
-  float* fold_lse = fold_o + S::rows * D;
+  float2* fold_ml = reinterpret_cast<float2*>(fold_o + S::rows * D);
 
   for (int item = item_begin; item < item_end; ++item) {
     const ItemFields cur = kPrefetch ? next_item : read_item(item);
@@ -370,7 +360,8 @@ __device__ __forceinline__ void decode_persistent(const P& p, char* smem) {
     __syncthreads();
     // One row tile keeps its q fragments in registers for the whole item; two read them from the
     // q tile at every k-step (in registers, their 64 spilled the accumulators: 88 B of stack).
-    constexpr bool kQInRegs = M_TILES == 1 || kFp8K;  // fp8: q in the K fragments' column order
+    // (Batch-invariant d256: from the q tile too -- in registers, 200 B of stack in the block loop.)
+    constexpr bool kQInRegs = (M_TILES == 1 && !(INVARIANT && D > 128)) || kFp8K;  // fp8: q in the K fragments' column order
     uint32_t q_base[M_TILES];
     uint32_t qa[M_TILES][KT][4];  // (unused, and gone, with two tiles)
 #pragma unroll
@@ -482,44 +473,32 @@ __device__ __forceinline__ void decode_persistent(const P& p, char* smem) {
           const int r = mi * 16 + r16;
           const int t = r / heads, qo_head = first_qo_head + r % heads;
           if constexpr (INVARIANT) {
-            // The chunk's normalized state; a split item writes it as the chunk's partial row, a
-            // writethrough item folds it into the item's state (the last chunk's fold is final).
-            float st[2] = {o0, o1};
-            float st_lse = l > 0.f ? (base + __log2f(l)) * kLn2 : -INFINITY;
-            if (Variant::use_softmax) {
-              const float inv = l > 0.f ? 1.f / l : 0.f;
-              st[0] *= inv;
-              st[1] *= inv;
-            }
+            // The chunk's unnormalized state (m, l, o) (state_fold.cuh; sigmoid: m = 0): a split
+            // item writes it as the chunk's partial row, a writethrough item folds it into the
+            // item's state (fold_o, fold_ml: this thread's units are the same at every chunk), and
+            // the last chunk's fold is final.
+            const float m = m_max;
             if (partial_row >= 0) {
               const int64_t prow = int64_t(partial_row + chunk * q_tokens + t) * p.num_qo_heads + qo_head;
-              p.partial_o[prow * D + d] = st[0];
-              p.partial_o[prow * D + d + 1] = st[1];
-              if (d == 0) p.partial_lse[prow] = st_lse;
+              *reinterpret_cast<float2*>(p.partial_o + prow * D + d) = make_float2(o0, o1);
+              if (d == 0) reinterpret_cast<float2*>(p.partial_lse)[prow] = make_float2(m, l);
               continue;
             }
-            float* fo = fold_o + r * D + d;  // this thread's columns of row r in every chunk
+            float2* fo = reinterpret_cast<float2*>(fold_o + r * D + d);
+            float2 run = make_float2(o0, o1), run_ml = make_float2(m, l);
             if (chunk > 0) {
-              float run[2] = {fo[0], fo[1]};
-              float run_lse = fold_lse[((chunk - 1) & 1) * S::rows + r];
-              fold_state<Variant::use_softmax, 2>(run, run_lse, st, st_lse);
-              st[0] = run[0], st[1] = run[1], st_lse = run_lse;
+              const float2 prev = *fo, prev_ml = fold_ml[((chunk - 1) & 1) * S::rows + r];
+              const FoldWeights w = fold_weights(prev_ml.x, m);
+              run_ml = make_float2(w.m, fold_acc(prev_ml.y, l, w));
+              run = make_float2(fold_acc(prev.x, o0, w), fold_acc(prev.y, o1, w));
             }
             if (!last) {
-              fo[0] = st[0], fo[1] = st[1];
-              if (d == 0) fold_lse[(chunk & 1) * S::rows + r] = st_lse;
+              *fo = run;
+              if (d == 0) fold_ml[(chunk & 1) * S::rows + r] = run_ml;
               continue;
             }
-            if constexpr (Variant::has_sink) fold_sink<2>(st, st_lse, var.SinkLogit(p, qo_head));  // final: here
-            if constexpr (Variant::has_output_transform) {
-              st[0] = var.OutputTransform(p, st[0], qo_head, d);
-              st[1] = var.OutputTransform(p, st[1], qo_head, d + 1);
-            }
-            using O = typename P::OType;
-            O* op = p.o + int64_t(q_row0 + t) * p.o_stride_tok + int64_t(qo_head) * p.o_stride_head + d;
-            op[0] = from_float<O>(st[0]);
-            op[1] = from_float<O>(st[1]);
-            if (p.lse != nullptr && d == 0) p.lse[int64_t(q_row0 + t) * p.num_qo_heads + qo_head] = st_lse;
+            const float out[2] = {run.x, run.y};
+            write_folded<Variant, P, 2>(p, var, q_row0 + t, qo_head, d, out, run_ml.x, run_ml.y);
             continue;
           }
           float top = base;
@@ -556,7 +535,10 @@ __device__ __forceinline__ void decode_persistent(const P& p, char* smem) {
             if (d == 0) p.partial_lse[prow] = lse;
           }
         }
-        __syncthreads();  // the combine area is refilled by the loader (or the next tile's combine)
+        // The combine area is refilled by the loader (or the next tile's combine). Batch-invariant
+        // chunks: the loader refills it only after the next block's __syncthreads (or the next
+        // item's q-tile one), so only a second row tile needs this barrier.
+        if (!INVARIANT || mi + 1 < M_TILES) __syncthreads();
       }
     };
 

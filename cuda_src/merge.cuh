@@ -27,24 +27,26 @@ __device__ __forceinline__ void load_cols(float (&v)[W], const float* p) {
   }
 }
 
-// KU partial states k0 .. k0 + KU - 1 of a merge entry (its rows start + j * step), W columns at
-// `col` of query head `head`; states past n read as LSE -inf, O 0 (they weigh nothing). CG:
-// through L2 (the decode kernel's fused merge reads partials other CTAs just wrote).
+// Batch-invariant: KU unnormalized partial states k0 .. k0 + KU - 1 of a merge entry (its rows
+// start + j * step): (m, l) as a float2 per row at partial_lse, W columns of o at `col` of query
+// head `head`; states past n are not read. CG: through L2 (the decode kernel's fused merge reads
+// partials other CTAs just wrote).
 template <int W, int KU, bool CG, class P>
-__device__ __forceinline__ void load_partials(const P& p, int start, int step, int n, int head, int col, int k0,
-                                              float (&l)[KU], float (&v)[KU][W]) {
+__device__ __forceinline__ void load_states(const P& p, int start, int step, int n, int head, int col, int k0,
+                                            float2 (&ml)[KU], float (&v)[KU][W]) {
   constexpr int D = P::head_dim;
   const int H = p.num_qo_heads;
+  const float2* pml = reinterpret_cast<const float2*>(p.partial_lse);
 #pragma unroll
   for (int kk = 0; kk < KU; ++kk) {
     const bool ok = k0 + kk < n;
     const int64_t prow = ok ? int64_t(start + (k0 + kk) * step) * H + head : 0;
     if constexpr (CG) {
-      l[kk] = ok ? __ldcg(p.partial_lse + prow) : -INFINITY;
+      ml[kk] = ok ? __ldcg(pml + prow) : make_float2(-INFINITY, 0.f);
 #pragma unroll
       for (int j = 0; j < W; ++j) v[kk][j] = ok ? __ldcg(p.partial_o + prow * D + col + j) : 0.f;
     } else {
-      l[kk] = ok ? p.partial_lse[prow] : -INFINITY;
+      ml[kk] = ok ? pml[prow] : make_float2(-INFINITY, 0.f);
       if (ok) {
         load_cols<W>(v[kk], p.partial_o + prow * D + col);
       } else {
@@ -56,29 +58,52 @@ __device__ __forceinline__ void load_partials(const P& p, int start, int step, i
 }
 
 // The batch-invariant merge of W columns at `col` of one (merge entry, head): the entry's n
-// partial states folded one at a time in plan (chunk) order with fold_state -- the sequence and
-// the function of the decode kernel's fold of an unsplit row's chunks, so a row's bits do not
-// depend on where the plan split it. KU partials' loads in flight together; CG: load_partials.
-template <bool SOFTMAX, int W, int KU, bool CG, class P>
+// unnormalized partial states folded one at a time in plan (chunk) order (fold_weights, fold_acc)
+// -- the sequence and the functions of the decode kernel's fold of an unsplit row's chunks, so a
+// row's bits do not depend on where the plan split it. KU partials' loads in flight together;
+// only the FMA chains are serial (the maxima and weights are computed ahead of them).
+template <int W, int KU, bool CG, class P>
 __device__ __forceinline__ void fold_partials(const P& p, int start, int step, int n, int head, int col,
-                                              float (&o)[W], float& lse) {
-  lse = -INFINITY;
+                                              float (&o)[W], float& m, float& l) {
+  m = -INFINITY, l = 0.f;
 #pragma unroll
   for (int j = 0; j < W; ++j) o[j] = 0.f;
   for (int k0 = 0; k0 < n; k0 += KU) {
-    float l[KU], v[KU][W];
-    load_partials<W, KU, CG>(p, start, step, n, head, col, k0, l, v);
+    float2 ml[KU];
+    float v[KU][W];
+    load_states<W, KU, CG>(p, start, step, n, head, col, k0, ml, v);
 #pragma unroll
     for (int k = 0; k < KU; ++k) {
       if (k0 + k == 0) {  // the first state as it is (as the kernel takes its first chunk's)
-        lse = l[0];
+        m = ml[0].x, l = ml[0].y;
 #pragma unroll
         for (int j = 0; j < W; ++j) o[j] = v[0][j];
       } else if (k0 + k < n) {
-        fold_state<SOFTMAX, W>(o, lse, v[k], l[k]);
+        const FoldWeights w = fold_weights(m, ml[k].x);
+        m = w.m;
+        l = fold_acc(l, ml[k].y, w);
+#pragma unroll
+        for (int j = 0; j < W; ++j) o[j] = fold_acc(o[j], v[k][j], w);
       }
     }
   }
+}
+
+// A merged batch-invariant row (m, l, o) -> W output columns at `col` of query row `q_row`, head
+// `head` (and its LSE): the decode kernel's finish of a writethrough row, the same functions.
+template <class Variant, class P, int W>
+__device__ __forceinline__ void write_folded(const P& p, Variant& var, int q_row, int head, int col,
+                                             const float (&o)[W], float m, float l) {
+  using O = typename P::OType;
+  const FinalState f = finish_state<Variant::use_softmax>(m, l, Variant::has_sink ? var.SinkLogit(p, head) : -INFINITY);
+  O* op = p.o + int64_t(q_row) * p.o_stride_tok + int64_t(head) * p.o_stride_head + col;
+#pragma unroll
+  for (int j = 0; j < W; ++j) {
+    float x = Variant::use_softmax ? __fmul_rn(o[j], f.scale) : o[j];
+    if constexpr (Variant::has_output_transform) x = var.OutputTransform(p, x, head, col + j);
+    op[j] = from_float<O>(x);
+  }
+  if (p.lse != nullptr && col == 0) p.lse[int64_t(q_row) * p.num_qo_heads + head] = f.lse;
 }
 
 // Every job of the plan's merge rows with W columns per lane (32 W per job), KU partials per
@@ -97,21 +122,12 @@ __device__ __forceinline__ void merge_jobs(const P& p, int num_rows, int warp, i
     const int q_row = p.plan.merge_qo_row[r];
     wait_for_previous_grid();  // returns at once after the first time
     if constexpr (INVARIANT) {
-      float o[W], lse;
-      fold_partials<Variant::use_softmax, W, KU, false>(p, start, step, n, head, d, o, lse);
-      if constexpr (Variant::has_sink) fold_sink<W>(o, lse, var.SinkLogit(p, head));  // once per row: here
-      O* op = p.o + int64_t(q_row) * p.o_stride_tok + int64_t(head) * p.o_stride_head + d;
-#pragma unroll
-      for (int j = 0; j < W; ++j) {
-        float x = o[j];
-        if constexpr (Variant::has_output_transform) x = var.OutputTransform(p, x, head, d + j);
-        op[j] = from_float<O>(x);
-      }
-      if (p.lse != nullptr && d == 0) p.lse[int64_t(q_row) * H + head] = lse;
+      float o[W], m, l;
+      fold_partials<W, KU, false>(p, start, step, n, head, d, o, m, l);
+      write_folded<Variant, P, W>(p, var, q_row, head, d, o, m, l);
       continue;
     }
     StateFold<Variant::use_softmax, W> fold;
-    // load_partials<W, KU, false>, written out: calling it changed these (auto) kernels' SASS
     for (int k0 = 0; k0 < n; k0 += KU) {
       float l[KU], v[KU][W];
 #pragma unroll
@@ -154,7 +170,8 @@ __device__ __forceinline__ void merge_persistent(const P& p) {
   // warps: a job per (row, head), D/32 columns per lane, 32/(D/32) partials in flight, so each
   // warp folds its rows in fewer dependent rounds (64 x 2048 at g=16: 4 rounds -> 1).
   if (num_rows * p.num_qo_heads * SLICES <= num_warps) {
-    merge_jobs<Variant, P, 1, 32, INVARIANT>(p, num_rows, warp, num_warps, lane);
+    // (batch-invariant: 16, its (m, l) pairs take a third more registers than auto's LSE)
+    merge_jobs<Variant, P, 1, INVARIANT ? 16 : 32, INVARIANT>(p, num_rows, warp, num_warps, lane);
   } else {
     merge_jobs<Variant, P, SLICES, 32 / SLICES, INVARIANT>(p, num_rows, warp, num_warps, lane);
   }

@@ -1,7 +1,8 @@
-// Folding attention states (natural-log LSE, O) in a fixed order: what the merge kernel and the
-// decode kernel's fused merge both do to a split row's partials. Each round takes KU states whose
-// loads the caller issued together (one round trip per round), then folds them with the round's
-// max, independent weights and sums in index order: the same plan gives the same bits.
+// Folding attention states in a fixed order. StateFold (natural-log LSE, normalized O): what the
+// merge kernel and the decode kernel's fused merge do to a split row's partials in auto mode. Each
+// round takes KU states whose loads the caller issued together (one round trip per round), then
+// folds them with the round's max, independent weights and sums in index order: the same plan
+// gives the same bits. Batch-invariant mode folds unnormalized states (fold_weights, below).
 #pragma once
 #include "ptx.cuh"
 #include "types.cuh"
@@ -64,35 +65,39 @@ struct StateFold {
   }
 };
 
-// The batch-invariant ⊕ of two normalized states (O, natural-log LSE; sigmoid: plain sums):
-// (o, lse) <- (o, lse) ⊕ (o_b, lse_b). Every operation is an explicitly rounded intrinsic, so
-// the decode kernel's in-item fold of chunk states and the merge's fold of the same states
-// (partial rows) give the same bits wherever they are inlined: no contraction differs.
-template <bool SOFTMAX, int W>
-__device__ __forceinline__ void fold_state(float (&o)[W], float& lse, const float (&o_b)[W], float lse_b) {
-  const float m = fmaxf(lse, lse_b);
-  if (m == -INFINITY) return;  // both empty: (0, -inf) stays
-  const float wa = fast_exp2(__fmul_rn(__fsub_rn(lse, m), 1.4426950408889634f));  // 0 for lse = -inf
-  const float wb = fast_exp2(__fmul_rn(__fsub_rn(lse_b, m), 1.4426950408889634f));
-  const float den = __fadd_rn(wa, wb);
-  if constexpr (SOFTMAX) {
-    const float inv = __frcp_rn(den);
-#pragma unroll
-    for (int j = 0; j < W; ++j) o[j] = __fmul_rn(__fadd_rn(__fmul_rn(wa, o[j]), __fmul_rn(wb, o_b[j])), inv);
-  } else {
-#pragma unroll
-    for (int j = 0; j < W; ++j) o[j] = __fadd_rn(o[j], o_b[j]);
-  }
-  lse = __fadd_rn(m, __fmul_rn(__log2f(den), 0.6931471805599453f));
+// Batch-invariant states are unnormalized: (m, l, o) = the reference max (log2 units; 0 for
+// sigmoid), the weight sum and the weighted value sums against 2^m. A row's chunk states fold left
+// to right -- in the decode kernel (a writethrough item's chunks) and in the merge (a split row's
+// partial rows) -- through these functions only, every operation an explicitly rounded intrinsic,
+// so the bits agree wherever they are inlined: per state, a max, two exp2 and one FMA per value.
+// The maxima and weights do not depend on the sums: only the FMA chains are serial.
+struct FoldWeights { float m, a, b; };  // the new max; the running state's factor, the new state's
+__device__ __forceinline__ FoldWeights fold_weights(float m_run, float m) {
+  const float m_new = fmaxf(m_run, m);
+  const float base = m_new == -INFINITY ? 0.f : m_new;  // both empty: weights 0, no NaN
+  return {m_new, fast_exp2(__fsub_rn(m_run, base)), fast_exp2(__fsub_rn(m, base))};
+}
+// run * a + x * b (sigmoid: m = 0 everywhere, a = b = 1: a plain sum)
+__device__ __forceinline__ float fold_acc(float run, float x, const FoldWeights& w) {
+  return __fmaf_rn(run, w.a, __fmul_rn(x, w.b));
 }
 
-// A sink of log-weight `sink` (natural log) and no value joins a final state: ⊕ with (0, sink).
-template <int W>
-__device__ __forceinline__ void fold_sink(float (&o)[W], float& lse, float sink) {
-  float zero[W];
-#pragma unroll
-  for (int j = 0; j < W; ++j) zero[j] = 0.f;
-  fold_state<true, W>(o, lse, zero, sink);
+// A row's final state (m, l): the factor its o takes and its natural-log LSE; an attention sink
+// of natural-log weight `sink` (-inf: none) joins here, once. Softmax O = o / l, sigmoid O = o.
+struct FinalState { float scale, lse; };
+template <bool SOFTMAX>
+__device__ __forceinline__ FinalState finish_state(float m, float l, float sink) {
+  if constexpr (SOFTMAX) {
+    const float sink2 = __fmul_rn(sink, 1.4426950408889634f);
+    const float top_raw = fmaxf(l > 0.f ? m : -INFINITY, sink2);
+    const float top = top_raw == -INFINITY ? 0.f : top_raw;   // nothing visible: no NaN
+    const float s = l > 0.f ? fast_exp2(__fsub_rn(m, top)) : 0.f;
+    const float total = __fmaf_rn(l, s, fast_exp2(__fsub_rn(sink2, top)));
+    if (!(total > 0.f)) return {0.f, -INFINITY};
+    return {__fmul_rn(s, __frcp_rn(total)), __fmul_rn(__fadd_rn(top, __log2f(total)), 0.6931471805599453f)};
+  } else {
+    return {1.f, l > 0.f ? __fmul_rn(__log2f(l), 0.6931471805599453f) : -INFINITY};
+  }
 }
 
 }  // namespace rtattn

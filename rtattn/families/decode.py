@@ -43,7 +43,7 @@ def smem_bytes(spec: AttentionSpec) -> int:
     q = spec.rows * spec.head_dim * 2
     kv = 2 * spec.num_warps * 16 * spec.head_dim * (1 if spec.kv_is_fp8 else 2)
     combine = spec.num_warps * 16 * (spec.head_dim + 2) * 4
-    fold = spec.rows * (spec.head_dim + 2) * 4 if spec.invariant else 0
+    fold = spec.rows * (spec.head_dim + 4) * 4 if spec.invariant else 0   # o, then (m, l) twice
     return q + spec.stages * max(kv, combine) + fold
 
 

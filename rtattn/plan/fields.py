@@ -251,9 +251,10 @@ class PlanLayout:
     """Byte layout of the plan (and of the device workspace) for fixed bounds.
 
     Workspace = [plan region | partial_o f32[max_partial_rows, H_qo, D] |
-    partial_lse f32[max_partial_rows, H_qo] | merge_counters i32[max_merge_rows, H_qo]],
-    each part 256-byte aligned. The counters (arrivals per split tile's first merge entry
-    and KV head) are zero between kernels: zeroed once, reset by the CTA that merges.  The
+    partial_lse f32[max_partial_rows, H_qo, 2] | merge_counters i32[max_merge_rows, H_qo]],
+    each part 256-byte aligned. An auto partial row's LSE takes one float of its pair, a
+    batch-invariant row's unnormalized (m, l) both (cuda_src/state_fold.cuh). The counters
+    (arrivals per split tile's first merge entry and KV head) are zero between kernels: zeroed once, reset by the CTA that merges.  The
     host pinned buffer holds only the plan region; one H2D copy of `plan_bytes`
     moves it to the workspace base.
 
@@ -329,7 +330,7 @@ class PlanLayout:
         return align_up(self.partial_o_offset() + n)
 
     def merge_counters_offset(self, num_qo_heads: int, head_dim: int) -> int:
-        n = self.bounds.max_partial_rows * num_qo_heads * 4
+        n = self.bounds.max_partial_rows * num_qo_heads * 8   # (m, l) per batch-invariant row
         return align_up(self.partial_lse_offset(num_qo_heads, head_dim) + n)
 
     def merge_counters_bytes(self, num_qo_heads: int) -> int:
