@@ -170,7 +170,7 @@ __device__ __forceinline__ void merge_persistent(const P& p) {
   // warps: a job per (row, head), D/32 columns per lane, 32/(D/32) partials in flight, so each
   // warp folds its rows in fewer dependent rounds (64 x 2048 at g=16: 4 rounds -> 1).
   if (num_rows * p.num_qo_heads * SLICES <= num_warps) {
-    // (batch-invariant: 16, its (m, l) pairs take a third more registers than auto's LSE)
+    // (batch-invariant: 16 -- 24 spilled: its (m, l) pairs take a third more registers than a LSE)
     merge_jobs<Variant, P, 1, INVARIANT ? 16 : 32, INVARIANT>(p, num_rows, warp, num_warps, lane);
   } else {
     merge_jobs<Variant, P, SLICES, 32 / SLICES, INVARIANT>(p, num_rows, warp, num_warps, lane);

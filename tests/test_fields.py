@@ -96,7 +96,10 @@ def test_workspace_partial_regions():
     pl = lay.partial_lse_offset(H, D)
     assert po >= lay.plan_bytes and po % 256 == 0 and pl % 256 == 0
     assert pl >= po + b.max_partial_rows * H * D * 4
-    assert lay.workspace_bytes(H, D) >= pl + b.max_partial_rows * H * 4
+    # a batch-invariant partial row keeps its unnormalized (m, l) pair: two floats per row
+    mc = lay.merge_counters_offset(H, D)
+    assert mc % 256 == 0 and mc >= pl + b.max_partial_rows * H * 8
+    assert lay.workspace_bytes(H, D) >= mc + b.max_merge_rows * H * 4
 
 
 def test_bad_bounds_named():

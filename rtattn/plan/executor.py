@@ -13,9 +13,13 @@ is a run of C-token chunks (from its tile's first visible token: 0, or the windo
 each chunk's state starts fresh. A writethrough item folds
 them left to right; a split item writes one partial row per chunk (item_partial + j * qo_len),
 which the merge folds in the same order -- so a row's fold sequence is its chunks', whatever
-the batch, and float64 gives the same bits too.
+the batch, and float64 gives the same bits too. Those states are the kernel's unnormalized
+(m, l, o) (cuda_src/state_fold.cuh: fold_weights, fold_acc, finish_state, with the sink joined
+at the finish); the other plans fold normalized states with ⊕ (merge_states).
 """
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -43,6 +47,46 @@ def merge_states(o_a, lse_a, o_b, lse_b):
 def merge_sigmoid(o_a, lse_a, o_b, lse_b):
     """FlashSigmoid partials are plain sums (LSE = log of total weight)."""
     return np.asarray(o_a) + np.asarray(o_b), np.logaddexp(lse_a, lse_b)
+
+
+def unnormalized(o, lse, sigmoid: bool = False):
+    """A state (O, natural-log LSE) as a batch-invariant (m, l, o): log2 reference max, weight
+    sum, value sums against 2^m. One of its representations: m = the LSE in log2, l = 1 (an
+    empty state: m = -inf, l = 0); sigmoid: m = 0, l = the total weight, o = O (a plain sum)."""
+    lse = np.asarray(lse, np.float64)
+    o = np.asarray(o, np.float64)
+    if sigmoid:
+        return np.zeros_like(lse), np.exp(lse), o
+    m = lse / math.log(2.0)
+    l = np.where(np.isfinite(lse), 1.0, 0.0)
+    return m, l, o * l[..., None]
+
+
+def fold_unnormalized(a, b):
+    """fold_weights + fold_acc: the max, two exp2, a weighted sum (sigmoid: m = 0, a plain sum)."""
+    (ma, la, oa), (mb, lb, ob) = a, b
+    m = np.maximum(ma, mb)
+    base = np.where(np.isfinite(m), m, 0.0)
+    wa, wb = np.exp2(ma - base), np.exp2(mb - base)
+    return m, la * wa + lb * wb, oa * wa[..., None] + ob * wb[..., None]
+
+
+def finish_unnormalized(state, sinks=None, sigmoid: bool = False):
+    """finish_state: a row's final (m, l, o) -> (O, LSE), each head's sink (natural-log weight,
+    no value) joined once (softmax O = o / l; sigmoid O = o)."""
+    m, l, o = state
+    with np.errstate(divide="ignore", invalid="ignore"):
+        if sigmoid:
+            return o, np.where(l > 0, np.log(np.where(l > 0, l, 1.0)), -np.inf)
+        sink2 = np.full_like(m, -np.inf) if sinks is None else \
+            np.broadcast_to(np.asarray(sinks, np.float64) / math.log(2.0), m.shape)
+        top = np.maximum(np.where(l > 0, m, -np.inf), sink2)
+        top = np.where(np.isfinite(top), top, 0.0)
+        s = np.where(l > 0, np.exp2(m - top), 0.0)
+        total = l * s + np.exp2(sink2 - top)
+        scale = np.where(total > 0, s / np.where(total > 0, total, 1.0), 0.0)
+        lse = np.where(total > 0, (top + np.log2(np.where(total > 0, total, 1.0))) * math.log(2.0), -np.inf)
+    return o * scale[..., None], lse
 
 
 def plan_header(views: dict) -> dict:
@@ -76,7 +120,9 @@ def execute_plan(views: dict, q, k_cache, v_cache, var: Variant = Variant(),
     wi = views["work_indptr"]
     rq_start, rq_len = views["req_qo_start"], views["req_qo_len"]
     rk_page, rk_len = views["req_kv_page_start"], views["req_kv_len"]
+    runs = h["chunk_tokens"] > 0   # chunk runs: the kernel's unnormalized states
     merge = merge_sigmoid if var.sigmoid else merge_states
+    sig = var.sigmoid
     for c in range(h["num_ctas"]):
         for i in range(int(wi[c]), int(wi[c + 1])):
             if trace is not None:
@@ -99,12 +145,16 @@ def execute_plan(views: dict, q, k_cache, v_cache, var: Variant = Variant(),
                 if p >= 0:    # split: one partial row per state
                     r = p + j * ql
                     PO[r:r + ql], PL[r:r + ql] = oc, lc
+                elif runs:    # writethrough chunk run: the kernel's fold, the finish at the end
+                    st = unnormalized(oc, lc, sig) if j == 0 else fold_unnormalized(st, unnormalized(oc, lc, sig))
                 elif j == 0:
                     o, lse = oc, lc
                 else:         # writethrough: fold the chunks in order
                     o, lse = merge(o, lse, oc, lc)
             if p < 0:
-                if var.sinks is not None:
+                if runs:
+                    o, lse = finish_unnormalized(st, var.sinks, sig)
+                elif var.sinks is not None:
                     o, lse = fold_sinks(o, lse, var.sinks)
                 O[qs:qs + ql], LSE[qs:qs + ql] = o, lse
     if partials is not None:
@@ -113,6 +163,12 @@ def execute_plan(views: dict, q, k_cache, v_cache, var: Variant = Variant(),
     mpart = F.merge_partials(views, h["num_merge_rows"])
     for r in range(h["num_merge_rows"]):
         ids = mpart[int(mi[r]):int(mi[r + 1])]
+        if runs:      # the kernel's merge: the same fold and finish as a writethrough run
+            st = unnormalized(PO[ids[0]], PL[ids[0]], sig)
+            for p in ids[1:]:
+                st = fold_unnormalized(st, unnormalized(PO[p], PL[p], sig))
+            O[int(mrow[r])], LSE[int(mrow[r])] = finish_unnormalized(st, var.sinks, sig)
+            continue
         o, lse = PO[ids[0]], PL[ids[0]]
         for p in ids[1:]:
             o, lse = merge(o, lse, PO[p], PL[p])
