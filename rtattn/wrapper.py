@@ -56,7 +56,7 @@ class BatchDecodeWrapper(PlannedWrapper):
                                            rows=self.group * (max_qo_len or 1))
         chunk_runs = mode == "batch-invariant" and self.folds_chunks
         if chunk_runs:
-            self.spec = self.spec.with_(invariant=True)
+            self.spec = decode_family.invariant_build(self.spec, self.device.arch)
         # q's, the caches' and the output's element types (kv_dtype None: q's)
         self.dtype, self.kv_dtype, self.o_dtype = self.spec.q_dtype, self.spec.kv_dtype, self.spec.o_dtype
         if self.group > self.spec.rows:

@@ -67,15 +67,15 @@ def test_invariant_cases_split_request_0_differently(name):
     """The GPU invariance cases mean something: with the H200 grid their kernels get (132 SMs x
     CTAs per SM by shared memory, registers 255 / 168 at d64), request 0 is cut into different
     items alone and among all its companions."""
+    from rtattn.families.decode import invariant_build, spec_for
     from rtattn.families.decode import smem_bytes as decode_smem_bytes
-    from rtattn.families.decode import spec_for
     from rtattn.plan.devices import get_device
     from rtattn.plan.inspector import Planner
     from rtattn.plan.layout import paged_kv
     from rtattn.plan.tiles import occupancy
     c = INVARIANT_CASES[name]
     (hq, hk), d, ps = c["heads"], c["d"], c["ps"]
-    spec = spec_for(c.get("variant", "plain"), "bfloat16", d, hq // hk, "sm_90").with_(invariant=True)
+    spec = invariant_build(spec_for(c.get("variant", "plain"), "bfloat16", d, hq // hk, "sm_90"), "sm_90")
     per_sm = occupancy(get_device("h200"), 128, 168 if d == 64 else 255, decode_smem_bytes(spec))
     p = Planner(8, 8, 8000, hq, hk, d, ps, mode="batch-invariant", num_ctas=132 * per_sm // hk, max_qo_len=1)
     seen = set()

@@ -230,15 +230,15 @@ def test_batch_invariant_folds_a_request_the_same_chunks_with_any_companions(see
 
 @pytest.mark.parametrize("ps, chunk", [(1, 128), (16, 128), (64, 128), (256, 256)])
 def test_run_chunk_is_autos_smallest_split_on_blocks_and_pages(ps, chunk):
-    """The default chunk of chunk runs: MIN_CHUNK_TOKENS (auto never splits finer) or 32 g tokens,
-    a multiple of the page and of the decode kernel's 64-token KV block; the grid and the batch do
-    not enter."""
+    """The default chunk of chunk runs: MIN_CHUNK_TOKENS (auto never splits finer) or 32 g tokens
+    up to 512, a multiple of the page and of the decode kernel's 64-token KV block; the grid and
+    the batch do not enter."""
     from rtattn.plan.inspector import run_chunk
     assert run_chunk(ps, 64) == chunk
     for hkv in (8, 32):   # g = 4, 1: 32 g tokens are below the 128 floor
         p = Planner(64, 64, 4096, 32, hkv, 128, ps, mode="batch-invariant", max_qo_len=1)
         assert p.chunk_runs and p.bounds.chunk_tokens == chunk
-    for hkv, c in ((4, 256), (2, 512), (1, 1024)):   # g = 8, 16, 32: 32 g tokens
+    for hkv, c in ((4, 256), (2, 512), (1, 512)):   # g = 8, 16, 32: 32 g tokens, at most 512
         p = Planner(64, 64, 4096, 32, hkv, 128, ps, mode="batch-invariant", max_qo_len=1)
         assert p.bounds.chunk_tokens == max(c, chunk)
     p = Planner(64, 64, 4096, 32, 8, 128, ps, mode="batch-invariant", max_qo_len=1, chunk_tokens=100)

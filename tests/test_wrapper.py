@@ -366,7 +366,7 @@ def test_batch_invariant_builds_the_folding_kernel_and_plans_chunk_runs(fake_gpu
     w = _wrapper(mode="batch-invariant", max_pages=600)
     auto = _wrapper(max_pages=600)
     assert w.spec.invariant and not auto.spec.invariant and w.spec.uri == auto.spec.uri + "_inv"
-    assert w.kernels.rendered.smem_bytes == decode_smem_bytes(auto.spec) + 16 * (128 + 2) * 4
+    assert w.kernels.rendered.smem_bytes == decode_smem_bytes(auto.spec) + 16 * (128 + 4) * 4   # o, (m, l) twice
     info = w.plan(*paged_kv([3000, 20, 5000], 16, shuffle_seed=1))
     C = w.planner.bounds.chunk_tokens
     assert info.views["plan_info"][F.INFO_CHUNK_TOKENS] == C == 128 and info.num_merge_rows > 0

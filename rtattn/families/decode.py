@@ -48,11 +48,17 @@ def smem_bytes(spec: AttentionSpec) -> int:
 
 
 def stages_for(spec: AttentionSpec, device) -> int:
-    """The deepest pipeline (MAX_STAGES, else 2) whose shared memory one block may use."""
+    """The deepest pipeline (MAX_STAGES, else 2) whose shared memory one block may use. A
+    batch-invariant build also keeps the auto build's CTAs per SM: its fold state must not cost
+    a resident CTA (d128 with two row tiles: 3 stages would fit one CTA per SM, 2 fit two)."""
     dev = plan_devices.get_device(device)
     for stages in range(MAX_STAGES, 2, -1):
-        if smem_bytes(spec.with_(stages=stages)) <= dev.smem_per_block_optin:
-            return stages
+        s = spec.with_(stages=stages)
+        if smem_bytes(s) > dev.smem_per_block_optin:
+            continue
+        if spec.invariant and min_blocks(s, dev) < min_blocks(spec.with_(invariant=False, stages=stages), dev):
+            continue
+        return stages
     return 2
 
 
@@ -81,6 +87,14 @@ def spec_for(variant, dtype: str, head_dim: int, group: int, arch: str, kv_dtype
     return spec.with_(stages=stages_for(spec, resources.device_for_arch(arch)))
 
 
+def invariant_build(spec: AttentionSpec, arch: str) -> AttentionSpec:
+    """`spec`'s batch-invariant build: where the family chose its stages (stages_for), it chooses
+    them again for the build's shared memory; a user's own stages stay."""
+    dev = resources.device_for_arch(arch)
+    inv = spec.with_(invariant=True)
+    return inv.with_(stages=stages_for(inv, dev)) if spec.stages == stages_for(spec, dev) else inv
+
+
 def builtin(make, arch: str, **fields) -> AttentionSpec:
     """A built-in variant's spec with the stages its tile fits on `arch`."""
     spec = make(**fields)
@@ -99,7 +113,7 @@ def shipped(arch: str = "sm_90") -> list[AttentionSpec]:
             for head_dim in HEAD_DIMS:
                 for m_tiles in ((1, 2) if head_dim <= 128 else (1,)):
                     spec = builtin(make, arch, dtype=dtype, head_dim=head_dim, m_tiles=m_tiles)
-                    out += [spec, spec.with_(invariant=True)] if dtype == "bfloat16" else [spec]
+                    out += [spec, invariant_build(spec, arch)] if dtype == "bfloat16" else [spec]
         for kv_dtype in FP8_DTYPES if make is BUILTINS["plain"] else ("float8_e4m3fn",):
             for head_dim in HEAD_DIMS:
                 out.append(builtin(make, arch, dtype="bfloat16", kv_dtype=kv_dtype, head_dim=head_dim))

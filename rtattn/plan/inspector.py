@@ -24,7 +24,8 @@ Modes
                    split tile writes one partial row per chunk, the merge folds them
                    in chunk order with the same fold. C = run_chunk(): auto's
                    smallest split (so a small batch splits as finely as in auto),
-                   and at least 32 g tokens (a chunk's state stays 1/32 of its KV).
+                   and at least 32 g tokens up to 512 (a chunk's state stays 1/32 of
+                   its KV; g = 32 still splits as auto splits 64 x 2048).
                    Other kernels: one item per chunk, C from the grid
                    (invariant_chunk()), assignment as in balanced.
 
@@ -69,15 +70,17 @@ INVARIANT_REF_TOKENS = 16 * 1024
 # keeps the state writes at 1/32 of the chunk's bf16 K+V (H200, docs/perf-log.md "Batch-invariant
 # v2": at C = 128, 64 x 2048 at g = 16 ran 1.53x auto, g = 4 rows 0.9-1.06x).
 RUN_CHUNK_TOKENS_PER_HEAD = 32
+# ... up to 512 tokens: g = 32 keeps auto's split of 64 x 2048 (497-token items, 2 CTAs per SM).
+RUN_CHUNK_MAX_TOKENS = 512
 
 
 def run_chunk(page_size: int, block_tokens: int, group: int = 1, min_chunk_tokens: int = MIN_CHUNK_TOKENS) -> int:
     """The chunk of a chunk-run batch-invariant plan: min_chunk_tokens (auto never splits finer)
-    and at least RUN_CHUNK_TOKENS_PER_HEAD x the head group, rounded up to a multiple of the page
+    and at least RUN_CHUNK_TOKENS_PER_HEAD x the head group (at most RUN_CHUNK_MAX_TOKENS), rounded up to a multiple of the page
     and of the kernel's KV block (chunks start blocks). From the heads and the kernel, never the
     batch."""
     grain = math.lcm(int(page_size), int(block_tokens))
-    c = max(int(min_chunk_tokens), RUN_CHUNK_TOKENS_PER_HEAD * int(group), 1)
+    c = max(int(min_chunk_tokens), min(RUN_CHUNK_TOKENS_PER_HEAD * int(group), RUN_CHUNK_MAX_TOKENS), 1)
     return -(-c // grain) * grain
 
 
