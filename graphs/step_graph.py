@@ -12,6 +12,10 @@ the batch grows or shrinks), capture them all, then per step only plan() and rep
 
 When the launches change (a reallocated cache), `rebind(new_launches)` captures again and
 updates the executable graph in place; it re-instantiates only if the topology changed.
+
+A launch whose kernel list follows its plan (a CascadeLaunch: with or without the prefill
+kernel) gets an executable per list it has held (keyed by the launches' `config_key`s),
+captured the first time a plan needs it; replans that keep the list replay the same one.
 """
 from __future__ import annotations
 
@@ -28,8 +32,18 @@ class StepGraph:
         self.launches = list(launches)
         self._checks = _plan_checks(self.launches)
         self.stats = dict(captures=0, instantiations=0, updates=0, reinstantiations=0, replays=0)
-        self.exec = self._capture().instantiate()
-        self.stats["instantiations"] += 1
+        self._execs: dict = {}   # the launches' config keys -> executable graph
+        self.exec = self._exec_for(self._key())
+
+    def _key(self) -> tuple:
+        return tuple(x.config_key for x in self.launches)
+
+    def _exec_for(self, key):
+        ex = self._execs.get(key)
+        if ex is None:
+            ex = self._execs[key] = self._capture().instantiate()
+            self.stats["instantiations"] += 1
+        return ex
 
     def _capture(self):
         s, launches = self.stream, self.launches
@@ -40,6 +54,7 @@ class StepGraph:
     def replay(self) -> None:
         for launch in self._checks:   # a replan to another window or more tokens needs prepare() again
             launch.check_plan()
+        self.exec = self._exec_for(self._key())
         self.exec.launch(self.stream)
         self.stats["replays"] += 1
 
@@ -47,21 +62,31 @@ class StepGraph:
         """New launches (new pointers); True if updated in place, False if re-instantiated."""
         self.launches = list(launches)
         self._checks = _plan_checks(self.launches)
+        key = self._key()
+        for k in [k for k in self._execs if k != key]:   # the other lists' graphs hold the old arguments
+            self._execs.pop(k).destroy(graph_too=True)
+        ex = self._execs.get(key)
+        if ex is None:
+            self.exec = self._exec_for(key)
+            return False
         g = self._capture()
-        res = self.exec.update(g)
+        res = ex.update(g)
         if res:
             g.destroy()
+            self.exec = ex
             self.stats["updates"] += 1
             return True
         log.warning("StepGraph: cuGraphExecUpdate refused (%s); re-instantiating", res.reason)
-        self.exec.destroy(graph_too=True)
-        self.exec = g.instantiate()
+        ex.destroy(graph_too=True)
+        self.exec = self._execs[key] = g.instantiate()
         self.stats["reinstantiations"] += 1
         self.stats["instantiations"] += 1
         return False
 
     def close(self) -> None:
-        self.exec.destroy(graph_too=True)
+        for ex in self._execs.values():
+            ex.destroy(graph_too=True)
+        self._execs.clear()
 
     def __enter__(self):
         return self

@@ -271,6 +271,14 @@ class CascadeWrapper:
             num_qo_heads=num_qo_heads)
         self._fold_out_at = _out_members_at(fs)
         self._out_at = _out_members_at(k.kernels.rendered.params)
+        # A plan with nothing on prefill tiles launches no prefill kernel; a concurrent decode
+        # kernel (no wait at entry: it relies on the prefill kernel's) then runs as its plain
+        # build, which waits for the step's inputs itself (same spec but the flag: same Params).
+        self._alone = k.kernels
+        if self.concurrent_levels:
+            self._alone = W.decode_kernels(k.spec.with_(independent=False), self.device.ordinal)
+            if self._alone.rendered.params.c_source() != k.kernels.rendered.params.c_source():
+                raise AssertionError("the independent and plain decode builds disagree on the Params struct")
         self._eager: CascadeLaunch | None = None
         # The plan set in two pinned buffers, used in turn (as BatchDecodeWrapper's plans).
         nbytes = self.planner.planset.plan_bytes
@@ -349,11 +357,7 @@ class CascadeWrapper:
         else:
             self._bind_calls(launch)
         levels.check_plan()
-        # Eager, a plan with nothing on prefill tiles skips that kernel where the decode kernel
-        # waits for the step's inputs itself (a concurrent one relies on the prefill kernel's wait;
-        # a prepared launch keeps it: later plans it replays may use it).
-        idle = self.prefill is not None and self.info.prefill.num_items == 0 and not self.concurrent_levels
-        launch_path.enqueue(launch.calls[1:] if idle else launch.calls, levels.stream, self.device)
+        launch_path.enqueue(launch.calls, levels.stream, self.device)   # (the list this plan needs)
         return (levels.out, levels.lse) if levels.lse is not None else levels.out
 
     def prepare(self, q, k_cache, v_cache=None, *, out=None, lse=None, stream=None, sm_scale=None,
@@ -368,47 +372,66 @@ class CascadeWrapper:
                                     exact=False))
 
     def _launch(self, levels) -> "CascadeLaunch":
-        """The launch list over the decode kernel's bound launch `levels`: the prefill kernel's
-        call (the decode arguments with the prefill plan's pointers) where the wrapper has it,
-        the decode kernel's, and the fold's (its fixed arguments, and the output pointers and
-        strides of the decode arguments). The prefill kernel goes first: it waits for the
-        step's inputs, then lets the decode kernel launch, which (concurrent_levels) runs
-        alongside it and waits for it only before exiting. (So a prefill kernel must call
-        allow_next_grid only after its wait_for_previous_grid, as cuda_src/prefill.cuh does.)"""
+        """The launch lists over the decode kernel's bound launch `levels`. With prefill tiles:
+        the prefill kernel's call (the decode arguments with the prefill plan's pointers), the
+        decode kernel's, the fold's (its fixed arguments, and the output pointers and strides of
+        the decode arguments). The prefill kernel goes first: it waits for the step's inputs,
+        then lets the decode kernel launch, which (concurrent_levels) runs alongside it and
+        waits for it only before exiting. (So a prefill kernel must call allow_next_grid only
+        after its wait_for_previous_grid, as cuda_src/prefill.cuh does.) Without: the plain
+        decode build's call (same arguments), then the fold. The launch picks the list the
+        current plan needs (CascadeLaunch.calls)."""
         pdl = self.kernel.pdl and self.kernel.kernels.pdl_capable
-        calls = list(levels.calls)     # the decode kernel over its groups (no merge kernel: _LevelsKernel)
+        decode = levels.calls[0]       # the decode kernel over its groups (no merge kernel: _LevelsKernel)
+        # The fold reads the states after griddepcontrol.wait: PDL overlaps its launch only.
+        fold = KernelCall(fold_function(self.dtype, self.head_dim, self.softmax, self.device.ordinal),
+                          (self.fold_ctas, 1, 1), (THREADS, 1, 1), 0, Params(self._fold_template), pdl)
+        alone = decode if self._alone is self.kernel.kernels else KernelCall(
+            self._alone.kernel, decode.grid, decode.block, decode.smem, decode.params, decode.pdl)
+        lists = {"levels": (alone, fold)}
         if self.prefill is not None:
             r = self.prefill.rendered
-            calls.insert(0, KernelCall(self.prefill.kernel, (self.planner.prefill.num_ctas, self.kernel.num_kv_heads,
-                                                             1), (r.threads, 1, 1), r.smem_bytes,
-                                       Params(len(levels.args)), pdl))
-        # The fold reads the states after griddepcontrol.wait: PDL overlaps its launch only.
-        calls.append(KernelCall(fold_function(self.dtype, self.head_dim, self.softmax, self.device.ordinal),
-                                (self.fold_ctas, 1, 1), (THREADS, 1, 1), 0, Params(self._fold_template), pdl))
-        launch = CascadeLaunch(self, levels, calls)
+            pre = KernelCall(self.prefill.kernel, (self.planner.prefill.num_ctas, self.kernel.num_kv_heads, 1),
+                             (r.threads, 1, 1), r.smem_bytes, Params(len(levels.args)), pdl)
+            lists["prefill"] = (pre, decode, fold)
+        launch = CascadeLaunch(self, levels, lists)
         self._bind_calls(launch)
         return launch
 
     def _bind_calls(self, launch: "CascadeLaunch") -> None:
         """Copy what the decode arguments hold for this call into the prefill and fold arguments."""
         src = ctypes.addressof(launch.levels.args.buffer)
-        if self.prefill is not None:
-            args = launch.calls[0].params
+        lists = launch.lists
+        if "prefill" in lists:
+            args = lists["prefill"][0].params
             ctypes.memmove(args.buffer, src, args.nbytes)
             self._write_prefill_ptrs(args.buffer, self._prefill_ptrs)
-        ctypes.memmove(ctypes.addressof(launch.calls[-1].params.buffer) + self._fold_out_at, src + self._out_at,
+        ctypes.memmove(ctypes.addressof(lists["levels"][-1].params.buffer) + self._fold_out_at, src + self._out_at,
                        OUT_MEMBERS_BYTES)
+
+    def launch_list(self) -> str:
+        """Which launch list the current plan needs: "prefill" (prefill kernel, decode kernel,
+        fold) where it puts work on prefill tiles, else "levels" (decode kernel, fold)."""
+        info = self.info
+        return "prefill" if info is not None and info.prefill is not None and info.prefill.num_items else "levels"
 
 
 class CascadeLaunch(Launch):
-    """A validated cascade step: calling it enqueues the levels' kernels (prefill where the
-    wrapper has it, then decode) and the fold, one launch list. `levels` is the decode kernel's
-    launch (its arguments, outputs and the plan checks of a replay)."""
+    """A validated cascade step: calling it enqueues the launch list the wrapper's current plan
+    needs (CascadeWrapper.launch_list: with the prefill kernel or without), so a graph pool
+    keyed by `config_key` (rtattn.graphs) holds an executable per list, and replans that keep
+    the list replay or update in place. `lists`: name -> calls; `levels` is the decode
+    kernel's launch (its arguments, outputs and the plan checks of a replay)."""
 
-    def __init__(self, wrapper: CascadeWrapper, levels, calls):
-        super().__init__(calls, device=wrapper.device)
-        self.wrapper, self.levels = wrapper, levels
+    def __init__(self, wrapper: CascadeWrapper, levels, lists: dict):
+        # (not Launch.__init__: its calls are fixed) every list's argument buffers, in call order
+        self.wrapper, self.levels, self.lists, self.device = wrapper, levels, lists, wrapper.device
+        every = [c for calls in lists.values() for c in calls]
+        self.param_buffers = list({id(c.params): c.params for c in every}.values())
+        self._keys = {name: tuple(c.shape_key for c in calls) for name, calls in lists.items()}
 
+    calls = property(lambda self: self.lists[self.wrapper.launch_list()])
+    config_key = property(lambda self: self._keys[self.wrapper.launch_list()])
     out = property(lambda self: self.levels.out)
     lse = property(lambda self: self.levels.lse)
     stream = property(lambda self: self.levels.stream, lambda self, s: None)   # (Launch's default: the levels')
@@ -417,7 +440,7 @@ class CascadeLaunch(Launch):
 
     @property
     def fold_params(self) -> bytes:
-        return bytes(self.calls[-1].params)
+        return bytes(self.lists["levels"][-1].params)
 
     def check_plan(self) -> None:
         self.levels.check_plan()

@@ -81,11 +81,17 @@ def test_plan_is_one_copy_of_one_plan_set_and_the_kernel_reads_it(fake_gpu):
     q, o, lse = cuda((6, 32, 128)), cuda((6, 32, 128), ptr=1 << 34), cuda((6, 32), "float32", ptr=1 << 35)
     kc, vc = cuda((pool, 16, 8, 128), ptr=1 << 32), cuda((pool, 16, 8, 128), ptr=1 << 33)
     w.run(q, kc, vc, out=o, lse=lse)
-    k = fake_gpu.kernels[0]
-    assert k.grids == [(w.kernel.num_ctas, 8)] and len(k.launches) == 1
-    # 6 queries on the prefix: nothing on prefill tiles, but the concurrent decode kernel relies on
-    # the prefill kernel's wait for the inputs: run() launches it all the same, first
-    (pre, pre_args), (dec, dec_args), (fc, fold) = enqueued(k)
+    # 6 queries on the prefix: nothing on prefill tiles, so no prefill kernel; the decode kernel
+    # is the plain build (it waits for the step's inputs itself), not the concurrent one
+    k, plain = fake_gpu.kernels
+    assert plain.grids == [(w.kernel.num_ctas, 8)] and k.launches == [] and w.launch_list() == "levels"
+    assert "RTATTN_INDEPENDENT" not in plain.rendered.source and "RTATTN_INDEPENDENT" in k.rendered.source
+    (dec, dec_args), (fc, fold) = enqueued(plain, 2)
+    assert len(plain.enqueued) == 2 and dec.function is plain.kernel
+    # the same arguments on the prefill list, which a plan on prefill tiles launches
+    pre, dec2, _ = w.prepare(q, kc, vc, out=o, lse=lse).lists["prefill"]
+    assert dec2.function is k.kernel and bytes(dec2.params) == dec_args
+    pre_args = bytes(pre.params)
     assert w.concurrent_levels and w.kernel.spec.independent and not fake_gpu.prefill[0].spec.independent
     assert [c.name for c in (dec, fc)] == ["decode", "fold"] and all(c.pdl for c in (dec, pre, fc))
     assert pre.name == fake_gpu.prefill[0].kernel.name and w.prefill_tile.rows == 64   # 16 queries x 4 heads
@@ -130,10 +136,12 @@ def test_every_argument_is_fixed_across_replans(fake_gpu):
         families.append(bool(info.level_prefill_items.any()))
         launch = w.prepare(export(q.ptr, (B, 32, 64), "bfloat16", 0), kc, vc,
                            out=export(o.ptr, (B, 32, 64), "bfloat16", 0), params={"alibi_slopes": alibi})
-        seen.add(tuple((c.shape_key, bytes(c.params)) for c in launch.calls))
-    assert len(seen) == 1 and len(next(iter(seen))) == 3
+        assert w.launch_list() == ("prefill" if families[-1] else "levels") and launch.calls is \
+            launch.lists[w.launch_list()] and launch.config_key == tuple(c.shape_key for c in launch.calls)
+        seen.add(tuple((name, c.shape_key, bytes(c.params)) for name, calls in launch.lists.items() for c in calls))
+    assert len(seen) == 1 and len(next(iter(seen))) == 5   # (plain decode, fold), (prefill, decode, fold)
     assert families == [False, True, False, True]   # the shared prefix moves between the families
-    st = fake_gpu.kernels[0].rendered.params.ctypes_type().from_buffer_copy(next(iter(seen))[0][1])
+    st = fake_gpu.kernels[0].rendered.params.ctypes_type().from_buffer_copy(next(iter(seen))[0][2])
     ptrs = w.planner.planset.device_ptrs(w.workspace_ptr)
     assert (st.extra.cascade_q_pos, st.extra.cascade_kv_offset) == (ptrs["q_pos"], ptrs["kv_offset"])
     assert w.spec.variant_type.startswith("rtattn::LevelPositions<rtattn::StandardAttention<false, false, false, true")
@@ -160,20 +168,32 @@ def test_run_rewrites_one_launch_list_as_prepare_packs_it(fake_gpu):
         f = params_struct("bfloat16").ctypes_type().from_buffer_copy(ran[2][1])
         assert (f.o, f.lse or 0, f.o_stride_tok, f.o_stride_head) == (o_ptr, lse_ptr, 32 * 128, 128)   # (null: None)
     assert len(calls) == 1   # the same three calls every time
-    # a plan with nothing on prefill tiles: run() keeps the idle prefill kernel where the decode
-    # kernel is concurrent (it relies on the prefill kernel's wait), skips it where it is not
+    # a plan with nothing on prefill tiles launches no prefill kernel, and the decode kernel's
+    # plain build (the concurrent one relies on the prefill kernel's wait for the inputs), eager
+    # or prepared; the next plan on prefill tiles gets the three calls again
     small = one_prefix_batch(6, 256, 40, 16)[:3]
-    for concurrent, names in ((True, 3), (False, 2)):
+    big = (kv_indptr, idx, last)
+    for concurrent in (True, False):
+        first = len(fake_gpu.kernels)
         w = C.CascadeWrapper(2, 32, 8, 128, 16, max_batch=20, max_pages=pool, prefill=True,
                              concurrent_levels=concurrent)
-        k = fake_gpu.kernels[-1]
+        levels_k, plain_k = fake_gpu.kernels[first], fake_gpu.kernels[-1]   # (the same when not concurrent)
         assert w.kernel.spec.independent == concurrent and w.concurrent_levels == concurrent
-        w.plan(None, *small, share_prefixes=True)
-        assert not w.info.level_prefill_items.any()
-        n = len(k.enqueued)
-        w.run(cuda((6, 32, 128)), kc, vc, out=cuda((6, 32, 128), ptr=1 << 34))
-        assert [c.name for c, _ in k.enqueued[n:]][-2:] == ["decode", "fold"] and len(k.enqueued) - n == names
-        assert len(w.prepare(cuda((6, 32, 128)), kc, vc, out=cuda((6, 32, 128), ptr=1 << 34)).calls) == 3
+        assert (levels_k is plain_k) != concurrent and "RTATTN_INDEPENDENT" not in plain_k.rendered.source
+        for batch, B in ((small, 6), (big, 20), (small, 6)):
+            w.plan(None, *batch, share_prefixes=True)
+            assert bool(w.info.level_prefill_items.any()) == (B == 20)
+            before = len(levels_k.enqueued), len(plain_k.enqueued)
+            q, o = cuda((B, 32, 128)), cuda((B, 32, 128), ptr=1 << 34)
+            w.run(q, kc, vc, out=o)
+            if B == 20:   # the prefill kernel, the levels' decode build, the fold
+                ran = levels_k.enqueued[before[0]:]
+                assert [c.function for c, _ in ran] == [fake_gpu.prefill[-1].kernel, levels_k.kernel, ran[2][0].function]
+            else:         # the plain decode build, the fold
+                ran = plain_k.enqueued[before[1]:]
+                assert [c.function for c, _ in ran][:1] == [plain_k.kernel] and len(ran) == 2
+            assert ran[-1][0].name == "fold"
+            assert [bytes(c.params) for c in w.prepare(q, kc, vc, out=o).calls] == [a for _, a in ran]
 
 
 def test_levels_in_flashinfer_convention(fake_gpu):
@@ -453,5 +473,7 @@ def test_gpu_graph_replays_across_replans():
         w.run(q[:B], k, v, out=eager_o, lse=eager_l, params=params, stream=s)
         s.synchronize()
         assert torch.equal(eager_o, out[:B]) and torch.equal(eager_l, lse[:B]), f"step {step}: graph != eager"
+    # an executable per launch list (with the prefill kernel, without), each replayed again
+    assert graph.stats["instantiations"] == 2 and graph.stats["replays"] == len(steps)
     graph.close()
     assert families == [False, True, False, True, False]

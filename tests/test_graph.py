@@ -166,6 +166,37 @@ def test_a_captured_step_graph_never_replays_an_out_of_pool_plan(fakes):
     assert len(copies) == 1   # only the first plan's copy was ever queued
 
 
+def test_step_graph_keeps_an_executable_per_launch_list(fakes):
+    """A launch whose kernel list follows its plan (a CascadeLaunch with or without its prefill
+    kernel): one executable per list, captured the first time a replay needs it; replans that
+    keep the list replay it; rebind() updates the current list's and drops the others'."""
+    from rtattn.graphs.step_graph import StepGraph
+
+    class Switching:
+        def __init__(self):
+            self.config_key, self.ran = ("a",), []
+
+        def __call__(self, stream):
+            self.ran.append(self.config_key)
+
+    launch = Switching()
+    sg = StepGraph([launch], 0x5000)
+    first = sg.exec
+    for key in ("a", "b", "b", "a", "b"):
+        launch.config_key = (key,)
+        sg.replay()
+        assert sg.exec is sg._execs[((key,),)] and sg.exec.launched
+    assert sg.stats["instantiations"] == 2 and sg.stats["captures"] == 2 and launch.ran == [("a",), ("b",)]
+    assert sg._execs[(("a",),)] is first and first.launched == 2
+    b = sg.exec
+    assert sg.rebind([launch]) and sg.exec is b and list(sg._execs) == [(("b",),)] and first.destroyed
+    launch.config_key = ("a",)
+    sg.replay()
+    assert sg.stats["instantiations"] == 3 and sg.exec is not first
+    sg.close()
+    assert b.destroyed and sg._execs == {}
+
+
 def test_new_pointers_update_the_exec_in_place_with_node_params(fakes):
     w = _wrapper(fakes)
     g = DG.DecodeGraphs(w, max_execs=1)
