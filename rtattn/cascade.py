@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import math
 import re
 
 import numpy as np
@@ -115,6 +116,14 @@ def shared_group_rule(num_qo_heads: int, num_kv_heads: int, head_dim: int, prefi
                           prefill_rows=prefill_rows))
 
 
+def flat_rule(flat, num_qo_heads: int, num_kv_heads: int, head_dim: int):
+    """The cascade planner's flat-or-levels test for `flat` ("auto": the cost rule,
+    rtattn.families.choice.flat_saving_us; True: flat wherever it fits; False: never)."""
+    if flat == "auto":
+        return functools.partial(choice.flat_saving_us, num_qo_heads, num_kv_heads, head_dim)
+    return (lambda batch, prefix_tokens, tile_q: math.inf) if flat else None
+
+
 class _LevelsKernel(BatchDecodeWrapper):
     """The decode family running every level of a cascade plan: a BatchDecodeWrapper whose
     workspace is the cascade's (plan set, then the float32 level states) and whose partial
@@ -123,9 +132,10 @@ class _LevelsKernel(BatchDecodeWrapper):
     folds_chunks = False   # one state per item: the cascade's state rows (fixed batch-invariant chunks)
 
     def __init__(self, *args, max_batch, max_qo_tokens, num_levels, prefill_planner=None, prefill_saving_us=None,
-                 **kw):
+                 flat_saving_us=None, **kw):
         self._cascade_bounds = (max_batch, max_qo_tokens, num_levels)
         self._prefill_planner, self._prefill_saving_us = prefill_planner, prefill_saving_us
+        self._flat_saving_us = flat_saving_us
         super().__init__(*args, max_batch=max_batch * num_levels, max_qo_tokens=max_qo_tokens * num_levels, **kw)
         self._may_split = False   # its launch is the decode kernel alone: the cascade's fold merges
 
@@ -134,7 +144,7 @@ class _LevelsKernel(BatchDecodeWrapper):
         # wraps it (and the prefill family's planner), and the workspace holds
         # [plan set | state O | state LSE].
         self.cascade = CascadePlanner(self.planner, *self._cascade_bounds, prefill=self._prefill_planner,
-                                      prefill_saving_us=self._prefill_saving_us)
+                                      prefill_saving_us=self._prefill_saving_us, flat_saving_us=self._flat_saving_us)
         rows, H, D = self.cascade.max_state_rows, self.num_qo_heads, self.head_dim
         self.state_o_offset = align_up(self.cascade.planset.plan_bytes)
         self.state_lse_offset = align_up(self.state_o_offset + rows * H * D * 4)
@@ -200,9 +210,11 @@ class CascadeWrapper:
                  max_batch: int, max_pages: int, max_qo_tokens: int | None = None, variant="plain",
                  dtype: str = "bfloat16", kv_layout: str = "NHD", mode: str = "auto", m_tiles: int | None = None,
                  num_ctas: int | None = None, pdl: bool = True, num_pages_pool: int | None = None, device=None,
-                 prefill: bool | str = "auto", concurrent_levels: bool = True):
+                 prefill: bool | str = "auto", concurrent_levels: bool = True, flat: bool | str = "auto"):
         if prefill not in (True, False, "auto"):
             raise ValueError(f"prefill must be 'auto', True or False, got {prefill!r}")
+        if flat not in (True, False, "auto"):
+            raise ValueError(f"flat must be 'auto', True or False, got {flat!r}")
         if not isinstance(concurrent_levels, bool):
             raise TypeError(f"concurrent_levels must be a bool, got {concurrent_levels!r}")
         if not isinstance(num_levels, int) or num_levels < 1:
@@ -245,7 +257,8 @@ class CascadeWrapper:
                                     num_pages_pool=num_pages_pool, device=device, prefill_planner=pp,
                                     prefill_saving_us=shared_group_rule(num_qo_heads, num_kv_heads, head_dim,
                                                                         tile.rows if tile else None)
-                                    if prefill == "auto" else None)
+                                    if prefill == "auto" else None,
+                                    flat_saving_us=flat_rule(flat, num_qo_heads, num_kv_heads, head_dim))
         k = self.kernel
         if (k.cascade.prefill is None) != (pp is None):
             raise AssertionError("CascadePlanner and CascadeWrapper disagree on the prefill kernel")
@@ -388,7 +401,9 @@ class CascadeWrapper:
                           (self.fold_ctas, 1, 1), (THREADS, 1, 1), 0, Params(self._fold_template), pdl)
         alone = decode if self._alone is self.kernel.kernels else KernelCall(
             self._alone.kernel, decode.grid, decode.block, decode.smem, decode.params, decode.pdl)
-        lists = {"levels": (alone, fold)}
+        # the flat plan (one level, rtattn's single format): split rows merged by the merge kernel
+        merge = self._alone.calls(decode.params, decode.grid[0], decode.grid[1], merge=True, pdl=pdl)[1]
+        lists = {"levels": (alone, fold), "flat": (alone, merge)}
         if self.prefill is not None:
             r = self.prefill.rendered
             pre = KernelCall(self.prefill.kernel, (self.planner.prefill.num_ctas, self.kernel.num_kv_heads, 1),
@@ -411,8 +426,11 @@ class CascadeWrapper:
 
     def launch_list(self) -> str:
         """Which launch list the current plan needs: "prefill" (prefill kernel, decode kernel,
-        fold) where it puts work on prefill tiles, else "levels" (decode kernel, fold)."""
+        fold) where it puts work on prefill tiles, "flat" (decode kernel, merge kernel) for the
+        flat plan, else "levels" (decode kernel, fold)."""
         info = self.info
+        if info is not None and info.flat:
+            return "flat"
         return "prefill" if info is not None and info.prefill is not None and info.prefill.num_items else "levels"
 
 

@@ -139,7 +139,7 @@ def test_every_argument_is_fixed_across_replans(fake_gpu):
         assert w.launch_list() == ("prefill" if families[-1] else "levels") and launch.calls is \
             launch.lists[w.launch_list()] and launch.config_key == tuple(c.shape_key for c in launch.calls)
         seen.add(tuple((name, c.shape_key, bytes(c.params)) for name, calls in launch.lists.items() for c in calls))
-    assert len(seen) == 1 and len(next(iter(seen))) == 5   # (plain decode, fold), (prefill, decode, fold)
+    assert len(seen) == 1 and len(next(iter(seen))) == 7   # (plain decode, fold), (it, merge), (prefill, decode, fold)
     assert families == [False, True, False, True]   # the shared prefix moves between the families
     st = fake_gpu.kernels[0].rendered.params.ctypes_type().from_buffer_copy(next(iter(seen))[0][2])
     ptrs = w.planner.planset.device_ptrs(w.workspace_ptr)
@@ -194,6 +194,35 @@ def test_run_rewrites_one_launch_list_as_prepare_packs_it(fake_gpu):
                 assert [c.function for c, _ in ran][:1] == [plain_k.kernel] and len(ran) == 2
             assert ran[-1][0].name == "fold"
             assert [bytes(c.params) for c in w.prepare(q, kc, vc, out=o).calls] == [a for _, a in ran]
+
+
+def test_the_flat_plan_launches_the_decode_and_merge_kernels(fake_gpu):
+    """flat="auto": 16 requests over a 1K prefix (32/8 heads) are planned flat where max_pages
+    holds their page lists (the cost rule's pick; rtattn single format measured 15.4 us against
+    17.3 on the levels, docs/perf-log.md "Cascade v4"): run() launches the plain decode build and
+    the merge kernel on the decode arguments, no fold; a 4K prefix gets the levels again."""
+    kc, vc = cuda((5000, 16, 8, 128), ptr=1 << 32), cuda((5000, 16, 8, 128), ptr=1 << 33)
+    w = C.CascadeWrapper(2, 32, 8, 128, 16, max_batch=16, max_pages=16 * (256 + 8), num_pages_pool=5000)
+    plain = fake_gpu.kernels[-1]
+    short, long = one_prefix_batch(16, 1024, 128, 16)[:3], one_prefix_batch(16, 4096, 128, 16)[:3]
+    for batch, flat in ((short, True), (long, False), (short, True)):
+        info = w.plan(None, *batch, share_prefixes=True)
+        assert info.flat == flat and w.launch_list() == ("flat" if flat else "levels")
+        q, o = cuda((16, 32, 128)), cuda((16, 32, 128), ptr=1 << 34)
+        n = len(plain.enqueued)
+        w.run(q, kc, vc, out=o)
+        ran = plain.enqueued[n:]
+        assert [c.function for c, _ in ran][:1] == [plain.kernel] and len(ran) == 2
+        assert (ran[1][0].function is plain.merge) == flat and (ran[1][0].name == "fold") != flat
+        if flat:
+            assert ran[1][0].params is ran[0][0].params and info.num_levels == 1 and info.plan.batch == 16
+    # flat=False never; flat=True wherever the pages fit (here every step)
+    for flat, picks in ((False, [False, False]), (True, [True, True])):
+        w = C.CascadeWrapper(2, 32, 8, 128, 16, max_batch=16, max_pages=16 * (256 + 8), num_pages_pool=5000,
+                             flat=flat)
+        assert [w.plan(None, *b, share_prefixes=True).flat for b in (short, long)] == picks
+    with pytest.raises(ValueError, match="flat must be"):
+        C.CascadeWrapper(2, 32, 8, 128, 16, max_batch=16, max_pages=100, flat="yes")
 
 
 def test_levels_in_flashinfer_convention(fake_gpu):
@@ -477,3 +506,66 @@ def test_gpu_graph_replays_across_replans():
     assert graph.stats["instantiations"] == 2 and graph.stats["replays"] == len(steps)
     graph.close()
     assert families == [False, True, False, True, False]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", ["plain", "causal", "sliding_window", "alibi", "sigmoid"])
+@pytest.mark.parametrize("heads, D, ps", [((32, 8), 128, 16), ((32, 32), 64, 1), ((8, 8), 256, 64), ((32, 2), 128, 16)])
+def test_gpu_flat_plan_matches_float64_and_is_bitwise_deterministic(variant, heads, D, ps):
+    """The flat plan (each request's whole page list, one level: the decode and merge kernels,
+    no fold), picked by flat="auto" for 16 requests over a short prefix: float64 reference with
+    poisoned outputs, the same bits on a second run and from a second wrapper."""
+    import torch
+    c = gpu_case(one_prefix_batch(16, 1024 // ps * ps, 3 * ps + 5, ps, seed=ps), *heads, D, ps)
+    make = lambda: C.CascadeWrapper(2, *heads, D, ps, max_batch=16, max_pages=int(c.kv_indptr[-1]),  # noqa: E731
+                                    variant=variant, flat=True)
+    w = make()
+    out, lse = gpu_run(c, w, variant)
+    assert w.info.flat and w.launch_list() == "flat"
+    check_gpu(c, out, lse, REF[variant])
+    again, lse2 = gpu_run(c, w, variant)
+    other, lse3 = gpu_run(c, make(), variant)
+    assert torch.equal(out, again) and torch.equal(out, other) and torch.equal(lse, lse2) and torch.equal(lse, lse3)
+
+
+@pytest.mark.gpu
+def test_gpu_graph_replays_across_the_three_launch_lists():
+    """One StepGraph over steps whose plans need each launch list in turn: flat (6 requests over
+    one prefix, flat=True), prefill tiles (12 over one prefix, prefill=True), levels (two groups
+    and a loner: the general path), flat again. Each replay is checked against float64 and is
+    bitwise the eager run's; the graph holds one executable per list."""
+    import torch
+    from rtattn.graphs import StepGraph
+    from rtattn.runtime import Stream
+    H, Hk, D, ps, pool, maxb = 32, 8, 128, 16, 600, 16
+    w = C.CascadeWrapper(3, H, Hk, D, ps, max_batch=maxb, max_pages=pool, prefill=True, flat=True,
+                         num_pages_pool=pool)
+    gen = torch.Generator(device="cuda").manual_seed(2)
+    k, v = (torch.randn((pool, ps, Hk, D), generator=gen, device="cuda").to(torch.bfloat16) for _ in range(2))
+    q = torch.randn((maxb, H, D), generator=gen, device="cuda").to(torch.bfloat16)
+    out, lse = torch.zeros_like(q), torch.zeros((maxb, H), device="cuda")
+    rng = np.random.default_rng(4)
+    steps = [one_prefix_batch(6, 300, 40, ps, seed=1), one_prefix_batch(12, 300, 40, ps, seed=2),
+             shared_batch(rng, ps, groups=((3, 2), (2, 1)), loners=1, pool=pool), one_prefix_batch(5, 200, 20, ps, seed=3)]
+    s, graph, lists = Stream(), None, []
+    for kv_indptr, idx, last, _ in steps:
+        B = len(kv_indptr) - 1
+        torch.cuda.synchronize()
+        w.plan(None, kv_indptr, idx, last, share_prefixes=True, stream=s)
+        lists.append(w.launch_list())
+        if graph is None:
+            graph = StepGraph([w.prepare(q, k, v, out=out, lse=lse, stream=s)], s)
+        out.fill_(float("nan"))
+        lse.fill_(float("nan"))
+        torch.cuda.synchronize()
+        graph.replay()
+        s.synchronize()
+        c = SimpleNamespace(q=q[:B], k=k, v=v, qo=np.arange(B + 1), kv_indptr=kv_indptr, idx=idx, last=last, ps=ps,
+                            dtype="bfloat16")
+        check_gpu(c, out[:B], lse[:B], Variant())
+        eager_o, eager_l = torch.empty_like(q[:B]), torch.empty_like(lse[:B])
+        w.run(q[:B], k, v, out=eager_o, lse=eager_l, stream=s)
+        s.synchronize()
+        assert torch.equal(eager_o, out[:B]) and torch.equal(eager_l, lse[:B]), f"{lists[-1]}: graph != eager"
+    graph.close()
+    assert lists == ["flat", "prefill", "levels", "flat"] and graph.stats["instantiations"] == 3

@@ -269,3 +269,58 @@ def test_planning_without_partial_rows_leaves_the_plan_unchanged(mode, shape):
     ref = cp.plan_shared(None, kv_indptr, idx, last, out=full)
     assert bytes(fast) == bytes(full)
     assert info.plan.num_items == ref.plan.num_items and info.plan.num_split_tiles == ref.plan.num_split_tiles
+
+
+# ------------------------------------------------------------------ the flat plan
+ALWAYS = staticmethod(lambda batch, prefix_tokens, tile_q: 1.0)   # (flat_saving_us: flat wherever it fits)
+
+
+@pytest.mark.parametrize("var", VARIANTS, ids=lambda v: f"c{v.causal:d}w{v.window_left}a{v.alibi:d}s{v.sigmoid:d}")
+@pytest.mark.parametrize("heads, D, ps", [((8, 2), 64, 4), ((32, 8), 128, 16), ((16, 1), 64, 1), ((8, 8), 256, 64)])
+def test_the_flat_plan_equals_attention_over_whole_requests(var, heads, D, ps):
+    """Decode requests over one shared prefix, planned flat (each request's whole page list,
+    one level, the decode family's own plan with its merges): the float64 executor gives plain
+    attention, with absolute positions for causal, window and ALiBi."""
+    B, H, Hk = 5, *heads   # (5 requests on 3 CTAs: balanced splits some)
+    kv_indptr, idx, last, pool = one_prefix_batch(B, 12 * ps + 3 if ps > 1 else 40, 2 * ps + 1, ps, seed=D)
+    merges = []
+    for mode in ("auto", "balanced"):
+        cp = CascadePlanner.create(B, B, int(kv_indptr[-1]), H, Hk, D, ps, num_ctas=3, mode=mode,
+                                   max_rows=16 if H <= 16 * Hk else 32, flat_saving_us=ALWAYS.__func__)
+        info = cp.plan_shared(None, kv_indptr, idx, last, causal=var.causal)
+        assert info.flat and info.num_levels == 1 and info.level_items.sum() == info.plan.num_items
+        merges.append(info.plan.num_merge_rows)
+        rng = np.random.default_rng(ps)
+        q = rng.standard_normal((B, H, D))
+        k, v = rng.standard_normal((2, pool, ps, Hk, D))
+        O, S = execute_cascade(info, q, k, v, var)
+        Or, Sr = reference_attention(q, k, v, np.arange(B + 1), kv_indptr, idx, last, ps, var)
+        np.testing.assert_allclose(O, Or, atol=1e-12)
+        np.testing.assert_allclose(S, Sr, atol=1e-12)
+    assert max(merges) > 0   # split rows (merged by the merge kernel) and written-through ones
+
+
+def test_the_flat_rule_picks_flat_only_for_short_prefixes_that_fit():
+    """CascadeWrapper flat="auto": flat where choice.flat_saving_us predicts a saving (p1024 x 16
+    and x 64 at 32/8 heads: measured 15.4 / 38.6 us flat against 17.3 / 40.6 on the levels,
+    docs/perf-log.md "Cascade v4"), levels for 8K prefixes (61.0 vs 35.0 us); never where the
+    requests' pages exceed max_pages, nor where the prefix goes to prefill tiles."""
+    from functools import partial
+    from rtattn.families.choice import flat_saving_us
+    rule = partial(flat_saving_us, 32, 8, 128)
+    picks = {}
+    for P, B in ((1024, 16), (1024, 64), (8192, 16), (4096, 64)):
+        kv_indptr, idx, last, pool = one_prefix_batch(B, P, 128, 16)
+        for max_pages in (int(kv_indptr[-1]), pool):
+            cp = CascadePlanner.create(B, B, max_pages, 32, 8, 128, 16, max_rows=32, flat_saving_us=rule)
+            picks[P, B, max_pages == pool] = cp.plan_shared(None, kv_indptr, idx, last).flat
+    assert picks == {(1024, 16, False): True, (1024, 64, False): True, (8192, 16, False): False,
+                     (4096, 64, False): False, (1024, 16, True): False, (1024, 64, True): False,
+                     (8192, 16, True): False, (4096, 64, True): False}
+    assert rule(16, 1024, 8) > 0 > rule(16, 8192, 8) and rule(64, 512, 8) > rule(64, 1024, 8) > 0
+    # a prefix the family rule sends to prefill tiles stays on the levels, whatever the flat rule
+    kv_indptr, idx, last, pool = one_prefix_batch(20, 256, 40, 16)
+    cp = CascadePlanner.create(20, 20, int(kv_indptr[-1]), 32, 8, 128, 16, max_rows=32, flat_saving_us=ALWAYS.__func__,
+                               **prefill_kw(32, 8, 128, rows=64))
+    info = cp.plan_shared(None, kv_indptr, idx, last)
+    assert not info.flat and info.level_prefill_items[0] > 0

@@ -131,3 +131,30 @@ def shared_group_saving_us(num_qo_heads: int, num_kv_heads: int, head_dim: int, 
     pre, _ = estimate_us("prefill", num_qo_heads, num_kv_heads, head_dim, qo_len, kv_len, 1, 2, device, costs,
                          rows=prefill_rows)
     return (dec - c["decode"].fixed_us) - (pre - c["prefill"].fixed_us)
+
+
+# The cascade's flat-or-levels choice for one shared prefix under decode requests
+# (rtattn.plan.cascade: a prefix the family rule keeps on decode tiles). Both plans read each
+# request's own pages once and the prefix once from HBM; they differ in
+#   flat    (B - 1) further reads of the prefix, served by L2 (every request's CTAs read it at
+#           about the same time): L2_REREAD_TBPS fitted from rtattn single-format decode on the
+#           six PERF.md cascade rows (H200, docs/perf-log.md "Cascade v4" rt single: 10.3-11.6
+#           TB/s over the re-read bytes after FIXED_US and the unique bytes at hbm_tbps);
+#   levels  ceil(B / tile_q) - 1 further reads of it, and per query its level states written,
+#           folded and its suffix an item of its own: CASCADE_QUERY_US per query at 32 x 128
+#           query-head columns (fitted from "Cascade v4" rt-dec p1024x16 and p1024x64, 0.43 and
+#           0.35 us after the same byte terms), scaled by H_qo * D.
+L2_REREAD_TBPS = 11.0
+CASCADE_QUERY_US = 0.4
+
+
+def flat_saving_us(num_qo_heads: int, num_kv_heads: int, head_dim: int, batch: int, prefix_tokens: int,
+                   decode_tile_q: int, kv_bytes: int = 2) -> float:
+    """Predicted microseconds the flat plan (each request's whole page list, one level: rtattn's
+    single format) saves over the cascade's levels for `batch` decode requests over one shared
+    prefix of `prefix_tokens` read by decode tiles of `decode_tile_q` queries (the model above;
+    the terms both plans share cancel). Positive: flat is predicted faster."""
+    token_bytes = num_kv_heads * head_dim * 2 * kv_bytes
+    extra_reads = batch - math.ceil(batch / decode_tile_q)   # the flat plan's further prefix reads
+    levels_us = CASCADE_QUERY_US * batch * num_qo_heads * head_dim / (32 * 128)
+    return levels_us - extra_reads * prefix_tokens * token_bytes / (L2_REREAD_TBPS * 1e6)

@@ -91,6 +91,7 @@ class CascadeInfo:
     views: dict
     prefill: PlanInfo | None = None   # the prefill part (None: the planner has no prefill family)
     union: Union | None = None        # the levels as one pseudo-batch (None from the one-prefix path)
+    flat: bool = False                # the flat plan: one level, each request its own pages (no fold)
 
     def _parts(self):
         return [p for p in (self.plan, self.prefill) if p is not None]
@@ -130,7 +131,7 @@ class CascadePlanner:
     decode). `create` builds them."""
 
     def __init__(self, planner: Planner, max_batch: int, max_qo_tokens: int, num_levels: int = 2,
-                 prefill: Planner | None = None, prefill_saving_us=None):
+                 prefill: Planner | None = None, prefill_saving_us=None, flat_saving_us=None):
         b = planner.bounds
         if num_levels < 1:
             raise ValueError(f"num_levels must be >= 1, got {num_levels}")
@@ -146,6 +147,7 @@ class CascadePlanner:
             prefill = None    # no group can need it: the rule sends a group there only past decode's tile
         self.prefill = prefill
         self.prefill_saving_us = prefill_saving_us   # (qo, kv) -> us: prefill_groups' cost rule
+        self.flat_saving_us = flat_saving_us         # (batch, prefix tokens, decode tile_q) -> us: flat_plan's
         self.max_state_rows = b.max_partial_rows + b.max_qo_tokens
         parts = {"plan": planner.layout}
         if prefill is not None:
@@ -186,10 +188,12 @@ class CascadePlanner:
     @classmethod
     def create(cls, max_batch: int, max_qo_tokens: int, max_pages: int, num_qo_heads: int, num_kv_heads: int,
                head_dim: int, page_size: int, *, num_levels: int = 2, prefill_tile: TileConfig | None = None,
-               prefill_ctas: int | None = None, prefill_saving_us=None, **planner_kw) -> "CascadePlanner":
+               prefill_ctas: int | None = None, prefill_saving_us=None, flat_saving_us=None,
+               **planner_kw) -> "CascadePlanner":
         """`prefill_tile` (the prefill family's TileConfig) and `prefill_ctas` (its grid):
         plan the groups the family rule picks on prefill tiles (None: all on decode);
-        `prefill_saving_us`: the rule's cost test (prefill_groups)."""
+        `prefill_saving_us`: the rule's cost test (prefill_groups); `flat_saving_us`:
+        plan_shared's flat-or-levels test (flat_plan; None: always levels)."""
         if num_levels < 1:
             raise ValueError(f"num_levels must be >= 1, got {num_levels}")
         bounds = (max_batch * num_levels, max_qo_tokens * num_levels, max_pages, num_qo_heads, num_kv_heads,
@@ -199,7 +203,7 @@ class CascadePlanner:
         if prefill_tile is not None:
             kw = {k: v for k, v in planner_kw.items() if k not in ("num_ctas", "max_rows", "tile", "kernel")}
             prefill = Planner(*bounds, max_qo_len=max_qo_tokens, tile=prefill_tile, num_ctas=prefill_ctas, **kw)
-        return cls(planner, max_batch, max_qo_tokens, num_levels, prefill, prefill_saving_us)
+        return cls(planner, max_batch, max_qo_tokens, num_levels, prefill, prefill_saving_us, flat_saving_us)
 
     @property
     def num_ctas(self) -> int:
@@ -233,6 +237,8 @@ class CascadePlanner:
             if lcp:
                 on_prefill = self.prefill is not None and prefill_group(B, lcp * self.page_size, self.planner.tile_q,
                                                                         self.prefill_saving_us)
+                if not on_prefill and self.flat_plan(batch, lcp * self.page_size):
+                    return self._plan_flat(batch, out)
                 return self._plan_one_prefix(batch, lcp, on_prefill, out)
         union = prefix_union(batch, self.num_levels)
         if causal:
@@ -240,6 +246,34 @@ class CascadePlanner:
             check_causal(union.batch.qo_len[-R:] if R else union.batch.qo_len[:0], union.batch.kv_len[-R:] if R else
                          union.batch.kv_len[:0])
         return self.plan_union(union, out)
+
+    def flat_plan(self, batch: Batch, prefix_tokens: int) -> bool:
+        """The flat-or-levels rule for decode requests over one shared prefix that stays on
+        decode tiles: flat (each request's whole page list, one level, rtattn's single format)
+        where `flat_saving_us` predicts it faster (rtattn.families.choice.flat_saving_us: its
+        extra prefix reads from L2 against the levels' per-query states and fold) and the
+        requests' pages fit max_pages (the flat plan lists a shared page once per request)."""
+        return (self.flat_saving_us is not None and batch.kv_indptr.item(-1) <= self.planner.bounds.max_pages
+                and self.flat_saving_us(batch.batch, prefix_tokens, self.planner.tile_q) > 0)
+
+    def _plan_flat(self, batch: Batch, out=None) -> CascadeInfo:
+        """The flat plan: the decode family's own plan of the requests (split rows merged by the
+        merge kernel, the rest written through to the output: no fold) in the plan set's decode
+        part, with each query's position (kv_offset 0: every request is its own group)."""
+        buf = out if out is not None else self.planset.allocate()
+        v = self._views.get(buf)
+        res = self.planner._schedule(batch)
+        self.planner._write(v["plan"], batch, res)
+        B, N = batch.batch, batch.qo_indptr.item(-1)
+        info = PlanInfo(res["n"], res["merge_rows"], res["partial_rows"], B, N, self.planner.num_ctas,
+                        self.planner.tile_q, self.page_size, res["L"], res["split_tiles"], res["loads"],
+                        buf if isinstance(buf, np.ndarray) else np.frombuffer(buf, np.uint8), v["plan"], res["mode"])
+        own, j = _repeat_index(batch.qo_len, self._ar)   # each query row's request, its index there
+        v["q_pos"][:N] = (batch.kv_len - batch.qo_len).take(own) + j
+        v["kv_offset"][:B] = 0
+        v["fold_info"][:3] = (N, 0, 1)
+        return CascadeInfo(info, np.zeros(B, np.int32), 1, N, res["partial_rows"], batch.kv_indptr.item(-1), v,
+                           flat=True)
 
     def plan_union(self, union: Union, out=None) -> CascadeInfo:
         """Plan the pseudo-batch of all levels into the plan set (plain numpy on small
@@ -519,6 +553,8 @@ def execute_cascade(info: CascadeInfo, q, k_cache, v_cache, var=None, kv_layout:
         shift = int(pv["req_kv_len"][b]) - int(pv["req_qo_len"][b]) + int(kv_off[b])
         return q_pos[start + rows].astype(np.int64) - shift
 
+    if info.flat:   # the decode family's own plan: merged or written through, no fold
+        return execute_plan(pv, q, k_cache, v_cache, var, kv_layout, q_index=q_index)
     states_o = states_lse = None
     for part in info._parts():   # each family's kernel writes its own items' state rows
         parts: dict = {}
