@@ -85,10 +85,13 @@ def reference(c, var):
 
 def gpu_wrapper(c, levels=2, variant="plain", **kw):
     """prefill=True unless told: every group the prefill kernel can take runs there (these small
-    cases would stay on decode under the "auto" cost rule, which tests/test_cascade_plan.py checks)."""
+    cases would stay on decode under the "auto" cost rule, which tests/test_cascade_plan.py checks);
+    flat=False unless told."""
     from rtattn import cascade as C
     kw.setdefault("prefill", True)
-    return C.CascadeWrapper(levels, c.H, c.Hk, c.D, c.ps, max_batch=c.B + 2, max_pages=c.pool + 2,
+    kw.setdefault("flat", False)   # (the levels unless told: flat=True needs max_pages for every request's pages)
+    pages = max(c.pool, int(c.kv_indptr[-1])) if kw["flat"] else c.pool
+    return C.CascadeWrapper(levels, c.H, c.Hk, c.D, c.ps, max_batch=c.B + 2, max_pages=pages + 2,
                             max_qo_tokens=int(c.qo[-1]) + 2, variant=variant, dtype=c.dtype, **kw)
 
 

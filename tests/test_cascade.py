@@ -304,10 +304,13 @@ def test_smoke_cases_plan_on_the_families_they_name(fake_gpu):
         kv_indptr, idx, last, pool = make(np.random.default_rng(len(name)), ps)
         B = len(kv_indptr) - 1
         qo = np.arange(B + 1, dtype=np.int32) * qo_len
-        w = C.CascadeWrapper(levels, H, Hk, D, ps, max_batch=B + 2, max_pages=pool + 2, max_qo_tokens=int(qo[-1]) + 2,
-                             variant=variant, dtype=dtype, prefill=prefill)
+        flat = prefill == "flat"
+        w = C.CascadeWrapper(levels, H, Hk, D, ps, max_batch=B + 2, max_pages=max(pool, int(kv_indptr[-1])) + 2,
+                             max_qo_tokens=int(qo[-1]) + 2, variant=variant, dtype=dtype, prefill=prefill is True,
+                             flat=flat)
         info = w.plan(qo, kv_indptr, idx, last, share_prefixes=True)
-        assert bool(info.level_prefill_items.any()) == prefill and info.num_levels == levels, name
+        assert bool(info.level_prefill_items.any()) == (prefill is True) and info.flat == flat, name
+        assert info.num_levels == (1 if flat else levels), name
 
 
 def test_level_kernels_and_the_fold_compile(isolated_cache):

@@ -183,3 +183,15 @@ def test_both_families_give_the_reference_on_multi_token_batches(heads, q):
         torch.cuda.synchronize()
         assert rel_error(out.float().cpu().numpy(), want_o) < 2e-2, family
         assert lse_error(lse.cpu().numpy(), want_lse) < 2e-2, family
+
+
+def test_the_cascade_flat_rule_weighs_l2_rereads_against_per_query_levels():
+    """choice.flat_saving_us (the cascade's flat-or-levels rule): positive (flat faster) for short
+    prefixes, negative for long ones; it grows with the heads' columns (the levels' per-query
+    states) and falls with the KV bytes of the prefix's further reads."""
+    from rtattn.families.choice import flat_saving_us
+    assert flat_saving_us(32, 8, 128, 16, 1024, 8) > 0 > flat_saving_us(32, 8, 128, 16, 8192, 8)
+    assert flat_saving_us(32, 8, 128, 16, 2048, 8) < 0    # (measured: no 2K row; the model's crossing ~1.2K)
+    assert flat_saving_us(32, 2, 128, 16, 2048, 8) > flat_saving_us(32, 8, 128, 16, 2048, 8)
+    assert flat_saving_us(32, 8, 128, 16, 1024, 16) < flat_saving_us(32, 8, 128, 16, 1024, 8)
+    assert flat_saving_us(32, 8, 128, 16, 0, 8) == pytest.approx(0.4 * 16)   # no prefix bytes: the levels' cost only
