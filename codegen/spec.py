@@ -58,6 +58,9 @@ class AttentionSpec:
     # A cascade level launched after another level (decode only): no wait at entry, one before
     # exiting (cuda_src/decode.cuh RTATTN_INDEPENDENT_LEVEL)
     independent: bool = False
+    # ... which also joins the earlier levels' states into its writethrough rows, so no fold
+    # kernel follows (cuda_src/decode.cuh RTATTN_LEVEL_JOIN; needs `independent`)
+    level_join: bool = False
 
     def __post_init__(self):
         if not _IDENT.match(self.variant):
@@ -68,6 +71,8 @@ class AttentionSpec:
         if self.m_tiles not in (1, 2) or (self.m_tiles == 2 and self.head_dim > 128):
             raise ValueError(f"m_tiles={self.m_tiles} with head_dim={self.head_dim}: use 1, or 2 for "
                              f"head_dim <= 128 (32 fused rows do not fit the registers at 256)")
+        if self.level_join and not self.independent:
+            raise ValueError("level_join=True needs independent=True (the joined states are the previous grid's)")
         names = [p.name for p in self.params]
         if len(set(names)) != len(names):
             raise ValueError(f"duplicate parameter names in {names}")
@@ -112,7 +117,8 @@ class AttentionSpec:
         kv = "" if self.kv_dtype == self.q_dtype else f"_kv{_SHORT.get(self.kv_dtype, self.kv_dtype)}"
         o = "" if self.o_dtype == self.q_dtype else f"_o{self.o_dtype}"
         return (f"{self.variant}_{self.q_dtype}{kv}{o}_d{self.head_dim}_m{self.m_tiles}"
-                f"_w{self.num_warps}_s{self.stages}{'_inv' if self.invariant else ''}{'_ind' if self.independent else ''}")
+                f"_w{self.num_warps}_s{self.stages}{'_inv' if self.invariant else ''}{'_ind' if self.independent else ''}"
+                f"{'_join' if self.level_join else ''}")
 
     def with_(self, **changes) -> "AttentionSpec":
         """replace(); `dtype=` sets q's type, and the KV and output types that followed it."""

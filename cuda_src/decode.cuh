@@ -137,6 +137,39 @@ __device__ __forceinline__ void merge_tile(const P& p, Variant& var, int entry0,
   }
 }
 
+#ifdef RTATTN_LEVEL_JOIN
+// RTATTN_LEVEL_JOIN (a cascade's decode build, codegen spec `level_join`; with
+// RTATTN_INDEPENDENT_LEVEL): a writethrough item of the last level with a merge entry joins its
+// rows' earlier-level states -- the previous grid's (the prefill level's), rows start + k * step
+// of the partial states for entry e -- before writing: their fold (level, KV order), then the
+// row's own state last, so no fold kernel follows. Two columns per thread, as the combine's.
+template <bool SOFTMAX, class P>
+__device__ __forceinline__ void join_levels(const P& p, int e, int head, int d, float& o0, float& o1, float& lse) {
+  constexpr int D = P::head_dim, KU = 8;
+  const int H = p.num_qo_heads;
+  const int n = p.plan.merge_indptr[e + 1] - p.plan.merge_indptr[e];
+  const int start = p.plan.merge_partial_start[e], step = p.plan.merge_partial_stride[e];
+  wait_for_previous_grid();  // the states are complete and visible; returns at once after the first time
+  StateFold<SOFTMAX, 2> fold;
+  for (int k0 = 0; k0 < n; k0 += KU) {
+    float l[KU], v[KU][2];
+#pragma unroll
+    for (int k = 0; k < KU; ++k) {
+      const bool ok = k0 + k < n;
+      const int64_t prow = ok ? int64_t(start + (k0 + k) * step) * H + head : 0;
+      const float2 x = ok ? __ldcg(reinterpret_cast<const float2*>(p.partial_o + prow * D + d)) : make_float2(0.f, 0.f);
+      l[k] = ok ? __ldcg(p.partial_lse + prow) : -INFINITY;  // (another grid's writes: through L2)
+      v[k][0] = x.x, v[k][1] = x.y;
+    }
+    fold.round(l, v);
+  }
+  const float l_own[1] = {lse};
+  const float v_own[1][2] = {{o0, o1}};
+  fold.round(l_own, v_own);
+  o0 = fold.out(0), o1 = fold.out(1), lse = fold.lse();
+}
+#endif
+
 // RTATTN_INDEPENDENT_LEVEL (defined by a cascade's decode build, codegen spec `independent`): the
 // kernel reads nothing the previous grid writes -- that grid is another cascade level, launched
 // first, which waited for the step's inputs before letting this one launch -- so it starts at
@@ -518,6 +551,13 @@ __device__ __forceinline__ void decode_persistent(const P& p, char* smem) {
             o0 *= inv;
             o1 *= inv;
           }
+#ifdef RTATTN_LEVEL_JOIN
+          float lse_row = lse;  // a writethrough row of the last level: the earlier levels' states join
+          if (partial_row < 0 && merge_entry >= 0) join_levels<Variant::use_softmax>(p, merge_entry + t, qo_head, d,
+                                                                                     o0, o1, lse_row);
+#else
+          const float lse_row = lse;
+#endif
           if (partial_row < 0) {
             if constexpr (Variant::has_output_transform) {
               o0 = var.OutputTransform(p, o0, qo_head, d);
@@ -527,7 +567,7 @@ __device__ __forceinline__ void decode_persistent(const P& p, char* smem) {
             O* op = p.o + int64_t(q_row0 + t) * p.o_stride_tok + int64_t(qo_head) * p.o_stride_head + d;
             op[0] = from_float<O>(o0);
             op[1] = from_float<O>(o1);
-            if (p.lse != nullptr && d == 0) p.lse[int64_t(q_row0 + t) * p.num_qo_heads + qo_head] = lse;
+            if (p.lse != nullptr && d == 0) p.lse[int64_t(q_row0 + t) * p.num_qo_heads + qo_head] = lse_row;
           } else {
             const int64_t prow = int64_t(partial_row + t) * p.num_qo_heads + qo_head;
             p.partial_o[prow * D + d] = o0;

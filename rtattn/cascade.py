@@ -210,13 +210,15 @@ class CascadeWrapper:
                  max_batch: int, max_pages: int, max_qo_tokens: int | None = None, variant="plain",
                  dtype: str = "bfloat16", kv_layout: str = "NHD", mode: str = "auto", m_tiles: int | None = None,
                  num_ctas: int | None = None, pdl: bool = True, num_pages_pool: int | None = None, device=None,
-                 prefill: bool | str = "auto", concurrent_levels: bool = True, flat: bool | str = "auto"):
+                 prefill: bool | str = "auto", concurrent_levels: bool = True, flat: bool | str = "auto",
+                 join_levels: bool = False):
         if prefill not in (True, False, "auto"):
             raise ValueError(f"prefill must be 'auto', True or False, got {prefill!r}")
         if flat not in (True, False, "auto"):
             raise ValueError(f"flat must be 'auto', True or False, got {flat!r}")
-        if not isinstance(concurrent_levels, bool):
-            raise TypeError(f"concurrent_levels must be a bool, got {concurrent_levels!r}")
+        for name, value in (("concurrent_levels", concurrent_levels), ("join_levels", join_levels)):
+            if not isinstance(value, bool):
+                raise TypeError(f"{name} must be a bool, got {value!r}")
         if not isinstance(num_levels, int) or num_levels < 1:
             raise ValueError(f"num_levels must be a positive int, got {num_levels!r}")
         group = num_qo_heads // max(num_kv_heads, 1)
@@ -292,6 +294,15 @@ class CascadeWrapper:
             self._alone = W.decode_kernels(k.spec.with_(independent=False), self.device.ordinal)
             if self._alone.rendered.params.c_source() != k.kernels.rendered.params.c_source():
                 raise AssertionError("the independent and plain decode builds disagree on the Params struct")
+        # join_levels: one-prefix plans on prefill tiles whose suffix rows are one decode item each
+        # need no fold kernel: the decode kernel's level_join build joins the prefix's states
+        # into each row before writing it (the planner numbers the states for it).
+        self._join = None
+        if join_levels and self.concurrent_levels:
+            self._join = W.decode_kernels(k.spec.with_(level_join=True), self.device.ordinal)
+            if self._join.rendered.params.c_source() != k.kernels.rendered.params.c_source():
+                raise AssertionError("the joining and independent decode builds disagree on the Params struct")
+            self.planner.join_levels = True
         self._eager: CascadeLaunch | None = None
         # The plan set in two pinned buffers, used in turn (as BatchDecodeWrapper's plans).
         nbytes = self.planner.planset.plan_bytes
@@ -409,6 +420,10 @@ class CascadeWrapper:
             pre = KernelCall(self.prefill.kernel, (self.planner.prefill.num_ctas, self.kernel.num_kv_heads, 1),
                              (r.threads, 1, 1), r.smem_bytes, Params(len(levels.args)), pdl)
             lists["prefill"] = (pre, decode, fold)
+            if self._join is not None:   # the prefill kernel, then the decode kernel that joins its states
+                r = self._join.rendered
+                lists["join"] = (pre, KernelCall(self._join.kernel, decode.grid, decode.block, r.smem_bytes,
+                                                 decode.params, decode.pdl))
         launch = CascadeLaunch(self, levels, lists)
         self._bind_calls(launch)
         return launch
@@ -426,11 +441,12 @@ class CascadeWrapper:
 
     def launch_list(self) -> str:
         """Which launch list the current plan needs: "prefill" (prefill kernel, decode kernel,
-        fold) where it puts work on prefill tiles, "flat" (decode kernel, merge kernel) for the
-        flat plan, else "levels" (decode kernel, fold)."""
+        fold) where it puts work on prefill tiles, "join" (prefill kernel, the decode kernel that
+        joins its states: join_levels), "flat" (decode kernel, merge kernel) for the flat plan,
+        else "levels" (decode kernel, fold)."""
         info = self.info
-        if info is not None and info.flat:
-            return "flat"
+        if info is not None and (info.flat or info.joined):
+            return "flat" if info.flat else "join"
         return "prefill" if info is not None and info.prefill is not None and info.prefill.num_items else "levels"
 
 

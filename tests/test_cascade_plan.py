@@ -324,3 +324,56 @@ def test_the_flat_rule_picks_flat_only_for_short_prefixes_that_fit():
                                **prefill_kw(32, 8, 128, rows=64))
     info = cp.plan_shared(None, kv_indptr, idx, last)
     assert not info.flat and info.level_prefill_items[0] > 0
+
+
+# ------------------------------------------------------------------ the suffix rows' join
+@pytest.mark.parametrize("var", VARIANTS, ids=lambda v: f"c{v.causal:d}w{v.window_left}a{v.alibi:d}s{v.sigmoid:d}")
+@pytest.mark.parametrize("heads, D, ps, B", [((8, 2), 64, 4, 11), ((32, 8), 128, 16, 20), ((16, 1), 64, 1, 9),
+                                             ((8, 8), 256, 64, 21)])
+def test_joined_plans_equal_attention_over_whole_requests(var, heads, D, ps, B):
+    """join_levels (CascadeWrapper join_levels=True): decode requests over one prefix on prefill
+    tiles (several tiles, KV split over the grid), each suffix one decode item that writes its
+    row after joining the prefix's states (the decode part's merge map: rows start + k * tile_q);
+    the float64 executor runs it as the kernels do and gives plain attention."""
+    H, Hk = heads
+    kv_indptr, idx, last, pool = one_prefix_batch(B, 20 * ps + 3 if ps > 1 else 70, min(2 * ps + 1, 40), ps, seed=D + B)
+    cp = CascadePlanner.create(B, B, pool, H, Hk, D, ps, num_ctas=16, max_rows=16 if H <= 16 * Hk else 32,
+                               **prefill_kw(H, Hk, D, rows=64 if H // Hk >= 8 else 32))
+    plain = CascadePlanner.create(B, B, pool, H, Hk, D, ps, num_ctas=16, max_rows=16 if H <= 16 * Hk else 32,
+                                  **prefill_kw(H, Hk, D, rows=64 if H // Hk >= 8 else 32))
+    cp.join_levels = True
+    info = cp.plan_shared(None, kv_indptr, idx, last, causal=var.causal)
+    ref = plain.plan_shared(None, kv_indptr, idx, last, causal=var.causal)
+    assert info.joined and not ref.joined and info.level_prefill_items[0] > 1 and not info.level_prefill_items[1]
+    p, d = info.prefill.views, info.plan.views
+    n = info.prefill.num_items
+    assert (p["item_kv_start"][:n] == ref.prefill.views["item_kv_start"][:n]).all()   # the same schedule
+    assert (d["item_partial"][:B] == -1).all() and sorted(d["item_merge"][:B]) == list(range(B))
+    rng = np.random.default_rng(ps)
+    q = rng.standard_normal((B, H, D))
+    k, v = rng.standard_normal((2, pool, ps, Hk, D))
+    O, S = execute_cascade(info, q, k, v, var)
+    Or, Sr = reference_attention(q, k, v, np.arange(B + 1), kv_indptr, idx, last, ps, var)
+    np.testing.assert_allclose(O, Or, atol=1e-12)
+    np.testing.assert_allclose(S, Sr, atol=1e-12)
+    # every state row the join reads is one the prefill items write, each once
+    mi, st, sp = d["merge_indptr"], d["merge_partial_start"], d["merge_partial_stride"]
+    read = sorted(int(st[r]) + j * int(sp[r]) for r in range(B) for j in range(int(mi[r + 1] - mi[r])))
+    items = p["item_partial"][:n]
+    written = sorted(int(items[i]) + j for i in range(n) for j in range(int(p["item_qo_len"][i])))
+    assert read == written and len(set(read)) == len(read) and max(read) < info.num_state_rows
+
+
+def test_plans_the_join_cannot_serve_keep_the_fold():
+    """A prefix on decode tiles (its states are other decode CTAs'), and trees (a row's states
+    from two prefill levels): the fold, as without join_levels."""
+    H, Hk, D, ps = 32, 8, 128, 16
+    kv_indptr, idx, last, pool = one_prefix_batch(6, 400, 40, ps)
+    cp = CascadePlanner.create(40, 40, 4000, H, Hk, D, ps, num_levels=3, max_rows=32, **prefill_kw(H, Hk, D, rows=64))
+    cp.join_levels = True
+    info = cp.plan_shared(None, kv_indptr, idx, last)
+    assert not info.joined and not info.level_prefill_items.any()   # 6 queries: one decode tile
+    rng = np.random.default_rng(3)
+    tree = shared_batch(rng, ps, groups=((12, 3), (10, 2)), system_pages=6, loners=1)
+    info = cp.plan_shared(None, *tree[:3])
+    assert not info.joined and info.level_prefill_items[:2].all()

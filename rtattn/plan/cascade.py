@@ -92,6 +92,7 @@ class CascadeInfo:
     prefill: PlanInfo | None = None   # the prefill part (None: the planner has no prefill family)
     union: Union | None = None        # the levels as one pseudo-batch (None from the one-prefix path)
     flat: bool = False                # the flat plan: one level, each request its own pages (no fold)
+    joined: bool = False              # the suffix rows join the prefill level's states (no fold kernel)
 
     def _parts(self):
         return [p for p in (self.plan, self.prefill) if p is not None]
@@ -148,6 +149,10 @@ class CascadePlanner:
         self.prefill = prefill
         self.prefill_saving_us = prefill_saving_us   # (qo, kv) -> us: prefill_groups' cost rule
         self.flat_saving_us = flat_saving_us         # (batch, prefix tokens, decode tile_q) -> us: flat_plan's
+        # The decode kernel can join the prefill level's states into its suffix rows (a
+        # level_join build: CascadeWrapper sets this where it has one): _plan_one_prefix's
+        # prefill-tile plans then need no fold.
+        self.join_levels = False
         self.max_state_rows = b.max_partial_rows + b.max_qo_tokens
         parts = {"plan": planner.layout}
         if prefill is not None:
@@ -344,10 +349,15 @@ class CascadePlanner:
         d_it, d_res = self._tile_items(t_grp, t_row, t_len, t_kv)
         R = _state_rows(d_it, 0)
         parts = [(d_it, d_res, self.planner, v["plan"])]
-        tmpl = None
+        tmpl, join = None, False
         if self.prefill is not None:
             if on_prefill:
                 p_it, p_res, tmpl, p_rows = self._prefill_items(np.array([B]), np.array([P]), self._ar[:1], None)
+                join = (self.join_levels and tmpl is not None and d_it.shape[1] == B
+                        and B <= self.planner.bounds.max_merge_rows)
+                if join:   # each suffix item writes its row, joining the prefix's states: none of its own
+                    p_rows = _join_rows(p_it, self.prefill.tile_q)
+                    d_it[5], d_it[6], R = -1, d_it[1], 0
             else:   # plan_union's empty prefill part
                 p_it, p_res, _, p_rows = self._prefill_items(self._ar[:0], self._ar[:0], self._ar[:0], self._ar[:0])
             p_it[5] += R
@@ -374,7 +384,14 @@ class CascadePlanner:
             p_it[7] = 0                    # the prefix's pages come first
         infos = self._write_parts(buf, parts, R, Bp, B)
         level_of = self._level01[:Bp]
-        if tmpl is not None and d_it.shape[1] == B:   # c prefill chunks per row, then its one suffix item
+        if join:   # row r's c prefix states: rows start + k * tile_q (_join_rows), in the decode part's merge map
+            c, tq, r = tmpl.shape[1], self.prefill.tile_q, self._ar[:B]
+            np.multiply(self._ar[:B + 1], c, out=pv["merge_indptr"][:B + 1], casting="unsafe")
+            np.add((r // tq) * (c * tq), r % tq, out=pv["merge_partial_start"][:B], casting="unsafe")
+            pv["merge_partial_stride"][:B] = tq
+            pv["merge_qo_row"][:B] = r
+            v["fold_indptr"][:B + 1] = 0   # (nothing for the fold: no fold kernel runs)
+        elif tmpl is not None and d_it.shape[1] == B:   # c prefill chunks per row, then its one suffix item
             c = tmpl.shape[1]
             fr = v["fold_rows"][:R].reshape(B, c + 1)
             np.add(tmpl, t0, out=fr[:, :c])
@@ -386,7 +403,7 @@ class CascadePlanner:
         v["kv_offset"][0] = 0
         v["kv_offset"][1:Bp] = P
         struct.pack_into("=3i", v["fold_info"], 0, B, R, 2)
-        return CascadeInfo(infos[0], level_of, 2, B, R, nnz, v, infos[1] if len(infos) > 1 else None)
+        return CascadeInfo(infos[0], level_of, 2, B, R, nnz, v, infos[1] if len(infos) > 1 else None, joined=join)
 
     def _one_prefix_tiles(self, B: int, T0: int):
         """(group, first real row, rows) of each decode query tile, as _decode_items makes them
@@ -524,6 +541,16 @@ def _fold_template(it: np.ndarray, qo_len: np.ndarray, tile_q: int):
     return base[r // tile_q] + (r % tile_q)[:, None]
 
 
+def _join_rows(it: np.ndarray, tile_q: int) -> int:
+    """One group's prefill items (balanced: every tile the same c chunks) numbered for the
+    decode kernel's join: chunk k of tile T writes state rows (T * c + k) * tile_q + j, so row
+    r's states are start + k * tile_q. Returns the rows spanned (tiles * c * tile_q)."""
+    order = (it[1].astype(np.int64) << 31 | it[3]).argsort(kind="stable")   # by tile, then by KV
+    it[5][order] = np.arange(it.shape[1]) * tile_q
+    it[6] = -1
+    return it.shape[1] * tile_q
+
+
 def _state_rows(it: np.ndarray, first: int) -> int:
     """Number the items' state rows from `first` in item order (each item writes its own rows;
     nothing merges in the kernel: the fold does): item_partial, and item_merge = -1. Returns
@@ -555,6 +582,19 @@ def execute_cascade(info: CascadeInfo, q, k_cache, v_cache, var=None, kv_layout:
 
     if info.flat:   # the decode family's own plan: merged or written through, no fold
         return execute_plan(pv, q, k_cache, v_cache, var, kv_layout, q_index=q_index)
+    merge = merge_sigmoid if var.sigmoid else merge_states
+    if info.joined:   # the decode kernel's join: each row's prefill states (its merge entry), then its own
+        pre: dict = {}
+        execute_plan(info.prefill.views, q, k_cache, v_cache, var, kv_layout, q_index=q_index, partials=pre)
+        O, LSE = execute_plan(pv, q, k_cache, v_cache, var, kv_layout, q_index=q_index)
+        mi, start, step = pv["merge_indptr"], pv["merge_partial_start"], pv["merge_partial_stride"]
+        for t in range(info.num_qo_tokens):
+            o, lse = np.zeros(q.shape[1:]), np.full(q.shape[1], -np.inf)
+            for k in range(int(mi[t + 1] - mi[t])):
+                r = int(start[t]) + k * int(step[t])
+                o, lse = merge(o, lse, pre["o"][r], pre["lse"][r])
+            O[t], LSE[t] = merge(o, lse, O[t], LSE[t])
+        return O, LSE
     states_o = states_lse = None
     for part in info._parts():   # each family's kernel writes its own items' state rows
         parts: dict = {}
@@ -567,7 +607,6 @@ def execute_cascade(info: CascadeInfo, q, k_cache, v_cache, var=None, kv_layout:
     N, H, D = q.shape
     O = np.full((N, H, D), np.nan)
     LSE = np.full((N, H), np.nan)
-    merge = merge_sigmoid if var.sigmoid else merge_states
     fi, rows = v["fold_indptr"], v["fold_rows"]
     for t in range(info.num_qo_tokens):
         ids = rows[int(fi[t]):int(fi[t + 1])]
