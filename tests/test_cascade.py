@@ -225,6 +225,38 @@ def test_the_flat_plan_launches_the_decode_and_merge_kernels(fake_gpu):
         C.CascadeWrapper(2, 32, 8, 128, 16, max_batch=16, max_pages=100, flat="yes")
 
 
+def test_join_levels_launches_the_prefill_kernel_and_the_joining_decode_build(fake_gpu):
+    """join_levels=True: a one-prefix plan on prefill tiles is two calls, the prefill kernel and
+    the decode kernel's level_join build (on the same arguments), no fold; a plan the join cannot
+    serve (a tree: a row's states from two prefill levels) keeps the fold list."""
+    kv_indptr, idx, last, pool = one_prefix_batch(20, 256, 40, 16)
+    first = len(fake_gpu.kernels)
+    w = C.CascadeWrapper(3, 32, 8, 128, 16, max_batch=24, max_pages=pool + 40, prefill=True, join_levels=True,
+                         num_pages_pool=pool + 40)
+    levels_k, plain_k, join_k = fake_gpu.kernels[first:]
+    assert "#define RTATTN_LEVEL_JOIN 1" in join_k.rendered.source and "RTATTN_LEVEL_JOIN" not in levels_k.rendered.source
+    assert "RTATTN_INDEPENDENT_LEVEL 1" in join_k.rendered.source and w.planner.join_levels
+    kc, vc = cuda((pool + 40, 16, 8, 128), ptr=1 << 32), cuda((pool + 40, 16, 8, 128), ptr=1 << 33)
+    info = w.plan(None, kv_indptr, idx, last, share_prefixes=True)
+    assert info.joined and w.launch_list() == "join"
+    q, o = cuda((20, 32, 128)), cuda((20, 32, 128), ptr=1 << 34)
+    n = len(join_k.enqueued)
+    w.run(q, kc, vc, out=o)
+    (pre, pre_args), (dec, dec_args) = join_k.enqueued[n:]
+    assert pre.function is fake_gpu.prefill[-1].kernel and dec.function is join_k.kernel
+    assert dec_args == bytes(w.prepare(q, kc, vc, out=o).lists["prefill"][1].params)   # the decode arguments
+    tree = shared_batch(np.random.default_rng(1), 16, groups=((12, 3), (10, 2)), system_pages=6, loners=1,
+                        pool=pool + 40)
+    info = w.plan(None, *tree[:3], share_prefixes=True)
+    assert not info.joined and w.launch_list() == "prefill" and info.level_prefill_items[:2].all()
+    # without concurrent levels there is no joining build (its states are the previous grid's)
+    w = C.CascadeWrapper(2, 32, 8, 128, 16, max_batch=24, max_pages=pool, prefill=True, join_levels=True,
+                         concurrent_levels=False)
+    assert w._join is None and not w.planner.join_levels
+    with pytest.raises(TypeError, match="join_levels must be a bool"):
+        C.CascadeWrapper(2, 32, 8, 128, 16, max_batch=24, max_pages=pool, join_levels="yes")
+
+
 def test_levels_in_flashinfer_convention(fake_gpu):
     kv_indptr, idx, last, pool = one_prefix_batch(4, 64, 20, 16)
     w = C.CascadeWrapper(2, 8, 8, 64, 16, max_batch=4, max_pages=pool, prefill=True)
@@ -304,12 +336,13 @@ def test_smoke_cases_plan_on_the_families_they_name(fake_gpu):
         kv_indptr, idx, last, pool = make(np.random.default_rng(len(name)), ps)
         B = len(kv_indptr) - 1
         qo = np.arange(B + 1, dtype=np.int32) * qo_len
-        flat = prefill == "flat"
+        flat, on_prefill = prefill == "flat", prefill in (True, "join")
         w = C.CascadeWrapper(levels, H, Hk, D, ps, max_batch=B + 2, max_pages=max(pool, int(kv_indptr[-1])) + 2,
-                             max_qo_tokens=int(qo[-1]) + 2, variant=variant, dtype=dtype, prefill=prefill is True,
-                             flat=flat)
+                             max_qo_tokens=int(qo[-1]) + 2, variant=variant, dtype=dtype, prefill=on_prefill,
+                             flat=flat, join_levels=prefill == "join")
         info = w.plan(qo, kv_indptr, idx, last, share_prefixes=True)
-        assert bool(info.level_prefill_items.any()) == (prefill is True) and info.flat == flat, name
+        assert bool(info.level_prefill_items.any()) == on_prefill and info.flat == flat, name
+        assert info.joined == (prefill == "join"), name
         assert info.num_levels == (1 if flat else levels), name
 
 
@@ -324,6 +357,12 @@ def test_level_kernels_and_the_fold_compile(isolated_cache):
     src = decode.render(spec.with_(independent=True), "h200").source
     assert "#define RTATTN_INDEPENDENT_LEVEL 1" in src and "RTATTN_INDEPENDENT" not in decode.render(spec, "h200").source
     assert compile_spec(spec.with_(independent=True), "sm_90", quiet=True)[1][:4] == b"\x7fELF"
+    # ... and its build that joins the prefill level's states into its suffix rows (join_levels)
+    joining = spec.with_(independent=True, level_join=True)
+    assert "#define RTATTN_LEVEL_JOIN 1" in decode.render(joining, "h200").source and joining.uri.endswith("_ind_join")
+    assert compile_spec(joining, "sm_90", quiet=True)[1][:4] == b"\x7fELF"
+    with pytest.raises(ValueError, match="level_join=True needs independent=True"):
+        spec.with_(level_join=True)
     # the fold's three job shapes (D/32 = 2, 4, 8 columns per lane where jobs outnumber warps)
     for dtype, D, softmax in (("bfloat16", 128, True), ("bfloat16", 64, True), ("float16", 256, False)):
         assert compile_fold(dtype, D, softmax, "sm_90")[:4] == b"\x7fELF"
@@ -532,24 +571,27 @@ def test_gpu_flat_plan_matches_float64_and_is_bitwise_deterministic(variant, hea
 
 
 @pytest.mark.gpu
-def test_gpu_graph_replays_across_the_three_launch_lists():
+def test_gpu_graph_replays_across_the_launch_lists():
     """One StepGraph over steps whose plans need each launch list in turn: flat (6 requests over
-    one prefix, flat=True), prefill tiles (12 over one prefix, prefill=True), levels (two groups
-    and a loner: the general path), flat again. Each replay is checked against float64 and is
-    bitwise the eager run's; the graph holds one executable per list."""
+    one prefix, flat=True), join (12 over one prefix on prefill tiles, join_levels=True), levels
+    (two small groups and a loner: the general path on decode), prefill (a tree whose two shared
+    levels are on prefill tiles: the fold), flat again. Each replay is checked against float64
+    and is bitwise the eager run's; the graph holds one executable per list."""
     import torch
     from rtattn.graphs import StepGraph
     from rtattn.runtime import Stream
-    H, Hk, D, ps, pool, maxb = 32, 8, 128, 16, 600, 16
-    w = C.CascadeWrapper(3, H, Hk, D, ps, max_batch=maxb, max_pages=pool, prefill=True, flat=True,
-                         num_pages_pool=pool)
+    H, Hk, D, ps, pool, maxb = 32, 8, 128, 16, 600, 24
+    w = C.CascadeWrapper(3, H, Hk, D, ps, max_batch=maxb + 8, max_pages=pool, prefill=True, flat=True,
+                         join_levels=True, num_pages_pool=pool)
     gen = torch.Generator(device="cuda").manual_seed(2)
     k, v = (torch.randn((pool, ps, Hk, D), generator=gen, device="cuda").to(torch.bfloat16) for _ in range(2))
     q = torch.randn((maxb, H, D), generator=gen, device="cuda").to(torch.bfloat16)
     out, lse = torch.zeros_like(q), torch.zeros((maxb, H), device="cuda")
     rng = np.random.default_rng(4)
     steps = [one_prefix_batch(6, 300, 40, ps, seed=1), one_prefix_batch(12, 300, 40, ps, seed=2),
-             shared_batch(rng, ps, groups=((3, 2), (2, 1)), loners=1, pool=pool), one_prefix_batch(5, 200, 20, ps, seed=3)]
+             shared_batch(rng, ps, groups=((3, 2), (2, 1)), loners=1, pool=pool),
+             shared_batch(rng, ps, groups=((12, 3), (10, 2)), system_pages=6, loners=1, pool=pool),
+             one_prefix_batch(5, 200, 20, ps, seed=3)]
     s, graph, lists = Stream(), None, []
     for kv_indptr, idx, last, _ in steps:
         B = len(kv_indptr) - 1
@@ -571,4 +613,27 @@ def test_gpu_graph_replays_across_the_three_launch_lists():
         s.synchronize()
         assert torch.equal(eager_o, out[:B]) and torch.equal(eager_l, lse[:B]), f"{lists[-1]}: graph != eager"
     graph.close()
-    assert lists == ["flat", "prefill", "levels", "flat"] and graph.stats["instantiations"] == 3
+    assert lists == ["flat", "join", "levels", "prefill", "flat"] and graph.stats["instantiations"] == 4
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", ["plain", "causal", "alibi", "soft_cap", "sigmoid"])
+@pytest.mark.parametrize("heads, D, ps, B", [((32, 8), 128, 16, 20), ((32, 32), 64, 1, 40), ((8, 8), 256, 64, 40),
+                                             ((32, 1), 128, 16, 20), ((32, 4), 128, 16, 64)])
+def test_gpu_joined_levels_match_float64_and_the_fold(variant, heads, D, ps, B):
+    """join_levels=True: the prefix on prefill tiles, each suffix row written by the decode kernel
+    after joining the prefix's states (no fold kernel): float64 reference with poisoned outputs,
+    close to the fold's result on the same cache, the same bits on a second run and from a
+    second wrapper."""
+    import torch
+    c = gpu_case(one_prefix_batch(B, 700, 2 * ps + 9 if ps < 64 else 40, ps, seed=B), *heads, D, ps)
+    w = gpu_wrapper(c, 2, variant, join_levels=True)
+    out, lse = gpu_run(c, w, variant)
+    assert w.info.joined and w.launch_list() == "join" and w.info.level_prefill_items[0] > 0
+    check_gpu(c, out, lse, REF[variant])
+    again, lse2 = gpu_run(c, w, variant)
+    other, lse3 = gpu_run(c, gpu_wrapper(c, 2, variant, join_levels=True), variant)
+    assert torch.equal(out, again) and torch.equal(out, other) and torch.equal(lse, lse2) and torch.equal(lse, lse3)
+    folded, flse = gpu_run(c, gpu_wrapper(c, 2, variant), variant)   # the fold kernel's result
+    assert float((folded.float() - out.float()).norm() / folded.float().norm()) < 1e-2
+    assert float((flse - lse).abs().max()) < 1e-2

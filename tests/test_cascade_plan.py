@@ -284,7 +284,7 @@ def test_the_flat_plan_equals_attention_over_whole_requests(var, heads, D, ps):
     B, H, Hk = 5, *heads   # (5 requests on 3 CTAs: balanced splits some)
     kv_indptr, idx, last, pool = one_prefix_batch(B, 12 * ps + 3 if ps > 1 else 40, 2 * ps + 1, ps, seed=D)
     merges = []
-    for mode in ("auto", "balanced"):
+    for mode in ("auto", "balanced", "contiguous"):
         cp = CascadePlanner.create(B, B, int(kv_indptr[-1]), H, Hk, D, ps, num_ctas=3, mode=mode,
                                    max_rows=16 if H <= 16 * Hk else 32, flat_saving_us=ALWAYS.__func__)
         info = cp.plan_shared(None, kv_indptr, idx, last, causal=var.causal)

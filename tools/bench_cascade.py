@@ -22,7 +22,9 @@ level instead of alongside it: concurrent_levels=False, the A/B), rt-128 (rt-pre
 prefill tiles, where the wrapper's fit is smaller: the tile A/B), rt-dec (every level on
 decode: prefill=False) and rt-m1 (rt-dec with m_tiles 1) -- these A/Bs plan the levels
 (flat=False); rt-casc may plan flat where its cost rule says so, rt-flat plans flat wherever
-the pages fit (flat=True: one level, rtattn's single format inside the cascade). `--breakdown` also times each
+the pages fit (flat=True: one level, rtattn's single format inside the cascade); rt-join and
+rt-prej are rt-casc and rt-pre with join_levels=True (one-prefix plans on prefill tiles: the
+decode kernel joins the prefix's states into the suffix rows, no fold kernel). `--breakdown` also times each
 kernel of rt-ser's launch list alone (prefill, decode, fold: where the step's time goes).
 Every output is checked
 against a float32 torch reference (relative error < 2e-2) after an eager call and after the
@@ -46,12 +48,14 @@ import bench_common as bc  # noqa: E402
 
 HQ, HKV, D, PAGE, SUFFIX = 32, 8, 128, 16, 128
 TOL = 2e-2
-LIBS = ("rt-casc", "rt-pre", "rt-ser", "rt-128", "rt-dec", "rt-m1", "rt-flat", "rt-single", "fi-casc", "fi-cc",
-        "fi-tc")
-# CascadeWrapper configurations: (prefill, concurrent_levels, m_tiles, flat)
-RT_CASC = {"rt-casc": ("auto", True, 2, "auto"), "rt-pre": (True, True, 2, False), "rt-ser": (True, False, 2, False),
-           "rt-128": (True, True, 2, False), "rt-dec": (False, True, 2, False), "rt-m1": (False, True, 1, False),
-           "rt-flat": ("auto", True, 2, True)}
+LIBS = ("rt-casc", "rt-join", "rt-pre", "rt-prej", "rt-ser", "rt-128", "rt-dec", "rt-m1", "rt-flat", "rt-single",
+        "fi-casc", "fi-cc", "fi-tc")
+# CascadeWrapper configurations: (prefill, concurrent_levels, m_tiles, flat, join_levels)
+RT_CASC = {"rt-casc": ("auto", True, 2, "auto", False), "rt-join": ("auto", True, 2, "auto", True),
+           "rt-pre": (True, True, 2, False, False), "rt-prej": (True, True, 2, False, True),
+           "rt-ser": (True, False, 2, False, False), "rt-128": (True, True, 2, False, False),
+           "rt-dec": (False, True, 2, False, False), "rt-m1": (False, True, 1, False, False),
+           "rt-flat": ("auto", True, 2, True, False)}
 # PERF.md: FlashInfer cascade µs, single-format µs
 PERF_MD = {(1024, 16): (24.3, 36.6), (1024, 64): (44.6, 119.0), (8192, 16): (36.0, 196.0),
            (8192, 64): (72.7, 750.4), (32768, 16): (64.8, 735.2), (32768, 64): (148.0, 2906.4)}
@@ -254,13 +258,13 @@ def bench_lib(lib: str, x: Inputs, stream, ws, samples: int, breakdown: bool = F
         calls = [lambda l=l: l(torch.cuda.current_stream()) for l in launches]
     else:
         from rtattn import CascadeWrapper
-        prefill, concurrent, m_tiles, flat = RT_CASC[lib]
+        prefill, concurrent, m_tiles, flat, join = RT_CASC[lib]
         if lib == "rt-128" and prefill_tile(x.B).max_rows == 128:
             return {"skipped": "the wrapper's own tile is 128 rows here (rt-pre)"}
         with tile_rows(128 if lib == "rt-128" else None):
             # max_pages: the page table's length, so that the flat plan fits where it is chosen
             w = CascadeWrapper(3, HQ, HKV, D, PAGE, max_batch=x.B, max_pages=int(x.kv_indptr[-1]), m_tiles=m_tiles,
-                               prefill=prefill, concurrent_levels=concurrent, flat=flat)
+                               prefill=prefill, concurrent_levels=concurrent, flat=flat, join_levels=join)
         t0 = time.perf_counter()
         w.plan(None, x.kv_indptr, x.idx, x.last, share_prefixes=True, stream=stream)
         info.update(plan_us=(time.perf_counter() - t0) * 1e6, levels=w.info.num_levels, list=w.launch_list(),
@@ -303,21 +307,21 @@ def format_table(table) -> str:
     t = lambda r: r.get("us") if r else None  # noqa: E731
     f = lambda v, s="{:.1f}": s.format(v) if v else "—"  # noqa: E731
     lines = ["| row | rt cascade µs | rt all-prefill µs | rt serialized µs | rt 128-row µs | rt decode-only µs "
-             "| rt m1 µs | rt flat µs | FI cascade µs | rt / FI cascade | rt single µs "
+             "| rt m1 µs | rt flat µs | rt join µs | FI cascade µs | rt / FI cascade | rt single µs "
              "| FI single (best) µs | rt cascade speedup vs rt single | rt speedup vs FI single | FI speedup (PERF.md) "
              "| check |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, res in table:
         get = lambda k: res.get(k) or {}  # noqa: E731
-        rc, rp, rser, r128, rd, m1, rf, fc, rs = (t(get(k)) for k in ("rt-casc", "rt-pre", "rt-ser", "rt-128",
-                                                                       "rt-dec", "rt-m1", "rt-flat", "fi-casc",
-                                                                       "rt-single"))
+        rc, rp, rser, r128, rd, m1, rf, rj, fc, rs = (t(get(k)) for k in ("rt-casc", "rt-pre", "rt-ser", "rt-128",
+                                                                           "rt-dec", "rt-m1", "rt-flat", "rt-join",
+                                                                           "fi-casc", "rt-single"))
         fs = min([v for v in (t(get("fi-cc")), t(get("fi-tc"))) if v], default=None)
         best = ok(get("rt-casc"))   # the default configuration (the others are A/B columns)
         fc_ok, rs_ok = ok(get("fi-casc")), ok(get("rt-single"))
         fs_ok = min([v for v in (ok(get("fi-cc")), ok(get("fi-tc"))) if v], default=None)
         pm = PERF_MD.get(tuple(int(x) for x in name[1:].split("x"))) if name.startswith("p") else None
-        lines.append(f"| {name} | {f(rc)} | {f(rp)} | {f(rser)} | {f(r128)} | {f(rd)} | {f(m1)} | {f(rf)} | {f(fc)} | {f(best / fc_ok if best and fc_ok else None, '{:.2f}')} "
+        lines.append(f"| {name} | {f(rc)} | {f(rp)} | {f(rser)} | {f(r128)} | {f(rd)} | {f(m1)} | {f(rf)} | {f(rj)} | {f(fc)} | {f(best / fc_ok if best and fc_ok else None, '{:.2f}')} "
                      f"| {f(rs)} | {f(fs)} | {f(rs_ok / best if rs_ok and best else None, '{:.2f}')} "
                      f"| {f(fs_ok / best if fs_ok and best else None, '{:.2f}')} "
                      f"| {f(pm[1] / pm[0] if pm else None, '{:.2f}')} | {row_check(res)} |")
@@ -408,8 +412,8 @@ def selftest(reference_checks: bool = True) -> int:
            "rt-single": {"error": "CudaError: CUDA_ERROR_ILLEGAL_ADDRESS"}, "fi-cc": {"error": "ImportError: x"}}
     table = [("p1024x16", res), ("p8192x16", bad)]
     lines = format_table(table).splitlines()
-    assert lines[2] == ("| p1024x16 | 20.0 | — | — | — | — | — | — | 25.0 | 0.80 | 30.0 | 40.0 | 1.50 | 2.00 | 1.51 | PASS |"), lines[2]
-    assert lines[3].startswith("| p8192x16 | 20.0 | — | — | — | — | — | — | 25.0 | — | — | — | — | — | 5.44 |"), lines[3]
+    assert lines[2] == ("| p1024x16 | 20.0 | — | — | — | — | — | — | — | 25.0 | 0.80 | 30.0 | 40.0 | 1.50 | 2.00 | 1.51 | PASS |"), lines[2]
+    assert lines[3].startswith("| p8192x16 | 20.0 | — | — | — | — | — | — | — | 25.0 | — | — | — | — | — | 5.44 |"), lines[3]
     assert lines[3].endswith("| rt-casc:FAIL fi-casc:FAIL rt-single:ERR fi-cc:ERR |"), lines[3]
     assert failures(table) == ["p8192x16 rt-casc:FAIL", "p8192x16 fi-casc:FAIL", "p8192x16 rt-single:ERR"]
     assert "FAIL" in format_result("p8192x16", "rt-casc", bad["rt-casc"]) and failures(table[:1]) == []

@@ -1,10 +1,11 @@
 """Isolated first check of the cascade on a GPU (shared levels on the prefill kernel, suffixes on
-decode, the fold as the last call of one launch list; the flat plan's decode and merge kernels): a few shapes against the float64
+decode, the fold as the last call of one launch list; the flat plan's decode and merge kernels; the
+decode build that joins the prefix's states, join_levels): a few shapes against the float64
 reference, each case reported (error or exception) without stopping, so one bad case does not
 hide the others. Run before the GPU tier, one process per case (a faulting kernel poisons its
 process):
 
-    for i in $(seq 0 12); do timeout 60 python tools/smoke_cascade.py $i & done; wait
+    for i in $(seq 0 14); do timeout 60 python tools/smoke_cascade.py $i & done; wait
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ def two_groups(rng, ps):    # a system prompt over groups of 12 and 9: both shar
 
 
 # (name, batch(rng, page_size), heads, head_dim, page, levels, variant, dtype, queries per request,
-#  prefill: True / False, or "flat": the flat plan, flat=True)
+#  prefill: True / False, "flat": the flat plan (flat=True), "join": prefill tiles and join_levels=True)
 CASES = [
     ("prefill level, 40 x 256-token prefix", prefix40, (32, 8), 128, 16, 2, "plain", "bfloat16", 1, True),
     ("decode only (A/B)", prefix40, (32, 8), 128, 16, 2, "plain", "bfloat16", 1, False),
@@ -47,6 +48,10 @@ CASES = [
     ("sigmoid", prefix40, (32, 8), 128, 16, 2, "sigmoid", "bfloat16", 1, True),
     ("flat plan, 16 x 1K prefix", lambda r, ps: one_prefix_batch(16, 1024, 128, ps), (32, 8), 128, 16, 2, "alibi",
      "bfloat16", 1, "flat"),
+    ("joined levels, 64 x 8K prefix", lambda r, ps: one_prefix_batch(64, 8192, 128, ps), (32, 8), 128, 16, 2,
+     "plain", "bfloat16", 1, "join"),
+    ("joined levels, g=1 d64 page 1", lambda r, ps: one_prefix_batch(48, 500, 30, ps), (32, 32), 64, 1, 2,
+     "causal", "bfloat16", 1, "join"),
 ]
 
 
@@ -56,10 +61,11 @@ def check(name, make, heads, D, ps, levels, variant, dtype, qo_len, prefill) -> 
     batch = make(np.random.default_rng(len(name)), ps)
     B = len(batch[0]) - 1
     c = gpu_case(batch, *heads, D, ps, dtype, qo=np.arange(B + 1) * qo_len, seed=len(name))
-    w = gpu_wrapper(c, levels, variant, prefill=prefill is True, flat=prefill == "flat")
+    on_prefill = prefill in (True, "join")
+    w = gpu_wrapper(c, levels, variant, prefill=on_prefill, flat=prefill == "flat", join_levels=prefill == "join")
     eo, el = gpu_errors(c, *gpu_run(c, w, variant), REF[variant])
-    ok = (eo < TOL[dtype] and el < 2e-2 and bool(w.info.level_prefill_items.any()) == (prefill is True)
-          and w.info.flat == (prefill == "flat"))
+    ok = (eo < TOL[dtype] and el < 2e-2 and bool(w.info.level_prefill_items.any()) == on_prefill
+          and w.info.flat == (prefill == "flat") and w.info.joined == (prefill == "join"))
     return ok, (f"{'ok ' if ok else 'BAD'} {name:34s} O err {eo:.2e} LSE err {el:.2e} levels {w.info.num_levels} "
                 f"prefill items {w.info.level_prefill_items.tolist()} of {w.info.level_items.tolist()} "
                 f"({time.perf_counter() - t0:.1f} s)")

@@ -353,8 +353,9 @@ class CascadePlanner:
         if self.prefill is not None:
             if on_prefill:
                 p_it, p_res, tmpl, p_rows = self._prefill_items(np.array([B]), np.array([P]), self._ar[:1], None)
-                join = (self.join_levels and tmpl is not None and d_it.shape[1] == B
-                        and B <= self.planner.bounds.max_merge_rows)
+                join = (self.join_levels and tmpl is not None and d_it.shape[1] == B   # one item per suffix
+                        and B <= self.planner.bounds.max_merge_rows
+                        and p_it.shape[1] * self.prefill.tile_q <= self.max_state_rows)
                 if join:   # each suffix item writes its row, joining the prefix's states: none of its own
                     p_rows = _join_rows(p_it, self.prefill.tile_q)
                     d_it[5], d_it[6], R = -1, d_it[1], 0
