@@ -14,7 +14,9 @@ rest on the decode kernel (rtattn.plan.cascade.prefill_groups is the rule). run(
 launch list (PDL): the persistent prefill kernel, the persistent decode kernel (which reads
 nothing the prefill kernel writes, so it runs concurrently: it waits for that grid only before
 exiting), and the fold kernel that combines each query's level states with ⊕ into the output
-and LSE. Every kernel
+and LSE -- or the list the plan needs (launch_list(): no prefill kernel where nothing is on its
+tiles; the flat plan's decode and merge kernels; the prefill kernel and a decode build that
+joins its states, with no fold). Every kernel
 has a fixed grid and reads only fixed workspace addresses, so a captured graph
 (rtattn.graphs.StepGraph) replays across replans, requests joining and leaving shared
 prefixes included.
@@ -189,7 +191,7 @@ class CascadeWrapper:
     CascadeWrapper(num_levels, H_qo, H_kv, D, page_size, max_batch=..., max_pages=...,
                    max_qo_tokens=None, variant="plain", dtype="bfloat16", kv_layout="NHD",
                    mode="auto", m_tiles=None, num_ctas=None, pdl=True, prefill="auto",
-                   concurrent_levels=True)
+                   concurrent_levels=True, flat="auto", join_levels=False)
 
     `max_pages` bounds the pages of all levels together (a shared page counts once);
     `max_qo_tokens` the query rows (default max_batch: decode). `m_tiles` (16-row query
@@ -204,6 +206,14 @@ class CascadeWrapper:
     `num_ctas` is the decode kernel's grid; the prefill kernel's is its own resident wave.
     `concurrent_levels` (default True; False: the A/B): with a prefill kernel, the decode
     kernel runs concurrently with it instead of after it.
+    `flat` (default "auto"): share_prefixes steps of decode requests over one prefix that stays
+    on decode tiles are planned flat (each request's whole page list, one level: the decode and
+    merge kernels, no fold) where rtattn.families.choice.flat_saving_us predicts it faster and
+    the page lists fit max_pages; True: flat wherever it fits; False: never.
+    `join_levels` (default False; needs concurrent levels): one-prefix plans on prefill tiles
+    whose suffix rows are one decode item each skip the fold kernel: the decode kernel joins
+    each row's prefix states before writing it.
+    The launch list follows each plan (launch_list()).
     """
 
     def __init__(self, num_levels: int, num_qo_heads: int, num_kv_heads: int, head_dim: int, page_size: int, *,
