@@ -39,7 +39,8 @@ import numpy as np
 from rtattn.codegen.cstruct import FieldWriter
 from rtattn.codegen.spec import BUILTINS, AttentionSpec, Param
 from rtattn.families import choice, decode as decode_family
-from rtattn.families.prefill import ROWS as PREFILL_ROWS, check_kv_strides, choose_tile, prefill_kernels, tile_config
+from rtattn.families.prefill import ROWS as PREFILL_ROWS, WGMMA_ROWS, check_kv_strides, choose_tile
+from rtattn.families.prefill import prefill_kernels, tile_config
 from rtattn.level_fold import CTAS_PER_SM, THREADS, fold_function, params_struct
 from rtattn.plan import devices as plan_devices
 from rtattn.plan.cascade import CascadeInfo, CascadePlanner
@@ -84,16 +85,22 @@ def level_spec(base: AttentionSpec) -> tuple[AttentionSpec, bool, bool]:
                       **unclipped), True, causal
 
 
-def shared_prefill_tile(device: plan_devices.Device, head_dim: int, group: int, page_size: int, max_queries: int):
+def shared_prefill_tile(device: plan_devices.Device, head_dim: int, group: int, page_size: int, max_queries: int,
+                        mma: str = "sync"):
     """The prefill family's tile for shared groups: its policy for a group of `max_queries`
     queries (the most one group can hold: every query of the step), i.e. the smallest tile that
     holds them, at most 128 fused rows -- 16 decode queries at 32/8 fill 64 rows, and a 128-row
-    tile would spend half its MMAs on padding. None where the family cannot serve: pages past
-    128 tokens, a head group past its rows."""
+    tile would spend half its MMAs on padding. `mma`: the kernel -- "sync" (default: the shared
+    levels have run on it, H200 "Cascade v4"), or "wgmma" (cc 9.0: the family's sm_90a kernel,
+    its 64-row tile, or at head_dim 128 its 128-row tile where the group fills more: the tiles
+    the family runs, rtattn.families.prefill.WGMMA_LONG_KV). None
+    where the family cannot serve: pages past 128 tokens, a head group past its rows."""
     if page_size > 128 or group > PREFILL_ROWS[-1]:
         return None
-    # mma.sync: the shared levels have not run on the wgmma kernel (rtattn.families.prefill)
-    return choose_tile(device, head_dim, group, max_queries, mma="sync")
+    if mma == "wgmma":
+        rows = 128 if max_queries * group > WGMMA_ROWS and head_dim == 128 else WGMMA_ROWS   # (the family's)
+        return choose_tile(device, head_dim, group, max_queries, mma=mma, rows=rows)
+    return choose_tile(device, head_dim, group, max_queries, mma=mma)
 
 
 OUT_MEMBERS = ("o", "o_stride_tok", "o_stride_head", "lse")
@@ -191,7 +198,7 @@ class CascadeWrapper:
     CascadeWrapper(num_levels, H_qo, H_kv, D, page_size, max_batch=..., max_pages=...,
                    max_qo_tokens=None, variant="plain", dtype="bfloat16", kv_layout="NHD",
                    mode="auto", m_tiles=None, num_ctas=None, pdl=True, prefill="auto",
-                   concurrent_levels=True, flat="auto", join_levels=False)
+                   concurrent_levels=True, flat="auto", join_levels=False, prefill_mma="sync")
 
     `max_pages` bounds the pages of all levels together (a shared page counts once);
     `max_qo_tokens` the query rows (default max_batch: decode). `m_tiles` (16-row query
@@ -213,6 +220,8 @@ class CascadeWrapper:
     `join_levels` (default False; needs concurrent levels): one-prefix plans on prefill tiles
     whose suffix rows are one decode item each skip the fold kernel: the decode kernel joins
     each row's prefix states before writing it.
+    `prefill_mma` (default "sync": the mma.sync prefill kernel): "wgmma" (cc 9.0) runs the
+    shared groups on the prefill family's sm_90a wgmma kernel (not yet measured as a level).
     The launch list follows each plan (launch_list()).
     """
 
@@ -221,7 +230,7 @@ class CascadeWrapper:
                  dtype: str = "bfloat16", kv_layout: str = "NHD", mode: str = "auto", m_tiles: int | None = None,
                  num_ctas: int | None = None, pdl: bool = True, num_pages_pool: int | None = None, device=None,
                  prefill: bool | str = "auto", concurrent_levels: bool = True, flat: bool | str = "auto",
-                 join_levels: bool = False):
+                 join_levels: bool = False, prefill_mma: str = "sync"):
         if prefill not in (True, False, "auto"):
             raise ValueError(f"prefill must be 'auto', True or False, got {prefill!r}")
         if flat not in (True, False, "auto"):
@@ -250,7 +259,7 @@ class CascadeWrapper:
         self.num_levels = num_levels
         self.max_qo_tokens = max_qo_tokens or max_batch
         dev = plan_devices.from_props(W.current_device(device).props)
-        tile = shared_prefill_tile(dev, head_dim, group, page_size, self.max_qo_tokens) if prefill else None
+        tile = shared_prefill_tile(dev, head_dim, group, page_size, self.max_qo_tokens, prefill_mma) if prefill else None
         pp = None
         if tile is not None:   # the prefill family's planner: its tile, its grid (one resident wave)
             pp = Planner(max_batch * num_levels, self.max_qo_tokens * num_levels, max_pages, num_qo_heads,

@@ -257,6 +257,18 @@ def test_join_levels_launches_the_prefill_kernel_and_the_joining_decode_build(fa
         C.CascadeWrapper(2, 32, 8, 128, 16, max_batch=24, max_pages=pool, join_levels="yes")
 
 
+def test_prefill_mma_picks_the_wgmma_kernel_for_the_shared_levels(fake_gpu):
+    """prefill_mma="wgmma": the shared groups' kernel is the prefill family's wgmma build (its
+    tile and grid planned), the decode levels unchanged; an unknown kernel is refused."""
+    kv_indptr, idx, last, pool = one_prefix_batch(20, 256, 40, 16)
+    w = C.CascadeWrapper(2, 32, 8, 128, 16, max_batch=24, max_pages=pool, prefill=True, prefill_mma="wgmma")
+    assert w.prefill_tile.mma == "wgmma" and w.prefill_tile.rows == 128 and fake_gpu.prefill[-1].tile.mma == "wgmma"
+    info = w.plan(None, kv_indptr, idx, last, share_prefixes=True)
+    assert info.level_prefill_items[0] > 0 and info.prefill.tile_q == 32
+    with pytest.raises(ValueError, match="prefill mma='mfma'"):
+        C.CascadeWrapper(2, 32, 8, 128, 16, max_batch=24, max_pages=pool, prefill=True, prefill_mma="mfma")
+
+
 def test_levels_in_flashinfer_convention(fake_gpu):
     kv_indptr, idx, last, pool = one_prefix_batch(4, 64, 20, 16)
     w = C.CascadeWrapper(2, 8, 8, 64, 16, max_batch=4, max_pages=pool, prefill=True)
@@ -376,6 +388,13 @@ def test_level_kernels_and_the_fold_compile(isolated_cache):
     assert [C.shared_prefill_tile(h200, 128, 4, 16, n).rows for n in (9, 16, 17, 1000)] == [64, 64, 128, 128]
     assert C.shared_prefill_tile(h200, 256, 4, 16, 64).rows == 64   # (head_dim 256: at most 64 rows)
     assert compile_prefill(spec, tile, "sm_90", quiet=True)[1][:4] == b"\x7fELF"
+    # ... and on the family's sm_90a wgmma kernel (prefill_mma="wgmma"): 64 rows for 16 queries at
+    # g = 4, 128 rows past them (d128)
+    wg = [C.shared_prefill_tile(h200, 128, 4, 16, n, "wgmma") for n in (16, 17)]
+    assert [(t.mma, t.rows) for t in wg] == [("wgmma", 64), ("wgmma", 128)]
+    assert (C.shared_prefill_tile(h200, 256, 4, 16, 64, "wgmma").rows, C.shared_prefill_tile(h200, 64, 1, 16, 200,
+                                                                                            "wgmma").rows) == (64, 64)
+    assert compile_prefill(spec, wg[0], "sm_90", quiet=True)[1][:4] == b"\x7fELF"
 
 
 def test_prefill_kernels_let_the_next_grid_launch_only_after_their_wait():
@@ -637,3 +656,21 @@ def test_gpu_joined_levels_match_float64_and_the_fold(variant, heads, D, ps, B):
     folded, flse = gpu_run(c, gpu_wrapper(c, 2, variant), variant)   # the fold kernel's result
     assert float((folded.float() - out.float()).norm() / folded.float().norm()) < 1e-2
     assert float((flse - lse).abs().max()) < 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", ["plain", "causal", "alibi", "sigmoid"])
+@pytest.mark.parametrize("join", [False, True])
+@pytest.mark.parametrize("heads, D, B", [((32, 8), 128, 16), ((32, 8), 128, 64), ((32, 32), 64, 40), ((8, 8), 256, 64)])
+def test_gpu_shared_levels_on_the_wgmma_kernel_match_float64(variant, join, heads, D, B):
+    """prefill_mma="wgmma": the shared prefix on the prefill family's sm_90a kernel (64- and
+    128-row tiles), folded or joined: float64 reference with poisoned outputs, and the bits of a
+    second run."""
+    import torch
+    c = gpu_case(one_prefix_batch(B, 1500, 40, 16, seed=B), *heads, D, 16)
+    w = gpu_wrapper(c, 2, variant, prefill_mma="wgmma", join_levels=join)
+    out, lse = gpu_run(c, w, variant)
+    assert w.prefill_tile.mma == "wgmma" and w.info.level_prefill_items[0] > 0 and w.info.joined == join
+    check_gpu(c, out, lse, REF[variant])
+    again, lse2 = gpu_run(c, w, variant)
+    assert torch.equal(out, again) and torch.equal(lse, lse2)

@@ -24,7 +24,8 @@ decode: prefill=False) and rt-m1 (rt-dec with m_tiles 1) -- these A/Bs plan the 
 (flat=False); rt-casc may plan flat where its cost rule says so, rt-flat plans flat wherever
 the pages fit (flat=True: one level, rtattn's single format inside the cascade); rt-join and
 rt-prej are rt-casc and rt-pre with join_levels=True (one-prefix plans on prefill tiles: the
-decode kernel joins the prefix's states into the suffix rows, no fold kernel). `--breakdown` also times each
+decode kernel joins the prefix's states into the suffix rows, no fold kernel); rt-wg and rt-wgj
+are rt-pre and rt-prej on the prefill family's sm_90a wgmma kernel (prefill_mma="wgmma"). `--breakdown` also times each
 kernel of rt-ser's launch list alone (prefill, decode, fold: where the step's time goes).
 Every output is checked
 against a float32 torch reference (relative error < 2e-2) after an eager call and after the
@@ -48,14 +49,15 @@ import bench_common as bc  # noqa: E402
 
 HQ, HKV, D, PAGE, SUFFIX = 32, 8, 128, 16, 128
 TOL = 2e-2
-LIBS = ("rt-casc", "rt-join", "rt-pre", "rt-prej", "rt-ser", "rt-128", "rt-dec", "rt-m1", "rt-flat", "rt-single",
-        "fi-casc", "fi-cc", "fi-tc")
-# CascadeWrapper configurations: (prefill, concurrent_levels, m_tiles, flat, join_levels)
-RT_CASC = {"rt-casc": ("auto", True, 2, "auto", False), "rt-join": ("auto", True, 2, "auto", True),
-           "rt-pre": (True, True, 2, False, False), "rt-prej": (True, True, 2, False, True),
-           "rt-ser": (True, False, 2, False, False), "rt-128": (True, True, 2, False, False),
-           "rt-dec": (False, True, 2, False, False), "rt-m1": (False, True, 1, False, False),
-           "rt-flat": ("auto", True, 2, True, False)}
+LIBS = ("rt-casc", "rt-join", "rt-pre", "rt-prej", "rt-wg", "rt-wgj", "rt-ser", "rt-128", "rt-dec", "rt-m1",
+        "rt-flat", "rt-single", "fi-casc", "fi-cc", "fi-tc")
+# CascadeWrapper configurations: (prefill, concurrent_levels, m_tiles, flat, join_levels, prefill_mma)
+RT_CASC = {"rt-casc": ("auto", True, 2, "auto", False, "sync"), "rt-join": ("auto", True, 2, "auto", True, "sync"),
+           "rt-pre": (True, True, 2, False, False, "sync"), "rt-prej": (True, True, 2, False, True, "sync"),
+           "rt-wg": (True, True, 2, False, False, "wgmma"), "rt-wgj": (True, True, 2, False, True, "wgmma"),
+           "rt-ser": (True, False, 2, False, False, "sync"), "rt-128": (True, True, 2, False, False, "sync"),
+           "rt-dec": (False, True, 2, False, False, "sync"), "rt-m1": (False, True, 1, False, False, "sync"),
+           "rt-flat": ("auto", True, 2, True, False, "sync")}
 # PERF.md: FlashInfer cascade µs, single-format µs
 PERF_MD = {(1024, 16): (24.3, 36.6), (1024, 64): (44.6, 119.0), (8192, 16): (36.0, 196.0),
            (8192, 64): (72.7, 750.4), (32768, 16): (64.8, 735.2), (32768, 64): (148.0, 2906.4)}
@@ -213,7 +215,7 @@ def tile_rows(rows):
     import rtattn.cascade as C
     own = C.shared_prefill_tile
     if rows is not None:
-        C.shared_prefill_tile = lambda dev, d, g, ps, queries: own(dev, d, g, ps, rows // g)
+        C.shared_prefill_tile = lambda dev, d, g, ps, queries, mma="sync": own(dev, d, g, ps, rows // g, mma)
     try:
         yield
     finally:
@@ -258,13 +260,14 @@ def bench_lib(lib: str, x: Inputs, stream, ws, samples: int, breakdown: bool = F
         calls = [lambda l=l: l(torch.cuda.current_stream()) for l in launches]
     else:
         from rtattn import CascadeWrapper
-        prefill, concurrent, m_tiles, flat, join = RT_CASC[lib]
+        prefill, concurrent, m_tiles, flat, join, mma = RT_CASC[lib]
         if lib == "rt-128" and prefill_tile(x.B).max_rows == 128:
             return {"skipped": "the wrapper's own tile is 128 rows here (rt-pre)"}
         with tile_rows(128 if lib == "rt-128" else None):
             # max_pages: the page table's length, so that the flat plan fits where it is chosen
             w = CascadeWrapper(3, HQ, HKV, D, PAGE, max_batch=x.B, max_pages=int(x.kv_indptr[-1]), m_tiles=m_tiles,
-                               prefill=prefill, concurrent_levels=concurrent, flat=flat, join_levels=join)
+                               prefill=prefill, concurrent_levels=concurrent, flat=flat, join_levels=join,
+                               prefill_mma=mma)
         t0 = time.perf_counter()
         w.plan(None, x.kv_indptr, x.idx, x.last, share_prefixes=True, stream=stream)
         info.update(plan_us=(time.perf_counter() - t0) * 1e6, levels=w.info.num_levels, list=w.launch_list(),
