@@ -282,7 +282,7 @@ def test_the_flat_plan_equals_attention_over_whole_requests(var, heads, D, ps):
     one level, the decode family's own plan with its merges): the float64 executor gives plain
     attention, with absolute positions for causal, window and ALiBi."""
     B, H, Hk = 5, *heads   # (5 requests on 3 CTAs: balanced splits some)
-    kv_indptr, idx, last, pool = one_prefix_batch(B, 12 * ps + 3 if ps > 1 else 40, 2 * ps + 1, ps, seed=D)
+    kv_indptr, idx, last, pool = one_prefix_batch(B, min(12 * ps, 200) + 3 if ps > 1 else 40, 2 * ps + 1, ps, seed=D)
     merges = []
     for mode in ("auto", "balanced", "contiguous"):
         cp = CascadePlanner.create(B, B, int(kv_indptr[-1]), H, Hk, D, ps, num_ctas=3, mode=mode,
@@ -336,7 +336,8 @@ def test_joined_plans_equal_attention_over_whole_requests(var, heads, D, ps, B):
     row after joining the prefix's states (the decode part's merge map: rows start + k * tile_q);
     the float64 executor runs it as the kernels do and gives plain attention."""
     H, Hk = heads
-    kv_indptr, idx, last, pool = one_prefix_batch(B, 20 * ps + 3 if ps > 1 else 70, min(2 * ps + 1, 40), ps, seed=D + B)
+    kv_indptr, idx, last, pool = one_prefix_batch(B, min(20 * ps, 320) + 3 if ps > 1 else 70, min(2 * ps + 1, 40), ps,
+                                                  seed=D + B)
     cp = CascadePlanner.create(B, B, pool, H, Hk, D, ps, num_ctas=16, max_rows=16 if H <= 16 * Hk else 32,
                                **prefill_kw(H, Hk, D, rows=64 if H // Hk >= 8 else 32))
     plain = CascadePlanner.create(B, B, pool, H, Hk, D, ps, num_ctas=16, max_rows=16 if H <= 16 * Hk else 32,
