@@ -523,33 +523,27 @@ def test_gpu_concurrent_level_reads_the_query_the_kernel_before_wrote():
     check_gpu(SimpleNamespace(**{**vars(c), "q": qn}), out, lse, Variant())
 
 
-@pytest.mark.gpu
-def test_gpu_graph_replays_across_replans():
-    """One StepGraph captured at step 0 serves steps whose requests join and leave shared prefixes."""
+def graph_replay_steps(w, steps, variant, pool, maxb, seed):
+    """One StepGraph captured at the first step (q/out/lse sized for `maxb` queries) replayed for
+    each step's page table (plan() first), into poisoned outputs: each replay checked against
+    float64 and bitwise against eager run(). Returns (each step's launch list, whether it had
+    prefill items, the graph's stats)."""
     import torch
     from rtattn.graphs import StepGraph
     from rtattn.runtime import Stream
-    rng = np.random.default_rng(11)
-    H, Hk, D, ps, pool, maxb = 32, 8, 128, 16, 400, 16
-    w = C.CascadeWrapper(3, H, Hk, D, ps, max_batch=maxb, max_pages=pool, variant="alibi", prefill=True)
-    gen = torch.Generator(device="cuda").manual_seed(1)
+    H, Hk, D, ps = w.num_qo_heads, w.kernel.num_kv_heads, w.head_dim, w.page_size
+    gen = torch.Generator(device="cuda").manual_seed(seed)
     k, v = (torch.randn((pool, ps, Hk, D), generator=gen, device="cuda").to(torch.bfloat16) for _ in range(2))
     q = torch.randn((maxb, H, D), generator=gen, device="cuda").to(torch.bfloat16)
-    out = torch.zeros_like(q)
-    lse = torch.zeros((maxb, H), device="cuda")
-    params = variant_params("alibi", H)
-    s = Stream()
-    # groups come and go, and the shared prefix moves between the families (13 and 15 queries: prefill)
-    steps = [((3, 2), (2, 1)), ((12, 2),), ((2, 3), (2, 2), (2, 1)), ((10, 1), (4, 2)), ((1, 1),)]
-    families = []
-    graph = None
-    for step, groups in enumerate(steps):
-        kv_indptr, idx, last, _ = shared_batch(rng, ps, groups=groups, loners=1, pool=pool)
+    out, lse = torch.zeros_like(q), torch.zeros((maxb, H), device="cuda")
+    params = variant_params(variant, H)
+    s, graph, seen = Stream(), None, []
+    for kv_indptr, idx, last, _ in steps:
         B = len(kv_indptr) - 1
         torch.cuda.synchronize()
         w.plan(None, kv_indptr, idx, last, share_prefixes=True, stream=s)
-        families.append(bool(w.info.level_prefill_items.any()))
-        if graph is None:   # q/out/lse sized for the largest batch the graph replays
+        seen.append((w.launch_list(), bool(w.info.level_prefill_items.any())))
+        if graph is None:
             graph = StepGraph([w.prepare(q, k, v, out=out, lse=lse, params=params, stream=s)], s)
         out.fill_(float("nan"))
         lse.fill_(float("nan"))
@@ -558,15 +552,28 @@ def test_gpu_graph_replays_across_replans():
         s.synchronize()
         c = SimpleNamespace(q=q[:B], k=k, v=v, qo=np.arange(B + 1), kv_indptr=kv_indptr, idx=idx, last=last, ps=ps,
                             dtype="bfloat16")
-        check_gpu(c, out[:B], lse[:B], Variant(alibi=True))
+        check_gpu(c, out[:B], lse[:B], REF[variant])
         eager_o, eager_l = torch.empty_like(q[:B]), torch.empty_like(lse[:B])
         w.run(q[:B], k, v, out=eager_o, lse=eager_l, params=params, stream=s)
         s.synchronize()
-        assert torch.equal(eager_o, out[:B]) and torch.equal(eager_l, lse[:B]), f"step {step}: graph != eager"
-    # an executable per launch list (with the prefill kernel, without), each replayed again
-    assert graph.stats["instantiations"] == 2 and graph.stats["replays"] == len(steps)
+        assert torch.equal(eager_o, out[:B]) and torch.equal(eager_l, lse[:B]), f"{seen[-1]}: graph != eager"
     graph.close()
-    assert families == [False, True, False, True, False]
+    return seen, graph.stats
+
+
+@pytest.mark.gpu
+def test_gpu_graph_replays_across_replans():
+    """One StepGraph captured at step 0 serves steps whose requests join and leave shared prefixes."""
+    rng = np.random.default_rng(11)
+    pool, maxb = 400, 16
+    w = C.CascadeWrapper(3, 32, 8, 128, 16, max_batch=maxb, max_pages=pool, variant="alibi", prefill=True)
+    # groups come and go, and the shared prefix moves between the families (13 and 15 queries: prefill)
+    groups = [((3, 2), (2, 1)), ((12, 2),), ((2, 3), (2, 2), (2, 1)), ((10, 1), (4, 2)), ((1, 1),)]
+    steps = [shared_batch(rng, 16, groups=g, loners=1, pool=pool) for g in groups]
+    seen, stats = graph_replay_steps(w, steps, "alibi", pool, maxb, seed=1)
+    assert [p for _, p in seen] == [False, True, False, True, False]
+    # an executable per launch list (with the prefill kernel, without), each replayed again
+    assert stats["instantiations"] == 2 and stats["replays"] == len(steps)
 
 
 @pytest.mark.gpu
@@ -594,45 +601,17 @@ def test_gpu_graph_replays_across_the_launch_lists():
     """One StepGraph over steps whose plans need each launch list in turn: flat (6 requests over
     one prefix, flat=True), join (12 over one prefix on prefill tiles, join_levels=True), levels
     (two small groups and a loner: the general path on decode), prefill (a tree whose two shared
-    levels are on prefill tiles: the fold), flat again. Each replay is checked against float64
-    and is bitwise the eager run's; the graph holds one executable per list."""
-    import torch
-    from rtattn.graphs import StepGraph
-    from rtattn.runtime import Stream
-    H, Hk, D, ps, pool, maxb = 32, 8, 128, 16, 600, 24
-    w = C.CascadeWrapper(3, H, Hk, D, ps, max_batch=maxb + 8, max_pages=pool, prefill=True, flat=True,
+    levels are on prefill tiles: the fold), flat again; the graph holds one executable per list."""
+    ps, pool, maxb = 16, 600, 24
+    w = C.CascadeWrapper(3, 32, 8, 128, ps, max_batch=maxb + 8, max_pages=pool, prefill=True, flat=True,
                          join_levels=True, num_pages_pool=pool)
-    gen = torch.Generator(device="cuda").manual_seed(2)
-    k, v = (torch.randn((pool, ps, Hk, D), generator=gen, device="cuda").to(torch.bfloat16) for _ in range(2))
-    q = torch.randn((maxb, H, D), generator=gen, device="cuda").to(torch.bfloat16)
-    out, lse = torch.zeros_like(q), torch.zeros((maxb, H), device="cuda")
     rng = np.random.default_rng(4)
     steps = [one_prefix_batch(6, 300, 40, ps, seed=1), one_prefix_batch(12, 300, 40, ps, seed=2),
              shared_batch(rng, ps, groups=((3, 2), (2, 1)), loners=1, pool=pool),
              shared_batch(rng, ps, groups=((12, 3), (10, 2)), system_pages=6, loners=1, pool=pool),
              one_prefix_batch(5, 200, 20, ps, seed=3)]
-    s, graph, lists = Stream(), None, []
-    for kv_indptr, idx, last, _ in steps:
-        B = len(kv_indptr) - 1
-        torch.cuda.synchronize()
-        w.plan(None, kv_indptr, idx, last, share_prefixes=True, stream=s)
-        lists.append(w.launch_list())
-        if graph is None:
-            graph = StepGraph([w.prepare(q, k, v, out=out, lse=lse, stream=s)], s)
-        out.fill_(float("nan"))
-        lse.fill_(float("nan"))
-        torch.cuda.synchronize()
-        graph.replay()
-        s.synchronize()
-        c = SimpleNamespace(q=q[:B], k=k, v=v, qo=np.arange(B + 1), kv_indptr=kv_indptr, idx=idx, last=last, ps=ps,
-                            dtype="bfloat16")
-        check_gpu(c, out[:B], lse[:B], Variant())
-        eager_o, eager_l = torch.empty_like(q[:B]), torch.empty_like(lse[:B])
-        w.run(q[:B], k, v, out=eager_o, lse=eager_l, stream=s)
-        s.synchronize()
-        assert torch.equal(eager_o, out[:B]) and torch.equal(eager_l, lse[:B]), f"{lists[-1]}: graph != eager"
-    graph.close()
-    assert lists == ["flat", "join", "levels", "prefill", "flat"] and graph.stats["instantiations"] == 4
+    seen, stats = graph_replay_steps(w, steps, "plain", pool, maxb, seed=2)
+    assert [l for l, _ in seen] == ["flat", "join", "levels", "prefill", "flat"] and stats["instantiations"] == 4
 
 
 @pytest.mark.gpu

@@ -272,6 +272,20 @@ def test_planning_without_partial_rows_leaves_the_plan_unchanged(mode, shape):
 
 
 # ------------------------------------------------------------------ the flat plan
+def _executes_as_attention(info, batch, ps, H, Hk, D, var):
+    """The float64 executor runs `info` (decode queries of `batch`) on fresh random data as the
+    kernels would: plain attention over each request's whole page table."""
+    kv_indptr, idx, last, pool = batch
+    B = len(kv_indptr) - 1
+    rng = np.random.default_rng(ps + B)
+    q = rng.standard_normal((B, H, D))
+    k, v = rng.standard_normal((2, pool, ps, Hk, D))
+    O, S = execute_cascade(info, q, k, v, var)
+    Or, Sr = reference_attention(q, k, v, np.arange(B + 1), kv_indptr, idx, last, ps, var)
+    np.testing.assert_allclose(O, Or, atol=1e-12)
+    np.testing.assert_allclose(S, Sr, atol=1e-12)
+
+
 ALWAYS = staticmethod(lambda batch, prefix_tokens, tile_q: 1.0)   # (flat_saving_us: flat wherever it fits)
 
 
@@ -290,13 +304,7 @@ def test_the_flat_plan_equals_attention_over_whole_requests(var, heads, D, ps):
         info = cp.plan_shared(None, kv_indptr, idx, last, causal=var.causal)
         assert info.flat and info.num_levels == 1 and info.level_items.sum() == info.plan.num_items
         merges.append(info.plan.num_merge_rows)
-        rng = np.random.default_rng(ps)
-        q = rng.standard_normal((B, H, D))
-        k, v = rng.standard_normal((2, pool, ps, Hk, D))
-        O, S = execute_cascade(info, q, k, v, var)
-        Or, Sr = reference_attention(q, k, v, np.arange(B + 1), kv_indptr, idx, last, ps, var)
-        np.testing.assert_allclose(O, Or, atol=1e-12)
-        np.testing.assert_allclose(S, Sr, atol=1e-12)
+        _executes_as_attention(info, (kv_indptr, idx, last, pool), ps, H, Hk, D, var)
     assert max(merges) > 0   # split rows (merged by the merge kernel) and written-through ones
 
 
@@ -350,13 +358,7 @@ def test_joined_plans_equal_attention_over_whole_requests(var, heads, D, ps, B):
     n = info.prefill.num_items
     assert (p["item_kv_start"][:n] == ref.prefill.views["item_kv_start"][:n]).all()   # the same schedule
     assert (d["item_partial"][:B] == -1).all() and sorted(d["item_merge"][:B]) == list(range(B))
-    rng = np.random.default_rng(ps)
-    q = rng.standard_normal((B, H, D))
-    k, v = rng.standard_normal((2, pool, ps, Hk, D))
-    O, S = execute_cascade(info, q, k, v, var)
-    Or, Sr = reference_attention(q, k, v, np.arange(B + 1), kv_indptr, idx, last, ps, var)
-    np.testing.assert_allclose(O, Or, atol=1e-12)
-    np.testing.assert_allclose(S, Sr, atol=1e-12)
+    _executes_as_attention(info, (kv_indptr, idx, last, pool), ps, H, Hk, D, var)
     # every state row the join reads is one the prefill items write, each once
     mi, st, sp = d["merge_indptr"], d["merge_partial_start"], d["merge_partial_stride"]
     read = sorted(int(st[r]) + j * int(sp[r]) for r in range(B) for j in range(int(mi[r + 1] - mi[r])))
