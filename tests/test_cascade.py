@@ -576,17 +576,21 @@ def test_gpu_graph_replays_across_replans():
     assert stats["instantiations"] == 2 and stats["replays"] == len(steps)
 
 
+# (GPU cases below: every variant on the bench shape, plain on the others -- each case compiles its builds)
+CASES_32_8 = [(v, (32, 8)) for v in ("plain", "causal", "sliding_window", "alibi", "soft_cap", "sigmoid")]
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("variant", ["plain", "causal", "sliding_window", "alibi", "sigmoid"])
-@pytest.mark.parametrize("heads, D, ps", [((32, 8), 128, 16), ((32, 32), 64, 1), ((8, 8), 256, 64), ((32, 2), 128, 16)])
+@pytest.mark.parametrize("variant, heads, D, ps", [(v, h, 128, 16) for v, h in CASES_32_8] + [
+    ("plain", (32, 32), 64, 1), ("plain", (8, 8), 256, 64), ("alibi", (32, 2), 128, 16)])
 def test_gpu_flat_plan_matches_float64_and_is_bitwise_deterministic(variant, heads, D, ps):
     """The flat plan (each request's whole page list, one level: the decode and merge kernels,
-    no fold), picked by flat="auto" for 16 requests over a short prefix: float64 reference with
+    no fold; flat=True) for 16 requests over a short prefix: float64 reference with
     poisoned outputs, the same bits on a second run and from a second wrapper."""
     import torch
     c = gpu_case(one_prefix_batch(16, 1024 // ps * ps, 3 * ps + 5, ps, seed=ps), *heads, D, ps)
     make = lambda: C.CascadeWrapper(2, *heads, D, ps, max_batch=16, max_pages=int(c.kv_indptr[-1]),  # noqa: E731
-                                    variant=variant, flat=True)
+                                    variant=variant, flat=True, prefill=False)   # (no prefill build to compile)
     w = make()
     out, lse = gpu_run(c, w, variant)
     assert w.info.flat and w.launch_list() == "flat"
@@ -615,9 +619,9 @@ def test_gpu_graph_replays_across_the_launch_lists():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("variant", ["plain", "causal", "alibi", "soft_cap", "sigmoid"])
-@pytest.mark.parametrize("heads, D, ps, B", [((32, 8), 128, 16, 20), ((32, 32), 64, 1, 40), ((8, 8), 256, 64, 40),
-                                             ((32, 1), 128, 16, 20), ((32, 4), 128, 16, 64)])
+@pytest.mark.parametrize("variant, heads, D, ps, B", [(v, h, 128, 16, 20) for v, h in CASES_32_8] + [
+    ("plain", (32, 32), 64, 1, 40), ("plain", (8, 8), 256, 64, 40), ("causal", (32, 1), 128, 16, 20),
+    ("plain", (32, 4), 128, 16, 64)])
 def test_gpu_joined_levels_match_float64_and_the_fold(variant, heads, D, ps, B):
     """join_levels=True: the prefix on prefill tiles, each suffix row written by the decode kernel
     after joining the prefix's states (no fold kernel): float64 reference with poisoned outputs,
@@ -638,9 +642,9 @@ def test_gpu_joined_levels_match_float64_and_the_fold(variant, heads, D, ps, B):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("variant", ["plain", "causal", "alibi", "sigmoid"])
-@pytest.mark.parametrize("join", [False, True])
-@pytest.mark.parametrize("heads, D, B", [((32, 8), 128, 16), ((32, 8), 128, 64), ((32, 32), 64, 40), ((8, 8), 256, 64)])
+@pytest.mark.parametrize("variant, join, heads, D, B", [
+    ("plain", False, (32, 8), 128, 16), ("causal", True, (32, 8), 128, 16), ("alibi", False, (32, 8), 128, 64),
+    ("plain", True, (32, 8), 128, 64), ("sigmoid", True, (32, 32), 64, 40), ("plain", False, (8, 8), 256, 64)])
 def test_gpu_shared_levels_on_the_wgmma_kernel_match_float64(variant, join, heads, D, B):
     """prefill_mma="wgmma": the shared prefix on the prefill family's sm_90a kernel (64- and
     128-row tiles), folded or joined: float64 reference with poisoned outputs, and the bits of a
