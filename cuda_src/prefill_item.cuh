@@ -62,15 +62,16 @@ struct PrefillItem {
 // written). Issued before the KV tiles, they join the first pipeline group: one round trip for q
 // and KV together (a register round trip per row waited on each load: several microseconds per
 // item).
+// row0: the first of the ROWS rows (a warpgroup copying its own rows of a larger tile).
 template <class Tile, int ROWS, int THREADS, class P, class It>
 __device__ __forceinline__ void copy_q_rows(const P& p, typename P::DType* q_smem, const It& it, int heads,
-                                            int first_qo_head, int tid) {
+                                            int first_qo_head, int tid, int row0 = 0) {
   using T = typename P::DType;
   constexpr int QC = P::head_dim / 8;  // 16-byte chunks per row; a thread keeps one column of chunks
   static_assert(ROWS * QC % THREADS == 0 && THREADS % QC == 0, "whole passes of rows");
 #pragma unroll
   for (int pass = 0; pass < ROWS * QC / THREADS; ++pass) {
-    const int r = (tid + pass * THREADS) / QC, c = tid % QC;
+    const int r = row0 + (tid + pass * THREADS) / QC, c = tid % QC;
     const bool valid = r < it.rows_valid;
     const T* qp = valid ? p.q + int64_t(it.q_row0 + r / heads) * p.q_stride_tok +
                               int64_t(first_qo_head + r % heads) * p.q_stride_head + c * 8
@@ -127,6 +128,91 @@ __device__ __forceinline__ void next_kv_tile(Loader& ld, const P& p, const It& i
   }
   cp_async_commit();
 }
+
+// The KV stream across a CTA's whole queue (the CROSS path): the tiles of its items, in queue
+// order, as one stream, so the next item's first tiles are in flight while the current item's
+// last blocks compute (no pipeline fill per item). The consumer's block n (counted over the
+// queue) computes stream tile n from stage n % STAGES and issues tile n + STAGES - 1 into the
+// stage block n - 1 used, one cp.async group per block, as start_kv_stream / next_kv_tile do
+// within one item. The cursor reads an item's plan fields with the consumer's own code
+// (PrefillItem::load), so both walk the same tiles; items without a KV tile are skipped.
+template <class Variant, int TILE_KV>
+struct QueueKVStream {
+  // The queue position whose tiles are being issued (queue.size: none left), its next tile's first
+  // token and its KV end; where its page ids start in kv_indices (paged) or its first tensor row
+  // (ragged). Four registers: the cursor is live across the whole KV loop.
+  int k, pos, hi, page_start;
+
+  // Moves the cursor to the first item at queue position k or later with a tile, and reads that
+  // tile's page ids (the loader issues from them next). Warms L1 for the items after it, so that
+  // entering them (here, a block before their first tile is issued) and the consumer's own reads
+  // of their fields wait on no L2 round trip: the item fields two positions ahead, and the request
+  // fields of the next item (its item_request, prefetched one entry earlier, is an L1 hit).
+  template <class Loader, class P>
+  __device__ __forceinline__ void enter(Loader& ld, const P& p, const PrefillQueue& queue, int heads) {
+    for (; k < queue.size; ++k) {
+      Variant var;
+      PrefillItem<Variant> it;
+      it.template load<TILE_KV>(p, queue.item(k), heads, var);
+      if (it.num_blocks > 0) {
+        pos = it.lo, hi = it.hi, page_start = it.page_start;
+        if (k + 2 < queue.size) prefetch_item_fields(p, queue.item(k + 2));
+        if (k + 1 < queue.size) prefetch_request_fields(p, p.plan.item_request[queue.item(k + 1)]);
+        ld.fetch(p, p.plan.kv_indices + page_start, page_start, pos, hi);
+        return;
+      }
+    }
+  }
+  template <class Loader, class P>
+  __device__ __forceinline__ void init(Loader& ld, const P& p, const PrefillQueue& queue, int heads) {
+    k = 0;
+    enter(ld, p, queue, heads);
+  }
+  // Issues the stream's next tile into (k_dst, v_dst), uncommitted (the caller commits once per
+  // block, after anything else its block adds to the group); nothing once the queue is done.
+  template <class Loader, class P, class T>
+  __device__ __forceinline__ void issue(Loader& ld, const P& p, const PrefillQueue& queue, int heads, T* k_dst,
+                                        T* v_dst) {
+    if (k >= queue.size) return;
+    ld.issue(p, k_dst, v_dst, pos, hi);
+    pos += TILE_KV;
+    if (pos < hi) {
+      ld.fetch(p, p.plan.kv_indices + page_start, page_start, pos, hi);
+    } else {
+      ++k;
+      enter(ld, p, queue, heads);
+    }
+  }
+
+  // L1 prefetches of the plan fields PrefillItem::load reads (no registers held).
+  template <class P>
+  static __device__ __forceinline__ void prefetch_item_fields(const P& p, int item) {
+    const int* fields[] = {p.plan.item_request, p.plan.item_qo_start, p.plan.item_qo_len, p.plan.item_partial,
+                           p.plan.item_kv_start, p.plan.item_kv_end, p.plan.item_kv_page_start};
+#pragma unroll
+    for (const int* f : fields) prefetch_l1(f + item);
+  }
+  template <class P>
+  static __device__ __forceinline__ void prefetch_request_fields(const P& p, int b) {
+    prefetch_l1(p.plan.req_qo_start + b);
+    prefetch_l1(p.plan.req_qo_len + b);
+    prefetch_l1(p.plan.req_kv_len + b);
+  }
+  static __device__ __forceinline__ void prefetch_l1(const int* a) {
+    asm volatile("prefetch.global.L1 [%0];\n" ::"l"(a));
+  }
+};
+
+// The q rows of the item at queue position k (what copy_q_rows reads), for the CROSS path's copy
+// of the next item's q during the current item's last block.
+struct QueryRows {
+  int q_row0, rows_valid;
+  template <class P>
+  __device__ __forceinline__ void load(const P& p, int item, int heads) {
+    q_row0 = p.plan.item_qo_start[item];
+    rows_valid = p.plan.item_qo_len[item] * heads;
+  }
+};
 
 // KeyTransform of the K tile at tokens [pos0, pos0 + TILE_KV), in place (the pair d, d + D/2).
 template <class Tile, int TILE_KV, int THREADS, class Variant, class P>

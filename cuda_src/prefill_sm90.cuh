@@ -14,6 +14,13 @@
 // q, K and V tiles are in the canonical 128-byte swizzle (Sw128Tile), filled by cp.async (the
 // paged loader: any page size, ragged KV) through STAGES stages; the next tile's copies are
 // issued while the QK^T products run.
+//
+// CROSS (a tile field, "_x" in its tag): the KV stream runs across the items of the queue
+// (QueueKVStream): the next item's first tiles are issued while the current item's last blocks
+// compute, and its q rows right after the current item's last QK^T (each warpgroup its own rows,
+// once its products are done with them), so an item starts with its pipeline full and the
+// epilogue's stores overlap the next item's loads. The same products in the same order: the
+// outputs are bitwise those of the per-item stream.
 #pragma once
 #include "paged_loader.cuh"
 #include "prefill_item.cuh"
@@ -36,7 +43,10 @@ struct PrefillSm90Shape {
   static_assert(q_bytes % 1024 == 0 && tile_bytes % 1024 == 0, "tiles are whole 1024-byte swizzle atoms");
 };
 
-template <class Variant, class P, int WGS, int TILE_KV, int STAGES, bool PAGED>
+// Warpgroup u's 128 threads meet (named barrier 1 + u; 0 is __syncthreads).
+__device__ __forceinline__ void warpgroup_sync(int u) { asm volatile("bar.sync %0, 128;\n" ::"r"(1 + u) : "memory"); }
+
+template <class Variant, class P, int WGS, int TILE_KV, int STAGES, bool PAGED, bool CROSS = false>
 __device__ __forceinline__ void prefill_sm90_persistent(const P& p, char* smem) {
   using T = typename P::DType;
   constexpr int D = P::head_dim;
@@ -74,6 +84,13 @@ __device__ __forceinline__ void prefill_sm90_persistent(const P& p, char* smem) 
   wait_for_previous_grid();  // programmatic dependent launch, as the mma.sync kernel
   allow_next_grid();
 
+  // CROSS: the queue's KV stream, the blocks consumed so far (its tile index) and whether this
+  // item's q rows were copied during the previous item.
+  QueueKVStream<Variant, TILE_KV> stream;
+  int blocks_done = 0;
+  bool q_copied = false;
+  if constexpr (CROSS) stream.init(ld, p, queue, heads);
+
   for (int k = 0; k < queue.size; ++k) {
     const int item = queue.item(k);
     Variant var;
@@ -82,14 +99,38 @@ __device__ __forceinline__ void prefill_sm90_persistent(const P& p, char* smem) 
     const int q_row0 = it.q_row0, partial_row = it.partial_row, hi = it.hi, lo = it.lo;
     const int qo_idx0 = it.qo_idx0, rows_valid = it.rows_valid, num_blocks = it.num_blocks;
 
-    __syncthreads();  // the previous item's products are done with q and every stage
-    // ---- Query rows (cp.async, joining the first KV group; or through registers with a
-    // QueryTransform: the first block's fence and barrier publish those stores to the tensor
-    // cores) and the KV stream's first tiles.
-    if constexpr (!Variant::has_query_transform) copy_q_rows<QTile, S::rows, S::threads>(p, q_smem, it, heads, first_qo_head, tid);
-    start_kv_stream<STAGES, TILE_KV>(ld, p, it, k_stage, v_stage);
-    if constexpr (Variant::has_query_transform)
-      transform_q_rows<QTile, S::rows, S::threads>(p, var, q_smem, it, heads, first_qo_head, tid);
+    if constexpr (CROSS) {
+      // The stream already holds this item's first tiles (the queue's first: issued here, after q).
+      if (!q_copied) {
+        // q's last copies (an item without KV tiles took them) landed; every warpgroup is done with q
+        if (!Variant::has_query_transform && k > 0) cp_async_wait<0>();
+        __syncthreads();
+        if constexpr (Variant::has_query_transform) {
+          transform_q_rows<QTile, S::rows, S::threads>(p, var, q_smem, it, heads, first_qo_head, tid);
+        } else {
+          copy_q_rows<QTile, S::rows, S::threads>(p, q_smem, it, heads, first_qo_head, tid);
+        }
+      }
+      if (k == 0) {
+#pragma unroll
+        for (int s = 0; s < STAGES - 1; ++s) {
+          stream.issue(ld, p, queue, heads, k_stage(s), v_stage(s));
+          cp_async_commit();
+        }
+      } else if (!q_copied) {
+        cp_async_commit();  // q's own group: the first block waits for every group
+      }
+      q_copied = false;
+    } else {
+      __syncthreads();  // the previous item's products are done with q and every stage
+      // ---- Query rows (cp.async, joining the first KV group; or through registers with a
+      // QueryTransform: the first block's fence and barrier publish those stores to the tensor
+      // cores) and the KV stream's first tiles.
+      if constexpr (!Variant::has_query_transform) copy_q_rows<QTile, S::rows, S::threads>(p, q_smem, it, heads, first_qo_head, tid);
+      start_kv_stream<STAGES, TILE_KV>(ld, p, it, k_stage, v_stage);
+      if constexpr (Variant::has_query_transform)
+        transform_q_rows<QTile, S::rows, S::threads>(p, var, q_smem, it, heads, first_qo_head, tid);
+    }
 
     int row_qo_idx[2], row_qo_head[2];
     auto row_ids = [&] {
@@ -107,7 +148,7 @@ __device__ __forceinline__ void prefill_sm90_persistent(const P& p, char* smem) 
 
     auto block = [&](auto masked, int blk) {
       constexpr bool kMasked = decltype(masked)::value;
-      const int st = blk % STAGES;
+      const int st = (CROSS ? blocks_done + blk : blk) % STAGES;
       T* ks = k_stage(st);
       const int pos0 = lo + blk * TILE_KV;
       if constexpr (Variant::has_key_transform) {
@@ -125,9 +166,28 @@ __device__ __forceinline__ void prefill_sm90_persistent(const P& p, char* smem) 
         WgmmaSS<T, TILE_KV>::run(s, kmajor_desc(q_base, QTile::slab_bytes, kk),
                                  kmajor_desc(k_base, KVTile::slab_bytes, kk), kk > 0);
       wgmma_commit();
-      next_kv_tile<STAGES, TILE_KV>(ld, p, it, k_stage, v_stage, blk);
+      if constexpr (CROSS) {
+        const int ns = (blocks_done + blk + STAGES - 1) % STAGES;  // the stage block n - 1 used
+        stream.issue(ld, p, queue, heads, k_stage(ns), v_stage(ns));
+      } else {
+        next_kv_tile<STAGES, TILE_KV>(ld, p, it, k_stage, v_stage, blk);
+      }
       wgmma_wait<0>();
       fence_accumulators(s);
+      if constexpr (CROSS) {
+        // The item's last QK^T is done: the next item's q rows into this warpgroup's rows, in
+        // this block's group (which the next item's first block waits for).
+        if constexpr (!Variant::has_query_transform) {
+          if (blk == num_blocks - 1 && k + 1 < queue.size) {
+            warpgroup_sync(warp / 4);
+            QueryRows next;
+            next.load(p, queue.item(k + 1), heads);
+            copy_q_rows<QTile, 64, 128>(p, q_smem, next, heads, first_qo_head, tid % 128, 64 * (warp / 4));
+            q_copied = true;
+          }
+        }
+        cp_async_commit();
+      }
 
       if constexpr (kMasked && Variant::has_logits_mask && !Variant::has_logits_transform) row_ids();
       uint32_t pa[KS][4];
@@ -146,7 +206,11 @@ __device__ __forceinline__ void prefill_sm90_persistent(const P& p, char* smem) 
     };
 
     for (int blk = 0; blk < num_blocks; ++blk) {
-      cp_async_wait<STAGES - 2>();
+      if (CROSS && blk == 0 && k > 0) {
+        cp_async_wait<0>();  // q may sit in the newest group (the queue's first q: in the first)
+      } else {
+        cp_async_wait<STAGES - 2>();
+      }
       fence_proxy_async();
       __syncthreads();  // tile blk (and q) landed for everyone; everyone is past tile blk - 1
       if (it.template needs_mask<TILE_KV>(p, var, lo + blk * TILE_KV)) {
@@ -155,7 +219,11 @@ __device__ __forceinline__ void prefill_sm90_persistent(const P& p, char* smem) 
         block(BoolConst<false>{}, blk);
       }
     }
-    cp_async_wait<0>();  // only empty groups can remain; the next item refills every stage
+    if constexpr (CROSS) {
+      blocks_done += num_blocks;
+    } else {
+      cp_async_wait<0>();  // only empty groups can remain; the next item refills every stage
+    }
 
     store_group(p, var, sm, o, warp_row0, rows_valid, heads, first_qo_head, q_row0, partial_row, lane);
   }

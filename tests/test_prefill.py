@@ -81,6 +81,48 @@ def test_wgmma_refusals_name_the_cause():
         P.PrefillTile(64, 64, 4, 3, mma="wgmma").arch("sm_80")
 
 
+def test_cross_item_stream_is_a_wgmma_tile_field():
+    """The KV stream across items (prefill_sm90.cuh CROSS): off by default, picked by cross=True
+    (which implies the wgmma kernel), named '_x' in the tag, refused where it is not built."""
+    assert not P.choose_tile(H200, 128, 4, 1024).cross
+    t = P.choose_tile(H200, 128, 4, 1024, cross=True)
+    assert (t.mma, t.rows, t.cross, t.tag) == ("wgmma", 64, True, "wg_q64_kv64_w4_s3_x_b2")
+    long = P.choose_tile(H200, 128, 4, 1024, avg_kv_len=P.WGMMA_LONG_KV, cross=True)
+    assert (long.rows, long.min_blocks, long.tag) == (128, 1, "wg_q128_kv128_w8_s2_x_b1")
+    assert P.choose_tile(H200, 64, 4, 4, cross=True).mma == "wgmma"   # explicit: even where the policy says sync
+    assert P.choose_tile(H200, 128, 4, 1024, paged=False, cross=True).tag == "wg_q64_kv64_w4_s3_ragged_x_b2"
+    with pytest.raises(ValueError, match="cross"):
+        P.choose_tile(H200, 128, 4, 1024, mma="sync", cross=True)
+    with pytest.raises(ValueError, match="cross"):
+        P.PrefillTile(128, 32, 4, 3, cross=True)
+    with pytest.raises(ValueError, match="head_dim 256"):
+        P.choose_tile(H200, 256, 4, 1024, cross=True)
+    with pytest.raises(ValueError, match="cc 9.0"):
+        P.choose_tile(A100, 128, 4, 1024, cross=True)
+
+
+@pytest.mark.parametrize("head_dim,rows", [(128, 64), (128, 128), (64, 64)])
+def test_cross_item_stream_compiles_without_spills(head_dim, rows, isolated_cache):
+    """The cursor of the KV stream across items stays in registers (ptxas, sm_90a) for the heaviest
+    hooks: ALiBi (a logits transform) and sinks (the epilogue join); the per-item path is unchanged
+    by the flag (the template's CROSS = false)."""
+    from rtattn.codegen.render import render_prefill
+    from rtattn.codegen.spec import BUILTINS
+    from rtattn.runtime import compile_to_cubin
+    tile = P.choose_tile(H200, head_dim, 4, 1024, rows=rows, mma="wgmma", cross=True)
+    for name in ("alibi", "sinks"):
+        spec = BUILTINS[name](dtype="bfloat16", head_dim=head_dim)
+        src = render_prefill(spec, tile).source
+        assert re.search(r"prefill_sm90_persistent<.*, true, true>\(p, smem\)", src)
+        cubin = compile_to_cubin(src, name=P.instance_name(spec, tile), arch="sm_90a",
+                                 options=P.PREFILL_OPTIONS + ("--ptxas-options=-v",), quiet=True)
+        log = cubin.log.split("Compiling entry function 'rtattn_prefill_" + spec.variant)[1]
+        assert re.search(r"\b0 bytes spill stores, 0 bytes spill loads", log.split("Used")[0]), log[:400]
+    per_item = render_prefill(BUILTINS["causal"](dtype="bfloat16", head_dim=head_dim),
+                              P.choose_tile(H200, head_dim, 4, 1024, rows=rows, mma="wgmma")).source
+    assert re.search(r"prefill_sm90_persistent<.*, true, false>\(p, smem\)", per_item)
+
+
 def test_head_dim_256_caps_rows_and_the_resource_model_reads_the_device():
     t = P.choose_tile(H200, 256, 4, 4096, mma="sync")
     assert t.rows == 64 and t.tile_kv == 32
@@ -276,6 +318,45 @@ def test_long_prompt_and_multi_token_decode(kernel):
     assert w.tile.rows == 16
     eo, el = errors(case, o, lse, ref.Variant(causal=True))
     assert eo < TOL["bfloat16"] and el < 2e-2, (eo, el)
+
+
+# The KV stream across items on queues of many items (few CTAs), items of one block and of many,
+# split rows, the q copy of each warpgroup (64 / 128 rows), a QueryTransform (its q by registers).
+CROSS_CASES = {  # name: (kv_lens, qo_lens, (H, Hk), head_dim, page, variant, dtype, rows, num_ctas, ragged)
+    "causal-1-block-items": ([300, 1024, 77, 5, 1, 64], None, (32, 8), 128, 16, "causal", "bfloat16", 64, 3, False),
+    "causal-128-rows-page1": ([300, 1024, 77, 5, 1], None, (32, 8), 128, 1, "causal", "bfloat16", 128, 2, False),
+    "plain-cached-prefix": ([500, 1500, 40], [100, 700, 40], (16, 4), 128, 64, "plain", "float16", 64, 4, False),
+    "rope-q-by-registers": ([900, 300], [300, 300], (16, 4), 128, 16, "rope", "bfloat16", 64, 3, False),
+    "custom-mask-ragged-d64": ([200, 300, 33], [50, 300, 33], (16, 4), 64, 1, "custom_mask", "float16", 64, 2, True),
+    "sinks-split-rows": ([2000, 300], [64, 300], (16, 4), 128, 16, "sinks", "bfloat16", 64, 5, False),
+    "window-g16-128-rows": ([900, 300, 1200], None, (32, 2), 128, 64, "sliding_window", "bfloat16", 128, 3, False),
+    "alibi-128-rows": ([900, 300, 1500], [900, 100, 37], (16, 4), 128, 16, "alibi", "bfloat16", 128, 4, False),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(CROSS_CASES))
+def test_cross_item_stream_matches_the_reference_and_the_per_item_bits(name):
+    """tile cross=True against the float64 reference (poisoned outputs), and bitwise the output of
+    the per-item stream on the same plan shape: the same products in the same order."""
+    from prefill_cases import TOL, errors, make_case, run_prefill, variant_args
+    from rtattn.runtime import Device
+    if Device().arch != "sm_90":
+        pytest.skip("the wgmma kernel needs a cc 9.0 device")
+    kv, qo, (H, Hk), D, ps, variant, dtype, rows, num_ctas, ragged = CROSS_CASES[name]
+    qo = kv if qo is None else qo
+    case = make_case(kv, H, Hk, D, ps, dtype=dtype, qo_lens=qo, seed=len(name))
+    params, var = variant_args(variant, H, qo, kv, np.random.default_rng(len(name)))
+    got = {}
+    for cross in (True, False):
+        tile = {"mma": "wgmma", "rows": rows, "cross": cross}
+        got[cross] = run_prefill(case, variant, dtype, params, ragged=ragged, num_ctas=num_ctas, tile=tile)
+        assert got[cross][2].tile.cross == cross
+    (o, lse, w), (o0, lse0, _) = got[True], got[False]
+    assert w.info.num_items > 2 * num_ctas   # queues of several items (each CTA walks its queue per KV head)
+    eo, el = errors(case, o, lse, var)
+    assert eo < TOL[dtype] and el < 2e-2, (eo, el)
+    assert np.array_equal(o, o0) and np.array_equal(lse, lse0)
 
 
 @pytest.mark.gpu

@@ -1,7 +1,9 @@
 """Isolated first check of the prefill kernel on a GPU: a few shapes against the float64
 reference, each case reported (error or exception) without stopping, so one bad case does not
-hide the others. Run before the GPU tier: python tools/smoke_prefill.py [--mma sync|wgmma] [case ...]
-(--mma forces the kernel for every case; by default the family picks, and each line names the tile)."""
+hide the others. Run before the GPU tier: python tools/smoke_prefill.py [--mma sync|wgmma] [--cross] [case ...]
+(--mma forces the kernel for every case; by default the family picks, and each line names the tile;
+--cross: the wgmma kernel's KV stream across items, tile cross=True, on every case whose head dim
+has it)."""
 from __future__ import annotations
 
 import sys
@@ -13,6 +15,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from prefill_cases import TOL, errors, make_case, run_prefill, variant_args  # noqa: E402
+
+from rtattn.families.prefill import CROSS_HEAD_DIMS  # noqa: E402
 
 CASES = [  # (name, kv_lens, qo_lens, heads, head_dim, page, variant, dtype, extra)
     ("causal square 32/8", [300, 1024, 77], None, (32, 8), 128, 16, "causal", "bfloat16", {}),
@@ -53,14 +57,23 @@ def main(argv=None) -> int:
         i = args.index("--mma")
         mma = args[i + 1]
         del args[i:i + 2]
+    cross = "--cross" in args
+    if cross:
+        args.remove("--cross")
     picked = [int(a) for a in args]
     cases = [c for i, c in enumerate(CASES) if not picked or i in picked]
-    bad = 0
+    bad = skipped = 0
     for name, kv, qo, (H, Hk), D, ps, variant, dtype, extra in cases:
         extra = dict(extra)
         layout = extra.pop("kv_layout", "NHD")
         if mma is not None:
             extra["tile"] = {**extra.get("tile", {}), "mma": mma}
+        if cross:
+            if D not in CROSS_HEAD_DIMS:
+                print(f"--  {name:24s} skipped: no KV stream across items at head_dim {D}", flush=True)
+                skipped += 1
+                continue
+            extra["tile"] = {**extra.get("tile", {}), "cross": True}
         rng = np.random.default_rng(len(name))
         qo = kv if qo is None else qo
         t0 = time.perf_counter()
@@ -76,7 +89,7 @@ def main(argv=None) -> int:
         except Exception:
             bad += 1
             print(f"EXC {name}:\n{traceback.format_exc()}", flush=True)
-    print(f"{len(cases) - bad}/{len(cases)} cases ok")
+    print(f"{len(cases) - skipped - bad}/{len(cases) - skipped} cases ok" + (f" ({skipped} skipped)" if skipped else ""))
     return 1 if bad else 0
 
 

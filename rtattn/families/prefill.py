@@ -40,6 +40,10 @@ WGMMA_MIN_QO = 128    # average query tokens from which the policy takes the wgm
 # chunked 16 x (4096 + 512) 341 vs 291, 1x16384 388 vs 353), 64 rows below (16x1024 253 vs 241,
 # 32x512 190 vs 170). d64 / d256 keep 64 rows (their 128-row tiles have not run on a GPU).
 WGMMA_LONG_KV = 2048
+# The wgmma kernel's KV stream across items (PrefillTile.cross; prefill_sm90.cuh CROSS), an A/B path
+# until measured: ptxas holds its cursor (4 registers) with no spill at head dims 64 and 128
+# (d128 64 rows 244 registers, 128 rows 254); d256 (252 without it) spills in the KV loop.
+CROSS_HEAD_DIMS = (64, 128)
 
 
 @dataclass(frozen=True)
@@ -51,6 +55,7 @@ class PrefillTile:
     paged: bool = True   # False: ragged KV (rows of a [tokens, H, D] tensor)
     min_blocks: int = 1  # CTAs per SM the kernel is compiled for (resource model)
     mma: str = "sync"    # the kernel: "sync" (mma.sync) or "wgmma" (sm_90a warpgroup MMA)
+    cross: bool = False  # wgmma only: the KV stream (and q) runs across items (prefill_sm90.cuh CROSS)
 
     def __post_init__(self):
         if self.mma not in MMAS:
@@ -58,6 +63,9 @@ class PrefillTile:
         if self.mma == "wgmma" and (self.rows not in (64, 128) or self.num_warps != self.rows // 16):
             raise ValueError(f"the wgmma prefill kernel runs warpgroups of 64 rows: rows 64 or 128 with "
                              f"num_warps = rows / 16 (got rows={self.rows}, num_warps={self.num_warps})")
+        if self.cross and self.mma != "wgmma":
+            raise ValueError("prefill cross=True (the KV stream across items) is a wgmma kernel path: "
+                             f"mma={self.mma!r} has none")
         if self.rows not in ROWS:
             raise ValueError(f"prefill rows={self.rows}: use one of {ROWS}")
         if self.tile_kv not in TILE_KV:
@@ -83,7 +91,7 @@ class PrefillTile:
     @property
     def tag(self) -> str:
         return (f"{'wg_' if self.mma == 'wgmma' else ''}q{self.rows}_kv{self.tile_kv}_w{self.num_warps}"
-                f"_s{self.stages}{'' if self.paged else '_ragged'}_b{self.min_blocks}")
+                f"_s{self.stages}{'' if self.paged else '_ragged'}{'_x' if self.cross else ''}_b{self.min_blocks}")
 
     def arch(self, device_arch: str) -> str:
         """The CUBIN target: the wgmma kernel needs sm_90a (cc 9.0 only)."""
@@ -102,7 +110,7 @@ def spec_for(variant, dtype: str, head_dim: int) -> AttentionSpec:
 def choose_tile(device, head_dim: int, group: int, avg_qo_len: float = 1024, *, paged: bool = True,
                 rows: int | None = None, tile_kv: int | None = None, num_warps: int | None = None,
                 stages: int | None = None, ctas_per_sm: int | None = None, mma: str | None = None,
-                avg_kv_len: float | None = None) -> PrefillTile:
+                avg_kv_len: float | None = None, cross: bool = False) -> PrefillTile:
     """The tile for a workload: the smallest ROWS covering the average fused rows (avg query length
     x g), at least the head group; head_dim 256 at most 64 rows (O alone is 128 registers per
     thread there). KV tile and stages: the largest that keep MAX_CTAS_PER_SM resident where the
@@ -111,12 +119,17 @@ def choose_tile(device, head_dim: int, group: int, avg_qo_len: float = 1024, *, 
     the shared memory. mma: the kernel (MMAS); by default "wgmma" on cc 9.0 for queries of
     WGMMA_MIN_QO tokens or more on average unless the caller fixes another shape (rows, num_warps)
     or more than 2 CTAs per SM, else "sync"; its rows: 128 at head_dim 128 where avg_kv_len
-    (average KV tokens per request; None: unknown) reaches WGMMA_LONG_KV, else 64."""
+    (average KV tokens per request; None: unknown) reaches WGMMA_LONG_KV, else 64. cross: the wgmma
+    kernel's KV stream across items (an A/B path, off by default; it implies mma="wgmma")."""
     dev = plan_devices.get_device(device)
     if group > ROWS[-1]:
         raise ValueError(f"head group {group} exceeds the prefill kernel's {ROWS[-1]} rows")
     if mma not in (None,) + MMAS:
         raise ValueError(f"prefill mma={mma!r}: use one of {MMAS} (or None: the policy's)")
+    if cross and mma not in (None, "wgmma"):
+        raise ValueError(f"prefill cross=True is a wgmma kernel path, not mma={mma!r}")
+    if mma is None and cross:
+        mma = "wgmma"
     if mma is None:
         fixed = rows not in (None, WGMMA_ROWS) or num_warps not in (None, 4) or (ctas_per_sm or 0) > MAX_CTAS_PER_SM
         mma = "wgmma" if not fixed and _wgmma_fits(dev, head_dim, group, avg_qo_len) else "sync"
@@ -125,7 +138,10 @@ def choose_tile(device, head_dim: int, group: int, avg_qo_len: float = 1024, *, 
             raise ValueError(f"prefill mma='wgmma' needs a cc 9.0 (sm_90a) device, not {dev.name} (cc {dev.cc})")
         if rows is None:
             rows = 128 if head_dim == 128 and (avg_kv_len or 0) >= WGMMA_LONG_KV else WGMMA_ROWS
-        return _wgmma_tile(dev, head_dim, rows, paged, tile_kv, stages, ctas_per_sm)
+        if cross and head_dim not in CROSS_HEAD_DIMS:
+            raise ValueError(f"prefill cross=True at head_dim {head_dim}: the KV stream across items is built for "
+                             f"head dims {CROSS_HEAD_DIMS} (at 256 its cursor's registers spill in the KV loop)")
+        return replace(_wgmma_tile(dev, head_dim, rows, paged, tile_kv, stages, ctas_per_sm), cross=bool(cross))
     if rows is None:
         need = max(group, avg_qo_len * group)
         rows = next((r for r in ROWS if r >= need), ROWS[-1])
