@@ -13,6 +13,10 @@
 // diagonal / window-edge blocks evaluate LogitsMask). Output: final O/LSE (writethrough) or
 // float32 partial rows folded afterwards by the shared merge kernel (merge.cuh), which also joins
 // an attention sink to a split row.
+//
+// CROSS: the KV stream runs across the items of the queue (QueueKVStream, as the wgmma kernel's):
+// the next item's first tiles are issued while the current item's last blocks compute, and each
+// warp copies the next item's q rows into its own rows once its last QK^T has read them.
 #pragma once
 #include "paged_loader.cuh"
 #include "prefill_item.cuh"
@@ -36,7 +40,7 @@ struct PrefillShape {
   static_assert(q_bytes % 128 == 0 && tile_bytes % 128 == 0, "tiles start on 128-byte lines");
 };
 
-template <class Variant, class P, int NUM_WARPS, int MMA_Q, int TILE_KV, int STAGES, bool PAGED>
+template <class Variant, class P, int NUM_WARPS, int MMA_Q, int TILE_KV, int STAGES, bool PAGED, bool CROSS = false>
 __device__ __forceinline__ void prefill_persistent(const P& p, char* smem) {
   using T = typename P::DType;
   constexpr int D = P::head_dim;
@@ -77,6 +81,13 @@ __device__ __forceinline__ void prefill_persistent(const P& p, char* smem) {
   wait_for_previous_grid();
   allow_next_grid();
 
+  // CROSS: the queue's KV stream, the blocks consumed so far (its tile index) and whether this
+  // item's q rows were copied during the previous item.
+  QueueKVStream<Variant, TILE_KV> stream;
+  int blocks_done = 0;
+  bool q_copied = false;
+  if constexpr (CROSS) stream.init(ld, p, queue, heads);
+
   for (int k = 0; k < queue.size; ++k) {
     const int item = queue.item(k);
     Variant var;
@@ -85,18 +96,44 @@ __device__ __forceinline__ void prefill_persistent(const P& p, char* smem) {
     const int q_row0 = it.q_row0, partial_row = it.partial_row, hi = it.hi, lo = it.lo;
     const int qo_idx0 = it.qo_idx0, rows_valid = it.rows_valid, num_blocks = it.num_blocks;
 
-    __syncthreads();  // the previous item's readers of q and of every stage are done
-    // ---- Query rows (cp.async, joining the first KV group) and the KV stream's first tiles
-    if constexpr (!Variant::has_query_transform) copy_q_rows<Tile, S::rows, S::threads>(p, q_smem, it, heads, first_qo_head, tid);
-    start_kv_stream<STAGES, TILE_KV>(ld, p, it, k_stage, v_stage);
+    if constexpr (CROSS) {
+      // The stream already holds this item's first tiles (the queue's first: issued here, after q).
+      if (!q_copied) {
+        // q's last copies (an item without KV tiles took them) landed; every warp is done with q
+        if (!Variant::has_query_transform && k > 0) cp_async_wait<0>();
+        __syncthreads();
+        if constexpr (!Variant::has_query_transform) copy_q_rows<Tile, S::rows, S::threads>(p, q_smem, it, heads, first_qo_head, tid);
+      }
+      if (k == 0) {
+#pragma unroll
+        for (int s = 0; s < STAGES - 1; ++s) {
+          stream.issue(ld, p, queue, heads, k_stage(s), v_stage(s));
+          cp_async_commit();
+        }
+      } else if (!q_copied && !Variant::has_query_transform) {
+        cp_async_commit();  // q's own group: the first block waits for every group
+      }
+    } else {
+      __syncthreads();  // the previous item's readers of q and of every stage are done
+      // ---- Query rows (cp.async, joining the first KV group) and the KV stream's first tiles
+      if constexpr (!Variant::has_query_transform) copy_q_rows<Tile, S::rows, S::threads>(p, q_smem, it, heads, first_qo_head, tid);
+      start_kv_stream<STAGES, TILE_KV>(ld, p, it, k_stage, v_stage);
+    }
 
     if constexpr (Variant::has_query_transform) {
       transform_q_rows<Tile, S::rows, S::threads>(p, var, q_smem, it, heads, first_qo_head, tid);
       __syncthreads();
     } else if constexpr (kQRegs) {
-      cp_async_wait<STAGES - 2>();  // the first group (q and KV tile 0) landed ...
-      __syncthreads();              // ... for every thread
+      // the group holding q (the first; CROSS past the queue's first item: possibly the newest) ...
+      if (CROSS && k > 0) {
+        cp_async_wait<0>();
+      } else {
+        cp_async_wait<STAGES - 2>();
+      }
+      __syncthreads();  // ... landed for every thread
     }  // else: the first block's wait covers q
+    const bool q_first_wait = CROSS && !Variant::has_query_transform && !kQRegs && k > 0;
+    if constexpr (CROSS) q_copied = false;
     uint32_t qa[kQRegs ? MMA_Q : 1][kQRegs ? KT : 1][4];
     if constexpr (kQRegs) {
 #pragma unroll
@@ -132,7 +169,7 @@ __device__ __forceinline__ void prefill_persistent(const P& p, char* smem) {
     // the common unmasked block carries no per-logit compare/select (a warp-uniform branch).
     auto block = [&](auto masked, int blk) {
       constexpr bool kMasked = decltype(masked)::value;
-      const int st = blk % STAGES;
+      const int st = (CROSS ? blocks_done + blk : blk) % STAGES;
       T* ks = k_stage(st);
       const int pos0 = lo + blk * TILE_KV;
       if constexpr (Variant::has_key_transform) {
@@ -175,7 +212,24 @@ __device__ __forceinline__ void prefill_persistent(const P& p, char* smem) {
 
       // The next tile's copies between the QK products and the softmax: the loader's integer
       // work then runs while the tensor pipe finishes S (before the products it ran alone).
-      next_kv_tile<STAGES, TILE_KV>(ld, p, it, k_stage, v_stage, blk);
+      if constexpr (CROSS) {
+        const int ns = (blocks_done + blk + STAGES - 1) % STAGES;  // the stage block n - 1 used
+        stream.issue(ld, p, queue, heads, k_stage(ns), v_stage(ns));
+        // The item's last QK^T read this warp's q rows (or they sit in registers): the next
+        // item's rows into them, in this block's group (which the next item's first block waits for).
+        if constexpr (!Variant::has_query_transform) {
+          if (blk == num_blocks - 1 && k + 1 < queue.size) {
+            __syncwarp();
+            QueryRows next;
+            next.load(p, queue.item(k + 1), heads);
+            copy_q_rows<Tile, 16 * MMA_Q, 32>(p, q_smem, next, heads, first_qo_head, lane, warp_row0);
+            q_copied = true;
+          }
+        }
+        cp_async_commit();
+      } else {
+        next_kv_tile<STAGES, TILE_KV>(ld, p, it, k_stage, v_stage, blk);
+      }
 
       // ---- logits -> transform -> mask -> online softmax (scaled to log2 units) -> P fragments
       if constexpr (kMasked && Variant::has_logits_mask && !Variant::has_logits_transform)
@@ -203,7 +257,11 @@ __device__ __forceinline__ void prefill_persistent(const P& p, char* smem) {
     };
 
     for (int blk = 0; blk < num_blocks; ++blk) {
-      cp_async_wait<STAGES - 2>();
+      if (q_first_wait && blk == 0) {
+        cp_async_wait<0>();  // q may sit in the newest group
+      } else {
+        cp_async_wait<STAGES - 2>();
+      }
       __syncthreads();  // tile blk landed for everyone; everyone is past tile blk - 1
       if (it.template needs_mask<TILE_KV>(p, var, lo + blk * TILE_KV)) {
         block(BoolConst<true>{}, blk);
@@ -211,7 +269,11 @@ __device__ __forceinline__ void prefill_persistent(const P& p, char* smem) {
         block(BoolConst<false>{}, blk);
       }
     }
-    cp_async_wait<0>();  // only empty groups can remain; the next item refills every stage
+    if constexpr (CROSS) {
+      blocks_done += num_blocks;
+    } else {
+      cp_async_wait<0>();  // only empty groups can remain; the next item refills every stage
+    }
 
     // ---- Epilogue
 #pragma unroll

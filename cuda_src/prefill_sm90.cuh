@@ -206,7 +206,7 @@ __device__ __forceinline__ void prefill_sm90_persistent(const P& p, char* smem) 
     };
 
     for (int blk = 0; blk < num_blocks; ++blk) {
-      if (CROSS && blk == 0 && k > 0) {
+      if (CROSS && !Variant::has_query_transform && blk == 0 && k > 0) {
         cp_async_wait<0>();  // q may sit in the newest group (the queue's first q: in the first)
       } else {
         cp_async_wait<STAGES - 2>();

@@ -81,9 +81,10 @@ def test_wgmma_refusals_name_the_cause():
         P.PrefillTile(64, 64, 4, 3, mma="wgmma").arch("sm_80")
 
 
-def test_cross_item_stream_is_a_wgmma_tile_field():
-    """The KV stream across items (prefill_sm90.cuh CROSS): off by default, picked by cross=True
-    (which implies the wgmma kernel), named '_x' in the tag, refused where it is not built."""
+def test_cross_item_stream_is_a_tile_field():
+    """The KV stream across items (template CROSS of both kernels): off by default, picked by
+    cross=True (alone: the wgmma kernel on cc 9.0), named '_x' in the tag, refused where its cursor
+    would spill."""
     assert not P.choose_tile(H200, 128, 4, 1024).cross
     t = P.choose_tile(H200, 128, 4, 1024, cross=True)
     assert (t.mma, t.rows, t.cross, t.tag) == ("wgmma", 64, True, "wg_q64_kv64_w4_s3_x_b2")
@@ -91,36 +92,39 @@ def test_cross_item_stream_is_a_wgmma_tile_field():
     assert (long.rows, long.min_blocks, long.tag) == (128, 1, "wg_q128_kv128_w8_s2_x_b1")
     assert P.choose_tile(H200, 64, 4, 4, cross=True).mma == "wgmma"   # explicit: even where the policy says sync
     assert P.choose_tile(H200, 128, 4, 1024, paged=False, cross=True).tag == "wg_q64_kv64_w4_s3_ragged_x_b2"
-    with pytest.raises(ValueError, match="cross"):
-        P.choose_tile(H200, 128, 4, 1024, mma="sync", cross=True)
-    with pytest.raises(ValueError, match="cross"):
-        P.PrefillTile(128, 32, 4, 3, cross=True)
+    sync = P.choose_tile(H200, 128, 4, 16, mma="sync", cross=True)
+    assert (sync.rows, sync.cross, sync.tag) == (64, True, "q64_kv32_w4_s3_x_b2")
+    assert P.choose_tile(A100, 64, 4, 4, cross=True).tag == "q16_kv64_w1_s3_x_b2"
+    with pytest.raises(ValueError, match="one 16-row group per warp"):
+        P.choose_tile(H200, 128, 4, 1024, mma="sync", cross=True)      # q128 w4
+    with pytest.raises(ValueError, match="one 16-row group per warp"):
+        P.choose_tile(A100, 128, 4, 1024, num_warps=8, cross=True)     # q128 w8
     with pytest.raises(ValueError, match="head_dim 256"):
         P.choose_tile(H200, 256, 4, 1024, cross=True)
-    with pytest.raises(ValueError, match="cc 9.0"):
-        P.choose_tile(A100, 128, 4, 1024, cross=True)
 
 
-@pytest.mark.parametrize("head_dim,rows", [(128, 64), (128, 128), (64, 64)])
-def test_cross_item_stream_compiles_without_spills(head_dim, rows, isolated_cache):
-    """The cursor of the KV stream across items stays in registers (ptxas, sm_90a) for the heaviest
-    hooks: ALiBi (a logits transform) and sinks (the epilogue join); the per-item path is unchanged
-    by the flag (the template's CROSS = false)."""
+@pytest.mark.parametrize("mma,head_dim,rows", [("wgmma", 128, 64), ("wgmma", 128, 128), ("wgmma", 64, 64),
+                                               ("sync", 128, 64), ("sync", 128, 16)])
+def test_cross_item_stream_compiles_without_spills(mma, head_dim, rows, isolated_cache):
+    """The cursor of the KV stream across items stays in registers (ptxas, sm_90a / sm_90) for the
+    heaviest hooks: ALiBi (a logits transform) and sinks (the epilogue join); the per-item path is
+    unchanged by the flag (the template's CROSS = false)."""
     from rtattn.codegen.render import render_prefill
     from rtattn.codegen.spec import BUILTINS
     from rtattn.runtime import compile_to_cubin
-    tile = P.choose_tile(H200, head_dim, 4, 1024, rows=rows, mma="wgmma", cross=True)
+    fn = "prefill_sm90_persistent" if mma == "wgmma" else "prefill_persistent"
+    tile = P.choose_tile(H200, head_dim, 4, 1024, rows=rows, mma=mma, cross=True)
     for name in ("alibi", "sinks"):
         spec = BUILTINS[name](dtype="bfloat16", head_dim=head_dim)
         src = render_prefill(spec, tile).source
-        assert re.search(r"prefill_sm90_persistent<.*, true, true>\(p, smem\)", src)
-        cubin = compile_to_cubin(src, name=P.instance_name(spec, tile), arch="sm_90a",
+        assert re.search(fn + r"<.*, true, true>\(p, smem\)", src)
+        cubin = compile_to_cubin(src, name=P.instance_name(spec, tile), arch=tile.arch("sm_90"),
                                  options=P.PREFILL_OPTIONS + ("--ptxas-options=-v",), quiet=True)
         log = cubin.log.split("Compiling entry function 'rtattn_prefill_" + spec.variant)[1]
         assert re.search(r"\b0 bytes spill stores, 0 bytes spill loads", log.split("Used")[0]), log[:400]
     per_item = render_prefill(BUILTINS["causal"](dtype="bfloat16", head_dim=head_dim),
-                              P.choose_tile(H200, head_dim, 4, 1024, rows=rows, mma="wgmma")).source
-    assert re.search(r"prefill_sm90_persistent<.*, true, false>\(p, smem\)", per_item)
+                              P.choose_tile(H200, head_dim, 4, 1024, rows=rows, mma=mma)).source
+    assert re.search(fn + r"<.*, true, false>\(p, smem\)", per_item)
 
 
 def test_head_dim_256_caps_rows_and_the_resource_model_reads_the_device():
@@ -321,16 +325,29 @@ def test_long_prompt_and_multi_token_decode(kernel):
 
 
 # The KV stream across items on queues of many items (few CTAs), items of one block and of many,
-# split rows, the q copy of each warpgroup (64 / 128 rows), a QueryTransform (its q by registers).
-CROSS_CASES = {  # name: (kv_lens, qo_lens, (H, Hk), head_dim, page, variant, dtype, rows, num_ctas, ragged)
-    "causal-1-block-items": ([300, 1024, 77, 5, 1, 64], None, (32, 8), 128, 16, "causal", "bfloat16", 64, 3, False),
-    "causal-128-rows-page1": ([300, 1024, 77, 5, 1], None, (32, 8), 128, 1, "causal", "bfloat16", 128, 2, False),
-    "plain-cached-prefix": ([500, 1500, 40], [100, 700, 40], (16, 4), 128, 64, "plain", "float16", 64, 4, False),
-    "rope-q-by-registers": ([900, 300], [300, 300], (16, 4), 128, 16, "rope", "bfloat16", 64, 3, False),
-    "custom-mask-ragged-d64": ([200, 300, 33], [50, 300, 33], (16, 4), 64, 1, "custom_mask", "float16", 64, 2, True),
-    "sinks-split-rows": ([2000, 300], [64, 300], (16, 4), 128, 16, "sinks", "bfloat16", 64, 5, False),
-    "window-g16-128-rows": ([900, 300, 1200], None, (32, 2), 128, 64, "sliding_window", "bfloat16", 128, 3, False),
-    "alibi-128-rows": ([900, 300, 1500], [900, 100, 37], (16, 4), 128, 16, "alibi", "bfloat16", 128, 4, False),
+# split rows, the q copy of each warpgroup (64 / 128 rows) or warp (mma.sync: q in registers at
+# d128, by ldmatrix per block at d256), a QueryTransform (its q by registers).
+CROSS_CASES = {  # name: (kv_lens, qo_lens, (H, Hk), head_dim, page, variant, dtype, mma, rows, num_ctas, ragged)
+    "causal-1-block-items": ([300, 1024, 77, 5, 1, 64], None, (32, 8), 128, 16, "causal", "bfloat16", "wgmma", 64, 3,
+                             False),
+    "causal-128-rows-page1": ([300, 1024, 77, 5, 1], None, (32, 8), 128, 1, "causal", "bfloat16", "wgmma", 128, 2,
+                              False),
+    "plain-cached-prefix": ([500, 1500, 40], [100, 700, 40], (16, 4), 128, 64, "plain", "float16", "wgmma", 64, 4,
+                            False),
+    "rope-q-by-registers": ([900, 300], [300, 300], (16, 4), 128, 16, "rope", "bfloat16", "wgmma", 64, 3, False),
+    "custom-mask-ragged-d64": ([200, 300, 33], [50, 300, 33], (16, 4), 64, 1, "custom_mask", "float16", "wgmma", 64,
+                               2, True),
+    "sinks-split-rows": ([2000, 300], [64, 300], (16, 4), 128, 16, "sinks", "bfloat16", "wgmma", 64, 5, False),
+    "window-g16-128-rows": ([900, 300, 1200], None, (32, 2), 128, 64, "sliding_window", "bfloat16", "wgmma", 128, 3,
+                            False),
+    "alibi-128-rows": ([900, 300, 1500], [900, 100, 37], (16, 4), 128, 16, "alibi", "bfloat16", "wgmma", 128, 4,
+                       False),
+    "sync-q64-causal": ([300, 1024, 77, 5, 1], None, (32, 8), 128, 16, "causal", "bfloat16", "sync", 64, 3, False),
+    "sync-q16-multi-token": ([1000, 2000, 1, 300], [16, 9, 1, 3], (32, 8), 128, 16, "causal", "bfloat16", "sync", 16,
+                             2, False),
+    "sync-q64-d256-sinks": ([700, 129, 1], [700, 64, 1], (16, 4), 256, 16, "sinks", "bfloat16", "sync", 64, 3,
+                            False),
+    "sync-q32-rope-ragged": ([900, 300], [300, 300], (16, 4), 128, 1, "rope", "float16", "sync", 32, 2, True),
 }
 
 
@@ -343,13 +360,13 @@ def test_cross_item_stream_matches_the_reference_and_the_per_item_bits(name):
     from rtattn.runtime import Device
     if Device().arch != "sm_90":
         pytest.skip("the wgmma kernel needs a cc 9.0 device")
-    kv, qo, (H, Hk), D, ps, variant, dtype, rows, num_ctas, ragged = CROSS_CASES[name]
+    kv, qo, (H, Hk), D, ps, variant, dtype, mma, rows, num_ctas, ragged = CROSS_CASES[name]
     qo = kv if qo is None else qo
     case = make_case(kv, H, Hk, D, ps, dtype=dtype, qo_lens=qo, seed=len(name))
     params, var = variant_args(variant, H, qo, kv, np.random.default_rng(len(name)))
     got = {}
     for cross in (True, False):
-        tile = {"mma": "wgmma", "rows": rows, "cross": cross}
+        tile = {"mma": mma, "rows": rows, "cross": cross}
         got[cross] = run_prefill(case, variant, dtype, params, ragged=ragged, num_ctas=num_ctas, tile=tile)
         assert got[cross][2].tile.cross == cross
     (o, lse, w), (o0, lse0, _) = got[True], got[False]

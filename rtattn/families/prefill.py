@@ -40,9 +40,12 @@ WGMMA_MIN_QO = 128    # average query tokens from which the policy takes the wgm
 # chunked 16 x (4096 + 512) 341 vs 291, 1x16384 388 vs 353), 64 rows below (16x1024 253 vs 241,
 # 32x512 190 vs 170). d64 / d256 keep 64 rows (their 128-row tiles have not run on a GPU).
 WGMMA_LONG_KV = 2048
-# The wgmma kernel's KV stream across items (PrefillTile.cross; prefill_sm90.cuh CROSS), an A/B path
-# until measured: ptxas holds its cursor (4 registers) with no spill at head dims 64 and 128
-# (d128 64 rows 244 registers, 128 rows 254); d256 (252 without it) spills in the KV loop.
+# The KV stream across items (PrefillTile.cross; template CROSS of both kernels), an A/B path until
+# measured. ptxas (sm_90a / sm_90) holds its cursor (4 registers) with no spill in the KV loop for
+# the wgmma kernel at head dims 64 and 128 (d128 64 rows 244 registers, 128 rows 254; d256, at 252
+# without it, spills there) and for the mma.sync kernel's tiles of one 16-row group per warp and at
+# most 4 warps (q16-q64; d64 to d256, ALiBi, sinks, custom masks). Its q128 tiles spill there: w4
+# (two groups per warp, 255 registers) with ALiBi, sinks, custom masks; w8 (128 registers) always.
 CROSS_HEAD_DIMS = (64, 128)
 
 
@@ -55,7 +58,7 @@ class PrefillTile:
     paged: bool = True   # False: ragged KV (rows of a [tokens, H, D] tensor)
     min_blocks: int = 1  # CTAs per SM the kernel is compiled for (resource model)
     mma: str = "sync"    # the kernel: "sync" (mma.sync) or "wgmma" (sm_90a warpgroup MMA)
-    cross: bool = False  # wgmma only: the KV stream (and q) runs across items (prefill_sm90.cuh CROSS)
+    cross: bool = False  # the KV stream (and q) runs across items (template CROSS of either kernel)
 
     def __post_init__(self):
         if self.mma not in MMAS:
@@ -63,9 +66,6 @@ class PrefillTile:
         if self.mma == "wgmma" and (self.rows not in (64, 128) or self.num_warps != self.rows // 16):
             raise ValueError(f"the wgmma prefill kernel runs warpgroups of 64 rows: rows 64 or 128 with "
                              f"num_warps = rows / 16 (got rows={self.rows}, num_warps={self.num_warps})")
-        if self.cross and self.mma != "wgmma":
-            raise ValueError("prefill cross=True (the KV stream across items) is a wgmma kernel path: "
-                             f"mma={self.mma!r} has none")
         if self.rows not in ROWS:
             raise ValueError(f"prefill rows={self.rows}: use one of {ROWS}")
         if self.tile_kv not in TILE_KV:
@@ -119,17 +119,15 @@ def choose_tile(device, head_dim: int, group: int, avg_qo_len: float = 1024, *, 
     the shared memory. mma: the kernel (MMAS); by default "wgmma" on cc 9.0 for queries of
     WGMMA_MIN_QO tokens or more on average unless the caller fixes another shape (rows, num_warps)
     or more than 2 CTAs per SM, else "sync"; its rows: 128 at head_dim 128 where avg_kv_len
-    (average KV tokens per request; None: unknown) reaches WGMMA_LONG_KV, else 64. cross: the wgmma
-    kernel's KV stream across items (an A/B path, off by default; it implies mma="wgmma")."""
+    (average KV tokens per request; None: unknown) reaches WGMMA_LONG_KV, else 64. cross: the KV
+    stream across items (an A/B path, off by default; alone it picks wgmma on cc 9.0)."""
     dev = plan_devices.get_device(device)
     if group > ROWS[-1]:
         raise ValueError(f"head group {group} exceeds the prefill kernel's {ROWS[-1]} rows")
     if mma not in (None,) + MMAS:
         raise ValueError(f"prefill mma={mma!r}: use one of {MMAS} (or None: the policy's)")
-    if cross and mma not in (None, "wgmma"):
-        raise ValueError(f"prefill cross=True is a wgmma kernel path, not mma={mma!r}")
     if mma is None and cross:
-        mma = "wgmma"
+        mma = "wgmma" if tuple(dev.cc) == (9, 0) else "sync"
     if mma is None:
         fixed = rows not in (None, WGMMA_ROWS) or num_warps not in (None, 4) or (ctas_per_sm or 0) > MAX_CTAS_PER_SM
         mma = "wgmma" if not fixed and _wgmma_fits(dev, head_dim, group, avg_qo_len) else "sync"
@@ -156,7 +154,10 @@ def choose_tile(device, head_dim: int, group: int, avg_qo_len: float = 1024, *, 
         tile_kv = {64: 64, 128: 32, 256: 32}[head_dim]
     if stages is None:
         stages = 2 if head_dim > 128 else 3
-    tile = PrefillTile(rows, tile_kv, num_warps, stages, paged)
+    tile = PrefillTile(rows, tile_kv, num_warps, stages, paged, cross=bool(cross))
+    if cross and (tile.mma_q != 1 or num_warps > 4):
+        raise ValueError(f"prefill cross=True with the mma.sync tile {tile.tag}: the stream's cursor spills in its KV "
+                         f"loop; it takes tiles of one 16-row group per warp and at most 4 warps (rows <= 64)")
     smem = tile.smem_bytes(head_dim)
     if smem > dev.smem_per_block_optin:
         raise ValueError(f"prefill tile {tile.tag} needs {smem} B of shared memory, more than the "
@@ -164,7 +165,7 @@ def choose_tile(device, head_dim: int, group: int, avg_qo_len: float = 1024, *, 
     if ctas_per_sm is not None and not 1 <= ctas_per_sm <= 8:
         raise ValueError(f"prefill ctas_per_sm={ctas_per_sm}: use 1 to 8")
     blocks = resources.blocks_by_smem(dev, smem, ctas_per_sm or MAX_CTAS_PER_SM)
-    return PrefillTile(rows, tile_kv, num_warps, stages, paged, blocks)
+    return replace(tile, min_blocks=blocks)
 
 
 def _wgmma_fits(dev, head_dim: int, group: int, avg_qo_len: float) -> bool:
