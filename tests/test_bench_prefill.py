@@ -36,7 +36,7 @@ def test_tile_tags_and_shapes():
                                                      "ctas_per_sm": 3}
     assert bench.parse_tile("sync") == {"mma": "sync"}   # the kernel choice: A/B against the family's
     assert bench.parse_tile("wg_q128_kv64_s4") == {"mma": "wgmma", "rows": 128, "tile_kv": 64, "stages": 4}
-    assert bench.parse_tile("x") == {"cross": True}   # the policy's wgmma tile, KV stream across items
+    assert bench.parse_tile("x") == {"cross": True}   # the policy's tile, KV stream across items
     assert bench.parse_tile("wg_q64_kv64_w4_s3_x_b2") == {"mma": "wgmma", "rows": 64, "tile_kv": 64, "num_warps": 4,
                                                           "stages": 3, "cross": True, "ctas_per_sm": 2}
     shape = (bench.HQ, bench.HKV, bench.D, bench.PAGE)

@@ -83,14 +83,13 @@ def test_wgmma_refusals_name_the_cause():
 
 def test_cross_item_stream_is_a_tile_field():
     """The KV stream across items (template CROSS of both kernels): off by default, picked by
-    cross=True (alone: the wgmma kernel on cc 9.0), named '_x' in the tag, refused where its cursor
-    would spill."""
+    cross=True on the policy's kernel, named '_x' in the tag, refused where its cursor would spill."""
     assert not P.choose_tile(H200, 128, 4, 1024).cross
     t = P.choose_tile(H200, 128, 4, 1024, cross=True)
     assert (t.mma, t.rows, t.cross, t.tag) == ("wgmma", 64, True, "wg_q64_kv64_w4_s3_x_b2")
     long = P.choose_tile(H200, 128, 4, 1024, avg_kv_len=P.WGMMA_LONG_KV, cross=True)
     assert (long.rows, long.min_blocks, long.tag) == (128, 1, "wg_q128_kv128_w8_s2_x_b1")
-    assert P.choose_tile(H200, 64, 4, 4, cross=True).mma == "wgmma"   # explicit: even where the policy says sync
+    assert P.choose_tile(H200, 128, 4, 4, cross=True).tag == "q16_kv32_w1_s3_x_b2"   # the policy's kernel
     assert P.choose_tile(H200, 128, 4, 1024, paged=False, cross=True).tag == "wg_q64_kv64_w4_s3_ragged_x_b2"
     sync = P.choose_tile(H200, 128, 4, 16, mma="sync", cross=True)
     assert (sync.rows, sync.cross, sync.tag) == (64, True, "q64_kv32_w4_s3_x_b2")

@@ -5,6 +5,7 @@ the prefill rows of shared/PERF.md, one process, the same inputs for every libra
     python tools/bench_prefill.py --rows 16x1024 2x8192 --libs rt fa2 fa3 sdpa
     python tools/bench_prefill.py --rt-tiles default q128_kv32_w8_s3 q64_kv32_w4_s3_b3   # tile A/B
     python tools/bench_prefill.py --rt-tiles default sync   # the family's kernel vs mma.sync
+    python tools/bench_prefill.py --libs rt fa2 --rt-tiles default x   # the KV stream across items (tile cross)
     python tools/bench_prefill.py --rows 'mtd*' --libs rt rtdec fa2        # multi-token decode
 
 32/8 heads, D = 128, bf16, page 16, pages scattered (--heads, --head-dim, --page change them;
@@ -197,7 +198,7 @@ def rt_params(x: Inputs) -> dict | None:
 def parse_tile(tag: str) -> dict:
     """'q128_kv64_w4_s2' (optionally '_b3': CTAs per SM compiled for) -> tile overrides; a part
     'wg' or 'sync' picks the kernel ('sync' alone: the mma.sync kernel under its own policy); a part
-    'x' the wgmma kernel's KV stream across items ('x' alone: the policy's wgmma tile with it)."""
+    'x' the KV stream across items ('x' alone: the policy's tile with it)."""
     out = {}
     for part in tag.split("_"):
         if part in ("wg", "sync"):

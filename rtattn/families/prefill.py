@@ -120,14 +120,12 @@ def choose_tile(device, head_dim: int, group: int, avg_qo_len: float = 1024, *, 
     WGMMA_MIN_QO tokens or more on average unless the caller fixes another shape (rows, num_warps)
     or more than 2 CTAs per SM, else "sync"; its rows: 128 at head_dim 128 where avg_kv_len
     (average KV tokens per request; None: unknown) reaches WGMMA_LONG_KV, else 64. cross: the KV
-    stream across items (an A/B path, off by default; alone it picks wgmma on cc 9.0)."""
+    stream across items (an A/B path, off by default) on whichever kernel the rest picks."""
     dev = plan_devices.get_device(device)
     if group > ROWS[-1]:
         raise ValueError(f"head group {group} exceeds the prefill kernel's {ROWS[-1]} rows")
     if mma not in (None,) + MMAS:
         raise ValueError(f"prefill mma={mma!r}: use one of {MMAS} (or None: the policy's)")
-    if mma is None and cross:
-        mma = "wgmma" if tuple(dev.cc) == (9, 0) else "sync"
     if mma is None:
         fixed = rows not in (None, WGMMA_ROWS) or num_warps not in (None, 4) or (ctas_per_sm or 0) > MAX_CTAS_PER_SM
         mma = "wgmma" if not fixed and _wgmma_fits(dev, head_dim, group, avg_qo_len) else "sync"
