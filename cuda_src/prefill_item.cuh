@@ -203,7 +203,7 @@ struct QueueKVStream {
   }
 };
 
-// The q rows of the item at queue position k (what copy_q_rows reads), for the CROSS path's copy
+// The q rows of plan item `item` (what copy_q_rows reads), for the CROSS path's copy
 // of the next item's q during the current item's last block.
 struct QueryRows {
   int q_row0, rows_valid;
