@@ -52,3 +52,26 @@ def test_tile_tags_and_shapes():
         bench.set_shape(f"{shape[0]}:{shape[1]}", shape[2], shape[3])
     names = [r.name for r in bench._rows()]
     assert len(names) == len(set(names)) and "1x16384-plain" in names and "8x2048" in names
+
+
+def test_variant_rows_run_after_their_causal_twin_and_globs_select_them():
+    names = [r.name for r in bench._rows()]
+    for size in ("8x2048", "2x8192", "1x16384"):
+        i = names.index(size)
+        assert names[i + 1:i + 5] == [f"{size}-{v}" for v in bench.VARIANTS]
+    assert "32x512-window" not in names   # a 1024 window covers the whole 512-token request
+    windows = [r.name for r in bench.select_rows(["*-window"])]
+    assert windows == ["8x2048-window", "2x8192-window", "1x16384-window"]
+    assert all(r.variant == "window" for r in bench.select_rows(["*-window"]))
+    assert [r.name for r in bench.select_rows(["1x16384", "8x2048*"])][:2] == ["8x2048", "8x2048-softcap"]
+    with pytest.raises(SystemExit, match="matches no row"):
+        bench.select_rows(["8x2048-nope"])
+
+
+def test_variant_costs_read_each_variant_against_its_causal_twin():
+    assert bench.causal_twin("8x2048-alibi") == "8x2048"
+    assert bench.causal_twin("mtd64x4096-q4") is None and bench.causal_twin("16xU512-1024") is None
+    ok = lambda t: {"ok": True, "tflops": t}  # noqa: E731
+    results = {"8x2048": {"rt": ok(200.0)}, "8x2048-alibi": {"rt": ok(190.0)},
+               "8x2048-window": {"rt": {"ok": False}}, "2x8192-softcap": {"rt": ok(100.0)}}
+    assert bench.variant_costs(results) == [("8x2048-alibi", 0.95)]

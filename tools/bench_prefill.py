@@ -7,9 +7,13 @@ the prefill rows of shared/PERF.md, one process, the same inputs for every libra
     python tools/bench_prefill.py --rt-tiles default sync   # the family's kernel vs mma.sync
     python tools/bench_prefill.py --libs rt fa2 --rt-tiles default x   # the KV stream across items (tile cross)
     python tools/bench_prefill.py --rows 'mtd*' --libs rt rtdec fa2        # multi-token decode
+    python tools/bench_prefill.py --rows '8x2048*'          # 8 x 2048 causal and its variant rows
+    python tools/bench_prefill.py --rows '*-window' 8x2048  # every window row and a causal twin
 
 32/8 heads, D = 128, bf16, page 16, pages scattered (--heads, --head-dim, --page change them;
-rows named *-plain are non-causal). TFLOP/s = 4 * H * D * attended (q, k)
+rows named *-plain are non-causal; NAME-softcap/-alibi/-window are causal with that variant and
+run right after their causal twin NAME, and the run ends with each variant's TFLOP/s over its
+twin's). TFLOP/s = 4 * H * D * attended (q, k)
 pairs / time (causal: L(L+1)/2 per square request; a window of 1024 attends <= 1025 keys).
 Every library's output is checked against a float32 reference on sampled query rows before it
 is timed; a wrong output is reported, not timed. Timing: CUDA-graph replays (tools/bench_common).
@@ -33,6 +37,7 @@ import bench_common as bc  # noqa: E402
 HQ, HKV, D, PAGE = 32, 8, 128, 16
 TOL = 2e-2
 SAMPLE_ROWS = 192
+WINDOW, SOFTCAP = 1024, 50.0   # the window and soft-cap rows' parameters
 
 
 @dataclass(frozen=True)
@@ -53,24 +58,60 @@ class Row:
         return bc.lengths_heavy(rng, self.batch, int(a[0]))
 
 
+VARIANTS = ("softcap", "alibi", "window", "plain")
+
+
 def _rows() -> list[Row]:
-    base = [Row("16x1024", 16, "const:1024"), Row("16xU512-1024", 16, "uniform:512:1024"),
+    """Every row, in the order they run. Each of the sizes 32x512, 8x2048, 2x8192 and 1x16384
+    runs causal and then its variant rows (NAME-softcap, -alibi, -window, -plain) on the same
+    lengths, back to back: a variant's cost is read against its causal twin measured moments
+    before, and a budget that stops the run drops whole sizes, never only their variants. (No
+    window row where the window covers the whole request: it would time the causal row again.)"""
+    def sized(name, batch, dist):
+        length = int(dist.split(":")[1])
+        return [Row(name, batch, dist)] + [Row(f"{name}-{v}", batch, dist, variant=v) for v in VARIANTS
+                                           if v != "window" or length > WINDOW + 1]
+
+    return [Row("16x1024", 16, "const:1024"), Row("16xU512-1024", 16, "uniform:512:1024"),
             Row("16xheavy1024", 16, "heavy:1024"), Row("4x4096", 4, "const:4096"),
-            Row("32x512", 32, "const:512"), Row("8x2048", 8, "const:2048"), Row("2x8192", 2, "const:8192"),
-            Row("1x16384", 1, "const:16384"), Row("chunk16x4096+512", 16, "const:512", cached=4096),
+            *sized("32x512", 32, "const:512"), *sized("8x2048", 8, "const:2048"),
+            *sized("2x8192", 2, "const:8192"), *sized("1x16384", 1, "const:16384"),
+            Row("chunk16x4096+512", 16, "const:512", cached=4096),
             # multi-token decode (speculative verification): q_len 4 over a 4092-token prefix
             Row("mtd64x4096-q4", 64, "const:4", cached=4092), Row("mtd64x4096-q1", 64, "const:1", cached=4095),
             # the family choice's rows (rtattn.families.choice; --libs rt rtdec): 8/16/32/64 fused rows
             # and a small batch (fixed costs)
             Row("mtd64x4096-q2", 64, "const:2", cached=4094), Row("mtd64x4096-q8", 64, "const:8", cached=4088),
             Row("mtd64x4096-q16", 64, "const:16", cached=4080), Row("mtd16x1024-q4", 16, "const:4", cached=1020)]
-    var = [Row(f"{n}-{v}", b, d, variant=v) for v in ("softcap", "alibi", "window", "plain")
-           for n, b, d in (("32x512", 32, "const:512"), ("8x2048", 8, "const:2048"), ("2x8192", 2, "const:8192"),
-                           ("1x16384", 1, "const:16384"))]
-    return base + var
 
 
-WINDOW, SOFTCAP = 1024, 50.0
+def select_rows(patterns) -> list[Row]:
+    """The rows whose names match any of the glob patterns, in run order ('8x2048*': the size and
+    its variants; '*-window': every window row). A pattern that matches nothing is refused."""
+    rows = _rows()
+    for pat in patterns:
+        if not any(fnmatch.fnmatch(r.name, pat) for r in rows):
+            raise SystemExit(f"--rows {pat!r} matches no row (rows: {' '.join(r.name for r in rows)})")
+    return [r for r in rows if any(fnmatch.fnmatch(r.name, pat) for pat in patterns)]
+
+
+def causal_twin(name: str) -> str | None:
+    """The causal row a variant row is measured against ('8x2048-alibi' -> '8x2048')."""
+    base, _, variant = name.rpartition("-")
+    return base if base and variant in VARIANTS else None
+
+
+def variant_costs(results: dict, lib: str = "rt") -> list[tuple[str, float]]:
+    """(variant row, its TFLOP/s over its causal twin's) for every variant row whose twin ran too
+    (the issue's targets: soft-cap and ALiBi >= 0.95, window 1.0, on attended pairs)."""
+    out = []
+    for name, res in results.items():
+        twin = causal_twin(name)
+        a, b = res.get(lib, {}), results.get(twin, {}).get(lib, {})
+        if twin and a.get("ok") and b.get("ok"):
+            out.append((name, a["tflops"] / b["tflops"]))
+    return out
+
 
 
 def set_shape(heads: str, head_dim: int, page: int) -> None:
@@ -344,7 +385,7 @@ def main(argv=None) -> int:
     ap.add_argument("--page", type=int, default=PAGE, help="page size (1 to 128, a power of two)")
     args = ap.parse_args(argv)
     set_shape(args.heads, args.head_dim, args.page)
-    rows = [r for r in _rows() if any(fnmatch.fnmatch(r.name, p) for p in args.rows)]
+    rows = select_rows(args.rows)
     import torch
     t0 = time.perf_counter()
     print(f"shape: {HQ}/{HKV} heads, D = {D}, page {PAGE}; clocks: {bc.warm_clocks(3.0):.0f} TFLOP/s bf16 matmul",
@@ -401,6 +442,11 @@ def main(argv=None) -> int:
             cells = [f"{rt['tflops'] / r[k]['tflops']:.2f}" if rt.get("ok") and r.get(k, {}).get("ok") else "-"
                      for k in peers]
             print(f"{name} | {rt['tflops']:.0f} | " + " | ".join(cells) if rt.get("ok") else f"{name} | - | ...")
+    for lib in [k for k in ("rt", "fa2", "fa3") if k in args.libs]:
+        costs = variant_costs(results, lib)
+        if costs:
+            print(f"{lib} variant / causal twin (TFLOP/s over attended pairs): "
+                  + ", ".join(f"{n} {r:.3f}" for n, r in costs))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1, default=str))
     return 0

@@ -45,9 +45,10 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | head -1
 
 # FlashInfer's JIT builds (CPU) overlap stages 1-2 (fa3's prefill module takes ~90 s).
 timeout 300 "$PY" tools/bench_decode.py --prebuild-fi "${BD_ARGS[@]}" > "$LOGS/fi-prebuild.log" 2>&1 &
-case " ${ONLY:-bench-prefill} " in *" bench-prefill "*|*" bench-overhead "*)   # fa2's JIT build beside the first stages
-    # (bench-overhead times fa2's prefill plan() on its prefill rows: the same module)
-    timeout 300 "$PY" tools/bench_prefill.py --libs fa2 --rows 32x512 --samples 2 > "$LOGS/fi-prebuild-fa2.log" 2>&1 & ;;
+case " ${ONLY:-bench-prefill} " in *" bench-prefill "*|*" bench-overhead "*)   # fa2's JIT builds beside the first stages
+    # (causal, soft-cap, ALiBi and window modules; bench-overhead times fa2's prefill plan() on its
+    # prefill rows: the causal module)
+    timeout 300 "$PY" tools/bench_prefill.py --libs fa2 --rows '32x512*' 8x2048-window --samples 2 > "$LOGS/fi-prebuild-fa2.log" 2>&1 & ;;
 esac
 case " ${ONLY:-bench-prefill-peers} " in *" bench-prefill-peers "*)
     timeout 300 "$PY" tools/bench_prefill.py --libs fa3 --rows 32x512 --samples 2 > "$LOGS/fi-prebuild-fa3.log" 2>&1 & ;;
