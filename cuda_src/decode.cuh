@@ -673,8 +673,8 @@ __device__ __forceinline__ void decode_persistent(const P& p, char* smem) {
             const int h = e / 2;
             const int kv_pos = blk_pos0 + warp * 16 + n * 8 + (lane % 4) * 2 + (e & 1);
             float x = s[mi][n][e];
-            if constexpr (Variant::has_logits_transform) {
-              x = var.LogitsTransform(p, x * sm_scale, row_qo_idx[mi][h], kv_pos, row_qo_head[mi][h], kv_head) * kLog2e;
+            if constexpr (transforms_logits<Variant>()) {
+              x = transform_logit(var, p, x * sm_scale, row_qo_idx[mi][h], kv_pos, row_qo_head[mi][h], kv_head) * kLog2e;
             } else {
               x *= sm_scale_log2;
             }

@@ -6,7 +6,7 @@
 // position of group b's first KV token. Position-dependent hooks see relative distances only
 // (kv_idx - q_pos), so the wrapper hands the base variant the query index whose standard
 // position, counted from the group's first KV token, is the real one: every built-in hook
-// (causal, window, ALiBi) then needs no change.
+// (causal, window, ALiBi's LinearBiasOf) then needs no change.
 #pragma once
 #include "variant_base.cuh"
 
@@ -29,6 +29,10 @@ struct LevelPositions : Base {
   __device__ __forceinline__ float LogitsTransform(const P& p, float s, int qo_idx, int kv_idx, int qo_head,
                                                    int kv_head) const {
     return Base::LogitsTransform(p, s, base_qo_idx(qo_idx), kv_idx, qo_head, kv_head);
+  }
+  template <class P>
+  __device__ __forceinline__ LinearBias LinearBiasOf(const P& p, int qo_idx, int qo_head) const {
+    return Base::LinearBiasOf(p, base_qo_idx(qo_idx), qo_head);
   }
   template <class P>
   __device__ __forceinline__ bool LogitsMask(const P& p, int qo_idx, int kv_idx, int qo_head, int kv_head) const {

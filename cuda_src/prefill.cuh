@@ -151,7 +151,10 @@ __device__ __forceinline__ void prefill_persistent(const P& p, char* smem) {
         group_row_ids(idx[mi], head[mi], warp_row0 + mi * 16, rows_valid, heads, qo_idx0, first_qo_head, lane);
     };
     int row_qo_idx[MMA_Q][2], row_qo_head[MMA_Q][2];
-    if constexpr (Variant::has_logits_transform) row_ids(row_qo_idx, row_qo_head);
+    if constexpr (Variant::has_logits_transform || Variant::has_linear_bias) row_ids(row_qo_idx, row_qo_head);
+    GroupBias<Variant> bias[MMA_Q];
+#pragma unroll
+    for (int mi = 0; mi < MMA_Q; ++mi) bias[mi].init(p, var, row_qo_idx[mi], row_qo_head[mi], lane);
 
     float o[MMA_Q][DT][4];
     RowSoftmax<Variant::use_softmax, NT, DT> sm[MMA_Q];
@@ -177,14 +180,10 @@ __device__ __forceinline__ void prefill_persistent(const P& p, char* smem) {
         __syncthreads();
       }
 
-      // ---- S = Q K^T
+      // ---- S = Q K^T, from zero or the linear bias
       float s[MMA_Q][NT][4];
 #pragma unroll
-      for (int mi = 0; mi < MMA_Q; ++mi)
-#pragma unroll
-        for (int n = 0; n < NT; ++n)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) s[mi][n][e] = 0.f;
+      for (int mi = 0; mi < MMA_Q; ++mi) bias[mi].start(s[mi], pos0);
       const uint32_t k_base = smem_addr(ks) + k_lane;
 #pragma unroll
       for (int kk = 0; kk < KT; ++kk) {

@@ -25,11 +25,66 @@ __device__ __forceinline__ void group_row_ids(int (&idx)[2], int (&head)[2], int
   }
 }
 
-// Logits s of KV tokens [pos0, pos0 + 8 NT) -> transform -> mask (tokens at or past `hi` and the
-// variant's LogitsMask, when MASKED), in place.
+// The QK accumulators' start for one 16-row group: zero, or with a linear bias (ALiBi) the rows'
+// bias in q.k units, slope / sm_scale * (kv_pos - origin), which the tensor cores then add to
+// q.k: one FMA per logit (a column's offset is an immediate), no index math, and the max, mask
+// and exponent stay as without a bias. Per thread, across blocks: each row's scaled slope and
+// its first column's distance to the origin. Every prefill kernel starts S with start() (an
+// mma that zeroes its accumulators on the first k-step would drop the bias).
+template <class Variant, bool = Variant::has_linear_bias>
+struct GroupBias {
+  template <class P>
+  __device__ __forceinline__ void init(const P&, const Variant&, const int (&)[2], const int (&)[2], int) {}
+  template <int NT>
+  __device__ __forceinline__ void start(float (&s)[NT][4], int) const {
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[n][e] = 0.f;
+  }
+};
+template <class Variant>
+struct GroupBias<Variant, true> {
+  float slope[2];  // slope / sm_scale
+  int delta[2];    // this thread's first column (lane % 4) * 2 minus the row's origin
+
+  template <class P>
+  __device__ __forceinline__ void init(const P& p, const Variant& var, const int (&qo_idx)[2], const int (&qo_head)[2],
+                                       int lane) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const LinearBias b = var.LinearBiasOf(p, qo_idx[h], qo_head[h]);
+      slope[h] = b.slope / p.sm_scale;
+      delta[h] = (lane % 4) * 2 - b.origin;
+    }
+  }
+  template <int NT>
+  __device__ __forceinline__ void start(float (&s)[NT][4], int pos0) const {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float row = slope[h] * float(pos0 + delta[h]);
+#pragma unroll
+      for (int n = 0; n < NT; ++n)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) s[n][2 * h + c] = fmaf(slope[h], float(n * 8 + c), row);
+    }
+  }
+};
+
+// Logits s of KV tokens [pos0, pos0 + 8 NT) (q.k, plus the linear bias GroupBias started them
+// at) -> soft cap / LogitsTransform -> mask (tokens at or past `hi` and the variant's
+// LogitsMask, when MASKED), in place. A soft cap alone is tanh(s * sm_scale / cap), its outer
+// cap * log2(e) logits_scale's factor: one multiply and one tanh per logit, two constants.
 template <bool MASKED, class Variant, class P, int NT>
 __device__ __forceinline__ void mask_logits(const P& p, Variant& var, float (&s)[NT][4], int pos0, int hi,
                                             const int (&qo_idx)[2], const int (&qo_head)[2], int kv_head, int lane) {
+  constexpr bool kCap = Variant::has_soft_cap, kCode = Variant::has_logits_transform;
+  float cap_in = 0.f, cap_out = 0.f;
+  if constexpr (kCap) {
+    const SoftCap c = var.SoftCapOf(p);
+    cap_in = p.sm_scale * c.inv_cap;
+    cap_out = c.cap;
+  }
 #pragma unroll
   for (int n = 0; n < NT; ++n)
 #pragma unroll
@@ -37,8 +92,9 @@ __device__ __forceinline__ void mask_logits(const P& p, Variant& var, float (&s)
       const int h = e / 2;
       const int kv_pos = pos0 + n * 8 + (lane % 4) * 2 + (e & 1);
       float x = s[n][e];
-      if constexpr (Variant::has_logits_transform)  // else sm_scale_log2 joins the exponent's FMA
-        x = var.LogitsTransform(p, x * p.sm_scale, qo_idx[h], kv_pos, qo_head[h], kv_head);
+      if constexpr (kCap) x = tanh_approx(x * cap_in);
+      if constexpr (kCode)  // natural-log units; else the scale joins the exponent's FMA
+        x = var.LogitsTransform(p, kCap ? cap_out * x : x * p.sm_scale, qo_idx[h], kv_pos, qo_head[h], kv_head);
       if constexpr (MASKED) {
         bool keep = kv_pos < hi;
         if constexpr (Variant::has_logits_mask) keep = keep && var.LogitsMask(p, qo_idx[h], kv_pos, qo_head[h], kv_head);
@@ -50,8 +106,10 @@ __device__ __forceinline__ void mask_logits(const P& p, Variant& var, float (&s)
 
 // The factor taking mask_logits' output to log2 units in the softmax.
 template <class Variant, class P>
-__device__ __forceinline__ float logits_scale(const P& p) {
-  return Variant::has_logits_transform ? kLog2e : p.sm_scale_log2;
+__device__ __forceinline__ float logits_scale(const P& p, const Variant& var) {
+  if constexpr (Variant::has_logits_transform) return kLog2e;
+  if constexpr (Variant::has_soft_cap) return var.SoftCapOf(p).cap * kLog2e;
+  return p.sm_scale_log2;
 }
 
 // Weights s -> P as mma A fragments (KS = NT / 2 k-steps of 16 tokens).
@@ -73,7 +131,7 @@ __device__ __forceinline__ void logits_to_p(const P& p, Variant& var, SM& sm, fl
                                             uint32_t (&pa)[NT / 2][4], int pos0, int hi, const int (&qo_idx)[2],
                                             const int (&qo_head)[2], int kv_head, int lane) {
   mask_logits<MASKED>(p, var, s, pos0, hi, qo_idx, qo_head, kv_head, lane);
-  sm.update(s, o, logits_scale<Variant>(p));
+  sm.update(s, o, logits_scale(p, var));
   pack_p<typename P::DType>(s, pa);
 }
 

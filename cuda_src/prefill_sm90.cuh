@@ -136,7 +136,9 @@ __device__ __forceinline__ void prefill_sm90_persistent(const P& p, char* smem) 
     auto row_ids = [&] {
       group_row_ids(row_qo_idx, row_qo_head, warp_row0, rows_valid, heads, qo_idx0, first_qo_head, lane);
     };
-    if constexpr (Variant::has_logits_transform) row_ids();
+    if constexpr (Variant::has_logits_transform || Variant::has_linear_bias) row_ids();
+    GroupBias<Variant> bias;
+    bias.init(p, var, row_qo_idx, row_qo_head, lane);
 
     float o[DT][4];
     RowSoftmax<Variant::use_softmax, NT, DT> sm;
@@ -159,12 +161,13 @@ __device__ __forceinline__ void prefill_sm90_persistent(const P& p, char* smem) 
 
       // ---- S = Q K^T (asynchronous; the next tile's copies are issued meanwhile)
       float s[NT][4];
+      bias.start(s, pos0);  // wgmma adds q.k to it from the first k-step on
       const uint32_t k_base = smem_addr(ks);
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < KT; ++kk)
         WgmmaSS<T, TILE_KV>::run(s, kmajor_desc(q_base, QTile::slab_bytes, kk),
-                                 kmajor_desc(k_base, KVTile::slab_bytes, kk), kk > 0);
+                                 kmajor_desc(k_base, KVTile::slab_bytes, kk), kk > 0 || Variant::has_linear_bias);
       wgmma_commit();
       if constexpr (CROSS) {
         const int ns = (blocks_done + blk + STAGES - 1) % STAGES;  // the stage block n - 1 used

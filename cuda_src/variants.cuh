@@ -5,21 +5,14 @@
 
 namespace rtattn {
 
-// tanh in one MUFU instruction (sm_75+): absolute error <= ~5e-4 (2^-10.99 relative), below
-// the bf16 rounding of the softmax weights it feeds; tests check soft-cap against float64.
-__device__ __forceinline__ float tanh_approx(float x) {
-  float y;
-  asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-
 // Softmax attention with optional causal mask, sliding window (p.extra.window_left), logits
 // soft-cap (p.extra.soft_cap), ALiBi (p.extra.alibi_slopes[qo_head]) and attention sinks
 // (p.extra.sinks[qo_head]). The flags are template parameters so each combination compiles to
 // its own straight-line code.
 template <bool CAUSAL, bool WINDOW, bool SOFTCAP, bool ALIBI, bool SINKS = false>
 struct StandardAttention : VariantBase {
-  static constexpr bool has_logits_transform = SOFTCAP || ALIBI;
+  static constexpr bool has_linear_bias = ALIBI;
+  static constexpr bool has_soft_cap = SOFTCAP;
   static constexpr bool has_logits_mask = CAUSAL || WINDOW;
   static constexpr bool has_sink = SINKS;
   float inv_cap;  // 1 / soft_cap, once per item rather than a division per logit
@@ -30,12 +23,11 @@ struct StandardAttention : VariantBase {
     if constexpr (SOFTCAP) inv_cap = 1.f / p.extra.soft_cap;
   }
   template <class P>
-  __device__ __forceinline__ float LogitsTransform(const P& p, float s, int qo_idx, int kv_idx, int qo_head,
-                                                   int) const {
-    if constexpr (ALIBI) s += p.extra.alibi_slopes[qo_head] * float(kv_idx - q_pos(qo_idx));
-    if constexpr (SOFTCAP) s = p.extra.soft_cap * tanh_approx(s * inv_cap);
-    return s;
+  __device__ __forceinline__ LinearBias LinearBiasOf(const P& p, int qo_idx, int qo_head) const {
+    return {p.extra.alibi_slopes[qo_head], q_pos(qo_idx)};  // ALiBi: slope * (kv_idx - q_pos)
   }
+  template <class P>
+  __device__ __forceinline__ SoftCap SoftCapOf(const P& p) const { return {p.extra.soft_cap, inv_cap}; }
   template <class P>
   __device__ __forceinline__ float SinkLogit(const P& p, int qo_head) const {
     if constexpr (SINKS) return p.extra.sinks[qo_head];

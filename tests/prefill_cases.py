@@ -52,9 +52,29 @@ def errors(case, o, lse, var=ref.Variant()):
     return rel_error(o, want_o), (lse_error(lse, want_lse) if lse is not None else 0.0)
 
 
+_PARTS = {"causal": "causal", "sliding_window": "window", "soft_cap": "soft_cap", "alibi": "alibi"}
+
+
+def combo_spec(name: str, dtype: str = "bfloat16", head_dim: int = 128):
+    """'causal+alibi+soft_cap': the StandardAttention spec with those parts together (names of
+    built-ins joined by '+'; variant_args gives their parameters and reference)."""
+    from rtattn.codegen import spec as S
+    parts = name.split("+")
+    if not set(parts) <= set(_PARTS):
+        raise ValueError(f"{name!r}: join names of {sorted(_PARTS)} with '+'")
+    return S.standard(**{_PARTS[part]: True for part in parts}, dtype=dtype, head_dim=head_dim)
+
+
 def variant_args(variant, num_qo_heads, qo_lens, kv_lens, rng):
-    """(params, reference Variant) for a built-in variant name."""
+    """(params, reference Variant) for a built-in variant name, or for parts joined by '+'."""
     import torch
+    if "+" in variant:
+        params, fields, plain = {}, {}, vars(ref.Variant())
+        for part in variant.split("+"):
+            p, v = variant_args(part, num_qo_heads, qo_lens, kv_lens, rng)
+            params.update(p or {})
+            fields.update({k: x for k, x in vars(v).items() if not (x is plain[k] or (np.isscalar(x) and x == plain[k]))})
+        return params or None, ref.Variant(**fields)
     if variant == "causal":
         return None, ref.Variant(causal=True)
     if variant == "plain":
@@ -81,4 +101,4 @@ def variant_args(variant, num_qo_heads, qo_lens, kv_lens, rng):
     raise ValueError(variant)
 
 
-__all__ = ["TOL", "errors", "make_case", "ragged_kv", "run_prefill", "variant_args"]
+__all__ = ["TOL", "combo_spec", "errors", "make_case", "ragged_kv", "run_prefill", "variant_args"]

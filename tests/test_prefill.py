@@ -289,6 +289,25 @@ def test_variants(variant, kernel):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("heads", [(8, 8), (12, 4), (32, 4), (32, 2), (32, 1)], ids=lambda h: f"g{h[0] // h[1]}")
+@pytest.mark.parametrize("variant", ["causal+alibi", "causal+soft_cap", "causal+alibi+soft_cap",
+                                     "sliding_window+alibi"])
+def test_bias_and_cap_variants_across_groups(variant, heads):
+    """The linear bias starts the QK accumulators per row (slope and origin of each fused row's
+    head and position) and the soft cap folds into the exponent's constants: every head group
+    (a thread's four rows on one head, on two, on four; g = 3 mixes them), cached prefixes, a
+    request of several query tiles, and both together (the bias before the cap)."""
+    from prefill_cases import TOL, combo_spec, errors, make_case, run_prefill, variant_args
+    rng = np.random.default_rng(11)
+    kv, qo = np.array([700, 130, 1100]), np.array([700, 3, 64])
+    case = make_case(kv, *heads, 128, 16, qo_lens=qo, seed=11)
+    params, var = variant_args(variant, heads[0], qo, kv, rng)
+    o, lse, _ = run_prefill(case, combo_spec(variant), params=params)
+    eo, el = errors(case, o, lse, var)
+    assert eo < TOL["bfloat16"] and el < 2e-2, (eo, el)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("mode", ["auto", "naive", "batch-invariant"])
 def test_split_kv_merge_modes_and_determinism(mode, kernel):
     """Few CTAs force split KV (merged by the shared merge kernel); a second run of the same plan

@@ -55,7 +55,7 @@ case " ${ONLY:-bench-prefill-peers} " in *" bench-prefill-peers "*)
 esac
 
 stage smoke-fp8 "$T_SMOKE" "$PY" tools/smoke_decode.py --fp8 --no-timing
-stage smoke-prefill "$T_SMOKE" bash -c "for i in \$(seq 0 23); do timeout 60 $PY tools/smoke_prefill.py \$i & done; wait"
+stage smoke-prefill "$T_SMOKE" bash -c "for i in \$(seq 0 27); do timeout 60 $PY tools/smoke_prefill.py \$i & done; wait"
 grep -h -E "^(ok |BAD|EXC)" "$LOGS/smoke-prefill.log" | sort | uniq -c | sort -rn | head -5
 stage smoke-cascade "$((T_SMOKE + 40))" bash -c "for i in \$(seq 0 11); do timeout 90 $PY tools/smoke_cascade.py \$i & done; wait"
 grep -h -E "^(ok |BAD|EXC)" "$LOGS/smoke-cascade.log" | sort | uniq -c | sort -rn | head -5

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from prefill_cases import TOL, errors, make_case, run_prefill, variant_args  # noqa: E402
+from prefill_cases import TOL, combo_spec, errors, make_case, run_prefill, variant_args  # noqa: E402
 
 CASES = [  # (name, kv_lens, qo_lens, heads, head_dim, page, variant, dtype, extra)
     ("causal square 32/8", [300, 1024, 77], None, (32, 8), 128, 16, "causal", "bfloat16", {}),
@@ -42,12 +42,18 @@ CASES = [  # (name, kv_lens, qo_lens, heads, head_dim, page, variant, dtype, ext
     ("d128 3 stages kv32", [700, 129], None, (16, 4), 128, 16, "causal", "bfloat16",
      {"tile": {"stages": 3, "tile_kv": 32}}),
     ("sinks (split rows too)", [2000, 300], [64, 300], (16, 4), 128, 16, "sinks", "bfloat16", {"num_ctas": 5}),
+    # the bench's variant rows (causal with the variant): linear bias in the accumulators, folded caps
+    ("causal alibi g=16", [900, 300, 1500], [900, 100, 37], (32, 2), 128, 16, "causal+alibi", "bfloat16", {}),
+    ("causal soft_cap 32/8", [900, 300, 1500], [900, 100, 37], (32, 8), 128, 16, "causal+soft_cap", "bfloat16", {}),
+    ("causal alibi+soft_cap g=3 fp16", [900, 300], [900, 64], (12, 4), 128, 16, "causal+alibi+soft_cap", "float16", {}),
+    ("causal window 32/8 split", [3000, 1500], [3000, 700], (32, 8), 128, 16, "causal+sliding_window", "bfloat16",
+     {"num_ctas": 7}),
 ]
 
 
 def main(argv=None) -> int:
     """Every case, or only the cases whose index is given (one process per case keeps a faulting
-    kernel from poisoning the others: `for i in $(seq 0 23); do python tools/smoke_prefill.py $i & done`,
+    kernel from poisoning the others: `for i in $(seq 0 27); do python tools/smoke_prefill.py $i & done`,
     one per case of CASES)."""
     args = list(sys.argv[1:] if argv is None else argv)
     mma = None
@@ -74,7 +80,8 @@ def main(argv=None) -> int:
         try:
             case = make_case(kv, H, Hk, D, ps, dtype=dtype, kv_layout=layout, qo_lens=qo, seed=len(name))
             params, var = variant_args(variant, H, qo, kv, rng)
-            o, lse, w = run_prefill(case, variant, dtype, params, **extra)
+            kernel_variant = combo_spec(variant, dtype, D) if "+" in variant else variant
+            o, lse, w = run_prefill(case, kernel_variant, dtype, params, **extra)
             eo, el = errors(case, o, lse, var)
             ok = eo < TOL[dtype] and el < 2e-2
             bad += not ok
