@@ -184,6 +184,26 @@ def test_wgmma_tiles_fit_their_registers(head_dim, isolated_cache):
         assert re.search(r"\b0 bytes spill stores, 0 bytes spill loads", log.split("Used")[0]), log[:400]
 
 
+def test_user_linear_bias_and_transform_compile(isolated_cache):
+    """A user variant declaring a linear bias as data (LinearBiasOf) beside a LogitsTransform:
+    the prefill kernel starts its accumulators at the bias and calls the transform after it."""
+    from rtattn.codegen import spec as S
+    source = """
+    struct DistanceDecay : rtattn::VariantBase {
+      static constexpr bool has_linear_bias = true;
+      static constexpr bool has_logits_transform = true;
+      template <class P> __device__ rtattn::LinearBias LinearBiasOf(const P& p, int qo_idx, int) const {
+        return {-p.extra.decay, q_pos(qo_idx)};
+      }
+      template <class P> __device__ float LogitsTransform(const P&, float s, int, int, int, int) const {
+        return 0.5f * s;
+      }
+    };"""
+    spec = S.custom_variant("decay", source, "DistanceDecay", (S.Param("decay", "float"),), causal=True)
+    _, cubin = P.compile_prefill(spec, P.choose_tile(H200, 128, 4), "sm_90", quiet=True)
+    assert cubin[:4] == b"\x7fELF"
+
+
 def test_shipped_set_is_modest_and_named():
     names = [P.instance_name(s, t) for s, t in P.shipped("sm_90")]
     assert len(names) == len(set(names)) <= 32
@@ -304,6 +324,35 @@ def test_bias_and_cap_variants_across_groups(variant, heads):
     params, var = variant_args(variant, heads[0], qo, kv, rng)
     o, lse, _ = run_prefill(case, combo_spec(variant), params=params)
     eo, el = errors(case, o, lse, var)
+    assert eo < TOL["bfloat16"] and el < 2e-2, (eo, el)
+
+
+@pytest.mark.gpu
+def test_user_linear_bias_comes_before_the_logits_transform():
+    """A user variant's bias (slopes / 2, as data) and a LogitsTransform doubling the logit:
+    2 (s sm_scale + slope / 2 (kv - q_pos)) is ALiBi at twice sm_scale, if the bias comes first."""
+    import torch
+    from prefill_cases import TOL, errors, make_case, run_prefill
+    from rtattn.codegen import spec as S
+    source = """
+    struct HalfSlopesDoubled : rtattn::VariantBase {
+      static constexpr bool has_linear_bias = true;
+      static constexpr bool has_logits_transform = true;
+      static constexpr bool has_logits_mask = true;
+      template <class P> __device__ rtattn::LinearBias LinearBiasOf(const P& p, int qo_idx, int qo_head) const {
+        return {0.5f * p.extra.slopes[qo_head], q_pos(qo_idx)};
+      }
+      template <class P> __device__ float LogitsTransform(const P&, float s, int, int, int, int) const { return 2.f * s; }
+      template <class P> __device__ bool LogitsMask(const P&, int qo_idx, int kv_idx, int, int) const {
+        return kv_idx <= q_pos(qo_idx);
+      }
+    };"""
+    spec = S.custom_variant("half_slopes_doubled", source, "HalfSlopesDoubled", (S.Param("slopes", "const float*"),))
+    kv, qo = np.array([600, 90]), np.array([600, 20])
+    case = make_case(kv, 16, 4, 128, 16, qo_lens=qo, seed=5)
+    slopes = torch.tensor(ref.alibi_slopes(16), dtype=torch.float32, device="cuda")
+    o, lse, _ = run_prefill(case, spec, params={"slopes": slopes})
+    eo, el = errors(case, o, lse, ref.Variant(causal=True, alibi=True, sm_scale=2 / np.sqrt(128)))
     assert eo < TOL["bfloat16"] and el < 2e-2, (eo, el)
 
 
