@@ -48,7 +48,7 @@ timeout 300 "$PY" tools/bench_decode.py --prebuild-fi "${BD_ARGS[@]}" > "$LOGS/f
 case " ${ONLY:-bench-prefill} " in *" bench-prefill "*|*" bench-overhead "*)   # fa2's JIT builds beside the first stages
     # (causal, soft-cap, ALiBi and window modules; bench-overhead times fa2's prefill plan() on its
     # prefill rows: the causal module)
-    timeout 300 "$PY" tools/bench_prefill.py --libs fa2 --rows '32x512*' 8x2048-window --samples 2 > "$LOGS/fi-prebuild-fa2.log" 2>&1 & ;;
+    timeout 300 "$PY" tools/bench_prefill.py --libs fa2 --rows 32x512 32x512-softcap 32x512-alibi 8x2048-window --samples 2 > "$LOGS/fi-prebuild-fa2.log" 2>&1 & ;;
 esac
 case " ${ONLY:-bench-prefill-peers} " in *" bench-prefill-peers "*)
     timeout 300 "$PY" tools/bench_prefill.py --libs fa3 --rows 32x512 --samples 2 > "$LOGS/fi-prebuild-fa3.log" 2>&1 & ;;
