@@ -91,7 +91,7 @@ struct VariantBase {
 };
 
 // Whether a variant changes logits at all (kernels that fold nothing test this one flag). A
-// function, not a variable template: those become device globals and move other globals' offsets.
+// function: constexpr variables, like the flags above, are emitted as device globals.
 template <class V>
 __device__ constexpr bool transforms_logits() {
   return V::has_linear_bias || V::has_soft_cap || V::has_logits_transform;
