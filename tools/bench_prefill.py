@@ -113,7 +113,6 @@ def variant_costs(results: dict, lib: str = "rt") -> list[tuple[str, float]]:
     return out
 
 
-
 def set_shape(heads: str, head_dim: int, page: int) -> None:
     """--heads 'HQ:HKV', --head-dim, --page: the module's shape, read by every library's call."""
     global HQ, HKV, D, PAGE
