@@ -57,7 +57,10 @@ esac
 stage smoke-fp8 "$T_SMOKE" "$PY" tools/smoke_decode.py --fp8 --no-timing
 stage smoke-prefill "$T_SMOKE" bash -c "for i in \$(seq 0 27); do timeout 60 $PY tools/smoke_prefill.py \$i & done; wait"
 grep -h -E "^(ok |BAD|EXC)" "$LOGS/smoke-prefill.log" | sort | uniq -c | sort -rn | head -5
-stage smoke-cascade "$((T_SMOKE + 40))" bash -c "for i in \$(seq 0 11); do timeout 90 $PY tools/smoke_cascade.py \$i & done; wait"
+stage smoke-prefill-alt "$((T_SMOKE + 30))" bash -c "for m in '--mma sync' '--cross' '--mma sync --cross'; do \
+    for i in \$(seq 0 27); do timeout 60 $PY tools/smoke_prefill.py \$m \$i & done; wait; done"   # the other kernel, the KV stream across items
+grep -h -E "^(ok |BAD|EXC)" "$LOGS/smoke-prefill-alt.log" | sort | uniq -c | sort -rn | head -5
+stage smoke-cascade "$((T_SMOKE + 40))" bash -c "for i in \$(seq 0 14); do timeout 90 $PY tools/smoke_cascade.py \$i & done; wait"
 grep -h -E "^(ok |BAD|EXC)" "$LOGS/smoke-cascade.log" | sort | uniq -c | sort -rn | head -5
 stage smoke-invariant "$((T_SMOKE + 30))" "$PY" tools/smoke_decode.py --invariant
 stage gpu-tier "$T_TIER" env OUT="$LOGS/tier" PYTEST_ARGS="${TIER_ARGS:--n 8 -vv}" SAN_PARALLEL=1 SAN_TIMEOUT="${SAN_TIMEOUT:-70}" \
