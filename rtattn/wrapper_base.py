@@ -22,7 +22,7 @@ import numpy as np
 from rtattn.codegen.cstruct import FieldWriter
 from rtattn.codegen.spec import AttentionSpec
 from rtattn.plan.inspector import check_window
-from rtattn.runtime import DeviceBuffer, Event, PinnedBuffer, memcpy_htod_async, memset_d32
+from rtattn.runtime import Device, DeviceBuffer, Event, PinnedBuffer, libcuda, memset_d32
 from rtattn.runtime import launch as launch_path
 from rtattn.runtime.launch import Launch, Params, stream_handle
 from rtattn.tensors import (TensorImports, cuda_tensor, expect_inner_contiguous, expect_shape, expect_typed,
@@ -96,15 +96,21 @@ class PlannedWrapper:
     def _plan_and_copy(self, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, stream, window_left=None):
         """Plan into the next pinned buffer and queue its one copy into the workspace
         (qo_indptr None: one query token per request)."""
-        launch_path.check_stream(launch_path.stream_handle(stream), self.device)   # the copy's stream
-        slot = self._slot
-        if self._in_flight[slot]:  # this buffer's copy (two plans ago) may not have run yet
-            self._copied[slot].synchronize()
-        buf = self._pinned[slot]
-        info = self.planner.plan(qo_indptr, kv_indptr, kv_indices, kv_last_page_len,
-                                 out=self._pinned_arrays[slot], window_left=window_left)
-        memcpy_htod_async(self.workspace_ptr, buf.ptr, self.layout.plan_bytes, stream, self.device)
-        self._copied[slot].record(stream)
+        # One context entry (and stream check) for the wait, the copy and its event: the driver
+        # calls are direct, ~1 us each, not ~3-6 through Event/memcpy_htod_async (each re-enters)
+        h, prev = launch_path.enter_stream(stream, self.device)
+        try:
+            slot = self._slot
+            ev = self._copied[slot].handle
+            if self._in_flight[slot]:  # this buffer's copy (two plans ago) may not have run yet
+                libcuda.wait_event(ev)
+            buf = self._pinned[slot]
+            info = self.planner.plan(qo_indptr, kv_indptr, kv_indices, kv_last_page_len,
+                                     out=self._pinned_arrays[slot], window_left=window_left)
+            libcuda.copy_htod(self.workspace_ptr, buf.ptr, self.layout.plan_bytes, h)
+            libcuda.record_event(ev, h)
+        finally:
+            Device.leave(prev)
         self._in_flight[slot] = True
         self._slot = slot ^ 1
         self._take_plan(info, window_left, int(kv_indptr[-1]), buf)

@@ -390,7 +390,7 @@ def install(monkeypatch, devices: int = 2) -> FakeDriver:
     from rtattn.runtime import driver, launch, libcuda, memory, module, stream
 
     drv = FakeDriver(devices)
-    for mod in (driver, stream, memory, module, launch, graph):
+    for mod in (driver, stream, memory, module, launch, libcuda, graph):
         monkeypatch.setattr(mod, "cu", drv)
     monkeypatch.setattr(driver, "_probe", (devices, ""))
     monkeypatch.setattr(driver, "_devices", {})

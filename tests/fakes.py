@@ -13,6 +13,7 @@ from rtattn.codegen.render import render_prefill
 from rtattn.families.decode import render
 from rtattn.runtime import export
 from rtattn.runtime import launch as launch_mod
+from rtattn.runtime import libcuda
 from rtattn.kernels import LoadedKernels
 
 
@@ -108,7 +109,12 @@ def install(monkeypatch, kernels, *, device=None, buffer=FakeBuffer, memcpy=lamb
     monkeypatch.setattr(W, "current_device", lambda d=None: dev)
     monkeypatch.setattr(W, "decode_kernels", lambda spec, ordinal: kernels(spec))
     monkeypatch.setattr(B, "Event", lambda timing=False, device=None: SimpleNamespace(record=lambda s=None: None,
-                                                                                       synchronize=lambda: None))
+                                                                                       synchronize=lambda: None,
+                                                                                       handle=None))
+    # plan()'s copy and its event go straight to libcuda's calls (one context entry per plan)
+    monkeypatch.setattr(libcuda, "copy_htod", lambda dst, src, n, stream: memcpy(dst, src, n))
+    monkeypatch.setattr(libcuda, "record_event", lambda event, stream: None)
+    monkeypatch.setattr(libcuda, "wait_event", lambda event: None)
     for mod in (W, B):   # the wrapper base holds the shared buffers; the decode wrapper its own outputs
         for name, fake in (("DeviceBuffer", buffer), ("PinnedBuffer", buffer), ("memcpy_htod_async", memcpy),
                            ("memset_d32", lambda ptr, value, count, device=None: None)):

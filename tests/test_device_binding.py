@@ -172,6 +172,21 @@ def test_a_stream_or_workspace_of_another_device_is_refused_before_launch(drv):
     assert drv.errors == []
 
 
+def test_plan_copies_in_its_devices_context_waiting_only_for_the_copy_of_two_plans_ago(drv):
+    w = _wrapper(device=1)
+    s = Stream(device=1)
+    Device(0).set_current()
+    steps = []
+    for seed in range(3):
+        n = len(drv.calls)
+        w.plan(*paged_kv([100, 20 + seed], PS, shuffle_seed=seed), stream=s)
+        steps.append([c for c in drv.calls[n:] if c[0] in ("cuEventSynchronize", "cuMemcpyHtoDAsync", "cuEventRecord")])
+    copy = [("cuMemcpyHtoDAsync", _ctx(1)), ("cuEventRecord", _ctx(1))]
+    assert steps == [copy, copy, [("cuEventSynchronize", _ctx(1))] + copy]   # slot 0 again: its first copy
+    assert [c[4] for c in drv.copies[-3:]] == [s.handle] * 3 and drv.copies[-3][2] == drv.copies[-1][2]
+    assert driver.get_current_context() == _ctx(0) and drv.errors == []
+
+
 def test_graphs_capture_and_replay_on_their_device_from_any_thread(drv):
     from rtattn.graphs import DecodeGraphs, StepGraph
     w = _wrapper(device=2)

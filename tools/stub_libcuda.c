@@ -69,6 +69,18 @@ R cuLaunchKernelEx(const LC* c, void* f, void** params, void** extra) {
          c->bx, c->by, c->bz, c->smem, c->stream, c->n);
   if (c->n) SAY(" attr=%d:%d", c->attrs[0].id, c->attrs[0].value.pss);
   SAY(" arg=%.6s\n", (const char*)params[0]); return 0; }
+/* plan(): pinned host memory, its async copy and the copy's event (nothing is copied) */
+R cuMemHostAlloc(void** p, size_t n, unsigned f) { *p = aligned_alloc(4096, (n + 4095) / 4096 * 4096); return *p ? 0 : 2; }
+R cuMemFreeHost(void* p) { free(p); return 0; }
+R cuMemcpyHtoDAsync_v2(unsigned long long dst, const void* src, size_t n, void* s) { return 0; }
+R cuMemcpyHtoDAsync(unsigned long long dst, const void* src, size_t n, void* s) { return 0; }
+static char events[64];
+R cuEventCreate(void** e, unsigned f) { static int next; *e = events + (next++ % 64); return 0; }
+R cuEventRecord(void* e, void* s) { return 0; }
+R cuEventSynchronize(void* e) { return 0; }
+R cuEventQuery(void* e) { return 0; }
+R cuEventDestroy_v2(void* e) { return 0; }
+R cuEventDestroy(void* e) { return 0; }
 R cuGraphDestroy(void* g) { return 0; }
 R cuGraphExecDestroy(void* e) { return 0; }
 R cuGetProcAddress_v2(const char* sym, void** pfn, int ver, unsigned long long flags, int* status) {

@@ -19,7 +19,7 @@ from cuda.bindings import driver as cu
 
 from . import libcuda
 from .driver import Device, check, current_device, stream_device
-from .stream import as_stream
+from .stream import stream_handle
 
 __all__ = ["Params", "KernelCall", "Launch", "enqueue", "stream_handle", "check_stream", "enter_stream"]
 
@@ -129,29 +129,6 @@ class KernelCall:
 
     def __repr__(self) -> str:
         return f"KernelCall({self.name}, grid={self.grid}, block={self.block}, smem={self.smem}, pdl={self.pdl})"
-
-
-_last_foreign = (None, 0)   # (foreign stream object, its handle): callers pass the same one every call
-
-
-def stream_handle(stream) -> int:
-    """A raw CUstream handle from None (legacy default, 0), an int, an rtattn Stream or a foreign stream.
-    A foreign stream object (torch's, cupy's) names one stream for its life: the last one seen is
-    remembered (held, like DecodeGraphs' stream), so a caller passing it every layer converts it once."""
-    global _last_foreign
-    if stream is None:
-        return 0
-    if type(stream) is int:
-        return stream
-    last = _last_foreign
-    if stream is last[0]:
-        return last[1]
-    h = getattr(stream, "_handle", None)   # rtattn Stream: no conversion
-    if type(h) is int:
-        return h
-    h = as_stream(stream).handle
-    _last_foreign = (stream, h)
-    return h
 
 
 def check_stream(handle: int, device: Device) -> None:

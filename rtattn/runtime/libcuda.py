@@ -1,5 +1,6 @@
 """Direct ctypes entries into libcuda for the few calls made per layer (kernel launch, graph
-launch, kernel-node argument update), and the C structs they take.
+launch, kernel-node argument update) or per plan (the plan's async copy, its event record and
+wait), and the C structs they take.
 
 cuda.bindings converts every argument object on every call (a CUlaunchConfig wrapper, the
 CUfunction, the stream, the kernelParams helper); the same call through ctypes with prepared
@@ -20,7 +21,7 @@ from cuda.bindings import driver as cu
 from .driver import check
 
 __all__ = ["LaunchConfig", "LaunchAttribute", "KernelNodeParams", "entry", "set_entry", "fail",
-           "PDL_ATTRIBUTE"]
+           "PDL_ATTRIBUTE", "copy_htod", "record_event", "wait_event"]
 
 # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION (cuda.h); read from the bindings' enum.
 PDL_ATTRIBUTE = int(cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION)
@@ -58,6 +59,8 @@ class _Entries:
     def __init__(self):
         self.loaded = False
         self.launch_kernel_ex = self.graph_launch = self.node_set_params = None
+        # plan() per step: its copy, the copy's event and the wait on the copy of two plans ago
+        self.memcpy_htod_async = self.event_record = self.event_synchronize = None
 
     def load(self) -> "_Entries":
         if self.loaded:
@@ -70,12 +73,16 @@ class _Entries:
         self.launch_kernel_ex = _fn(lib, "cuLaunchKernelEx", 4)
         self.graph_launch = _fn(lib, "cuGraphLaunch", 2)
         self.node_set_params = _fn(lib, "cuGraphExecKernelNodeSetParams_v2", 3)
+        self.memcpy_htod_async = _fn(lib, "cuMemcpyHtoDAsync_v2", 4)
+        self.event_record = _fn(lib, "cuEventRecord", 2)
+        self.event_synchronize = _fn(lib, "cuEventSynchronize", 1)
         return self
 
     @property
     def complete(self) -> bool:
-        """Every entry resolved: the ctypes path can serve launches, replays and node updates."""
-        return bool(self.launch_kernel_ex and self.graph_launch and self.node_set_params)
+        """Every entry resolved: the ctypes path can serve launches, replays, node updates and plan copies."""
+        return bool(self.launch_kernel_ex and self.graph_launch and self.node_set_params and self.memcpy_htod_async
+                    and self.event_record and self.event_synchronize)
 
 
 def _fn(lib, name: str, nargs: int):
@@ -104,8 +111,9 @@ def set_entry(name: str) -> None:
         raise ValueError(f"driver entry must be 'ctypes' or 'bindings', got {name!r}")
     if name == "ctypes":
         if not _ENTRIES.load().complete:
-            raise RuntimeError("the ctypes driver entry needs libcuda.so.1 with cuLaunchKernelEx, "
-                               "cuGraphLaunch and cuGraphExecKernelNodeSetParams_v2")
+            raise RuntimeError("the ctypes driver entry needs libcuda.so.1 with cuLaunchKernelEx, cuGraphLaunch, "
+                               "cuGraphExecKernelNodeSetParams_v2, cuMemcpyHtoDAsync_v2, cuEventRecord and "
+                               "cuEventSynchronize")
     ENTRY = name
 
 
@@ -117,3 +125,39 @@ def fail(result: int, call: str):
         res = cu.CUresult.CUDA_ERROR_UNKNOWN
     check((res,), call)
     raise AssertionError("unreachable: check() raises for every nonzero result")
+
+
+# The plan's driver calls, in the context the caller made current (one Device.enter per plan,
+# not one per call): the direct entry when in use, else cuda.bindings. Streams are raw handles;
+# events CUevent handles.
+def copy_htod(dst: int, src: int, nbytes: int, stream: int) -> None:
+    """cuMemcpyHtoDAsync: `nbytes` from host address `src` (pinned: truly async) to device `dst`."""
+    e = entry()
+    if e is None:
+        check(cu.cuMemcpyHtoDAsync(dst, src, nbytes, stream), "cuMemcpyHtoDAsync")
+        return
+    res = e.memcpy_htod_async(dst, src, nbytes, stream)
+    if res:
+        fail(res, "cuMemcpyHtoDAsync")
+
+
+def record_event(event, stream: int) -> None:
+    """cuEventRecord of `event` on `stream`."""
+    e = entry()
+    if e is None:
+        check(cu.cuEventRecord(event, stream), "cuEventRecord")
+        return
+    res = e.event_record(int(event), stream)
+    if res:
+        fail(res, "cuEventRecord")
+
+
+def wait_event(event) -> None:
+    """cuEventSynchronize: the host waits until the work before `event` is done."""
+    e = entry()
+    if e is None:
+        check(cu.cuEventSynchronize(event), "cuEventSynchronize")
+        return
+    res = e.event_synchronize(int(event))
+    if res:
+        fail(res, "cuEventSynchronize")

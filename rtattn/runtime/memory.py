@@ -10,8 +10,9 @@ import weakref
 import numpy as np
 from cuda.bindings import driver as cu
 
+from . import libcuda
 from .driver import Device, check, current_device
-from .stream import as_stream
+from .stream import as_stream, stream_handle
 
 __all__ = ["DeviceBuffer", "PinnedBuffer", "memcpy_htod_async", "memcpy_dtoh_async", "memcpy_dtod_async"]
 
@@ -20,9 +21,10 @@ __all__ = ["DeviceBuffer", "PinnedBuffer", "memcpy_htod_async", "memcpy_dtoh_asy
 # the stream must be that device's. The caller's current context is left as it was.
 
 def memcpy_htod_async(dst_ptr: int, src_ptr: int, nbytes: int, stream=None, device=None) -> None:
+    """One async copy (every plan() makes one: the direct entry, the stream handle remembered)."""
+    h = stream_handle(stream)
     with current_device(device).active():
-        check(cu.cuMemcpyHtoDAsync(int(dst_ptr), int(src_ptr), int(nbytes), as_stream(stream).handle),
-              "cuMemcpyHtoDAsync")
+        libcuda.copy_htod(int(dst_ptr), int(src_ptr), int(nbytes), h)
 
 
 def memcpy_dtoh_async(dst_ptr: int, src_ptr: int, nbytes: int, stream=None, device=None) -> None:

@@ -10,9 +10,10 @@ import weakref
 
 from cuda.bindings import driver as cu
 
+from . import libcuda
 from .driver import Device, check, current_device, stream_device
 
-__all__ = ["Stream", "Event", "as_stream"]
+__all__ = ["Stream", "Event", "as_stream", "stream_handle"]
 
 
 def _destroy_stream(handle: int, device: Device) -> None:
@@ -135,6 +136,29 @@ def as_stream(x) -> Stream:
     return Stream.wrap(x)
 
 
+_last_foreign = (None, 0)   # (foreign stream object, its handle): callers pass the same one every call
+
+
+def stream_handle(stream) -> int:
+    """A raw CUstream handle from None (legacy default, 0), an int, an rtattn Stream or a foreign stream.
+    A foreign stream object (torch's, cupy's) names one stream for its life: the last one seen is
+    remembered (held, like DecodeGraphs' stream), so a caller passing it every layer converts it once."""
+    global _last_foreign
+    if stream is None:
+        return 0
+    if type(stream) is int:
+        return stream
+    last = _last_foreign
+    if stream is last[0]:
+        return last[1]
+    h = getattr(stream, "_handle", None)   # rtattn Stream: no conversion
+    if type(h) is int:
+        return h
+    h = as_stream(stream).handle
+    _last_foreign = (stream, h)
+    return h
+
+
 def _destroy_event(handle, device: Device) -> None:
     try:
         with device.active():
@@ -165,17 +189,19 @@ class Event:
         return self._device
 
     def record(self, stream=None) -> "Event":
-        s = as_stream(stream)
-        if s._device is not None and s._device is not self._device:   # known without a driver query
-            raise ValueError(f"stream: {s!r} runs on cuda:{s._device.ordinal}, this event belongs to "
-                             f"cuda:{self._device.ordinal} (record an event of the stream's device)")
+        if isinstance(stream, Stream):
+            s = stream._device
+            if s is not None and s is not self._device:   # known without a driver query
+                raise ValueError(f"stream: {stream!r} runs on cuda:{s.ordinal}, this event belongs to "
+                                 f"cuda:{self._device.ordinal} (record an event of the stream's device)")
+        h = stream_handle(stream)
         with self._device.active():
-            check(cu.cuEventRecord(self._ev, s.handle), "cuEventRecord")
+            libcuda.record_event(self._ev, h)
         return self
 
     def synchronize(self) -> None:
         with self._device.active():
-            check(cu.cuEventSynchronize(self._ev), "cuEventSynchronize")
+            libcuda.wait_event(self._ev)
 
     def query(self) -> bool:
         """True if the recorded work has completed."""
