@@ -7,7 +7,7 @@ libcuda whose calls return at once (tools/stub_libcuda.c), so what is timed is P
 Per family and batch: µs per call of run() (bind + enqueue of the attention and merge kernels)
 and of DecodeGraphs.step() (bind + kernel-node updates + graph launch, one exec updated per
 layer), each through the direct ctypes driver entry and through cuda.bindings; plus prepare()
-and plan(). decode: one query token per request; prefill: BatchPrefillWrapper on 4 query tokens
+and plan() (its pinned buffers, copy and event through the stub driver). decode: one query token per request; prefill: BatchPrefillWrapper on 4 query tokens
 per request (multi-token verification), causal. The stream is a foreign stream object (a torch-like `.cuda_stream`), as
 bench_overhead passes torch's; `run-h` is run() given the raw handle instead. The device, kernels and memory are the CPU tier's fakes (tests/fakes.py); tensors are
 rtattn views. Host time only: the driver's own work and framework tensors (torch's data_ptr,
@@ -84,14 +84,23 @@ def main(argv=None) -> int:
     from rtattn.runtime import export, libcuda
     from rtattn.runtime import launch as launch_mod
 
-    from rtattn.runtime import Device
+    from rtattn.runtime import Device, Event, PinnedBuffer
     real_enqueue = launch_mod.enqueue
+    real_copies = (libcuda.copy_htod, libcuda.record_event, libcuda.wait_event)
     dev = fakes.fake_device()
     dev.enter = Device(0).set_current().enter   # the real context check; current already, as under torch
     dev.streams_checked.add(0x5000)    # the stream: the stub's, checked once (as a real device remembers it)
     fakes.install_prefill(_Patch(), device=dev)
     fakes.install(_Patch(), fakes.FakeKernels, device=dev)
     launch_mod.enqueue = real_enqueue           # the real launch path, into the stub driver
+    libcuda.copy_htod, libcuda.record_event, libcuda.wait_event = real_copies   # and plan()'s copy
+    stub = Device(0)
+
+    def real_plan_buffers(w):
+        """plan() through its real copy path: pinned buffers and events of the stub device."""
+        w._pinned = tuple(PinnedBuffer(w.layout.plan_bytes, stub) for _ in range(2))
+        w._pinned_arrays = tuple(b.array for b in w._pinned)
+        w._copied = tuple(Event(timing=False, device=stub) for _ in range(2))
     H, HK, D, PS, L = 32, 8, 128, 16, args.layers
     stream = _TorchLikeStream(0x5000)
     print(f"# host µs per call, stub driver, {L} layers, {H}/{HK} heads, D={D}, page {PS}")
@@ -106,9 +115,11 @@ def main(argv=None) -> int:
                 w = PW.BatchPrefillWrapper(H, HK, D, PS, max_batch=batch, max_qo_tokens=batch * qo_len, max_pages=pool,
                                            max_qo_len=qo_len)
                 qi = indptr_from_lengths([qo_len] * batch)
+                real_plan_buffers(w)
                 plan_us = per_call_us(lambda: w.plan(qi, *kv), max(50, args.reps // 20))
             else:
                 w = W.BatchDecodeWrapper(H, HK, D, PS, max_batch=batch, max_pages=pool)
+                real_plan_buffers(w)
                 plan_us = per_call_us(lambda: w.plan(*kv), max(50, args.reps // 20))
             rows = batch * qo_len
             base = 1 << 36

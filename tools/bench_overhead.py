@@ -7,6 +7,11 @@ distinct KV cache per layer so nothing stays in L2 between layers):
 
 * plan_us        host time of one plan() (rtattn: fills the pinned plan, issues the H2D copy),
                  median of PLAN_SAMPLES after PLAN_WARMUP untimed plans
+* planner_us     Planner.plan() alone on the same inputs into a host array (plan_us - planner_us: the
+                 wrapper's copy, its event and the wait on the copy of two plans ago)
+* plan_busy_us   plan() called right after a step (the whole-step graph) was enqueued, as a serving loop
+                 plans step N+1 while step N runs (FlashInfer: after its graphed step; plan_host_busy_us
+                 with host indptr): a plan that waits for the GPU pays the step's remaining time
 * h2d_us         device time of rtattn's plan copy (events around one copy of the plan bytes)
 * eager          one step = `layers` x run() (direct libcuda entry); eager_bindings: the same
                  through cuda.bindings' cuLaunchKernelEx
@@ -104,6 +109,19 @@ class Bench:
             gpu.append(e0.elapsed_time(e1) * 1e3)
         return med(walls), med(enq), med(gpu)
 
+    def plan_while_busy(self, step, plan) -> list:
+        """Host µs of plan() called right after a step was enqueued (a serving loop plans step N+1
+        while step N runs): a plan that waits for the GPU pays the step's remaining time here."""
+        s, out = self.stream, []
+        for _ in range(self.args.reps):
+            s.synchronize()
+            step()
+            t0 = time.perf_counter()
+            plan()
+            out.append((time.perf_counter() - t0) * 1e6)
+        s.synchronize()
+        return out
+
     # ------------------------------------------------------------------ rtattn
     def rtattn(self, batch, kv, mode="auto", family="decode", reps=None):
         """One wrapper in `mode` (of `family`: decode, or prefill on PREFILL_QO tokens per request):
@@ -129,6 +147,9 @@ class Bench:
                 w.plan(*kv, stream=s)
         plans = time_calls(plan)
         s.synchronize()
+        host_buf = w.layout.allocate()   # Planner.plan() alone on the same inputs: what plan() adds is the rest
+        planner_args = ((qi,) if family == "prefill" else (None,)) + tuple(kv)
+        planner = time_calls(lambda: w.planner.plan(*planner_args, out=host_buf))
         copies = []
         for _ in range(reps):
             e0, e1 = self.events()
@@ -139,7 +160,8 @@ class Bench:
             copies.append(e0.elapsed_time(e1) * 1e3)
         q = [x[:rows] for x in self.q]
         o = [x[:rows] for x in self.o]
-        res = dict(plan_us=med(plans), plan_p90_us=float(np.percentile(plans, 90)), h2d_us=med(copies),
+        res = dict(plan_us=med(plans), plan_p90_us=float(np.percentile(plans, 90)), planner_us=med(planner),
+                   h2d_us=med(copies),
                    plan_bytes=int(w.layout.plan_bytes), chunk_tokens=int(w.info.chunk_tokens),
                    items=int(w.info.num_items), merge_rows=int(w.info.num_merge_rows))
 
@@ -166,6 +188,7 @@ class Bench:
         sg = StepGraph([w.prepare(q[l], self.k[l], self.v[l], out=o[l], stream=s) for l in range(L)], s)
         record("graph", sg.replay)
         err = float((o[0].float() - ref).norm() / ref.norm())
+        res["plan_busy_us"] = med(self.plan_while_busy(sg.replay, plan))
         sg.close()
         for name, execs in (("layer_graph", None), ("layer_graph1", 1)):
             dg = DecodeGraphs(w) if execs is None else DecodeGraphs(w, max_execs=execs)
@@ -236,6 +259,9 @@ class Bench:
                         gw.run(q[l], (self.k[l], self.v[l]), out=o[l])
                 g_wall, g_enq, g_gpu = self.time_step(g.replay, reps)
                 res.update(graph_us=g_wall / L, graph_enqueue_us=g_enq / L, graph_gpu_us=g_gpu / L)
+                res["plan_busy_us"] = med(self.plan_while_busy(g.replay, plan))
+                if "plan_host_us" in res:
+                    res["plan_host_busy_us"] = med(self.plan_while_busy(g.replay, plan_host))
             except Exception as e:  # report, keep the eager numbers
                 res["graph_error"] = f"{type(e).__name__}: {e}"[:200]
         return res
@@ -337,7 +363,8 @@ def main(argv=None) -> int:
             ("rt", "graph_gpu_us", "rt gpu"), ("inv", "graph_gpu_us", "inv gpu"), ("pf", "eager_us", "pf eager"),
             ("pf", "graph_gpu_us", "pf gpu"), ("fi", "eager_us", "FI eager"),
             ("fi", "graph_us", "FI graph"), ("fi", "graph_gpu_us", "FI gpu")]
-    plan = [("rt", "plan_us", "rt plan"), ("inv", "plan_us", "inv plan"), ("rt", "h2d_us", "rt h2d"),
+    plan = [("rt", "plan_us", "rt plan"), ("rt", "planner_us", "planner"), ("inv", "plan_us", "inv plan"),
+            ("rt", "h2d_us", "rt h2d"),
             ("fi", "plan_us", "FI plan"), ("fi", "plan_host_us", "FI plan-h"), ("pf", "plan_us", "pf plan"),
             ("fi", "pf_plan_us", "FI pf"), ("fi", "pf_plan_host_us", "FI pf-h")]
     print(f"\nDecode overhead, {args.layers} layers/step, {H}/{HK} heads, D={D}, page {PS}, KV ~{args.kv}. {fi_note}")
@@ -351,6 +378,9 @@ def main(argv=None) -> int:
            extra=("rt_vs_fi_rel_diff", "rt~FI"))
     ratios = [("rt", "plan_us", "fi", "plan_us", "rt/FI"), ("rt", "plan_us", "fi", "plan_host_us", "rt/FI-h"),
               ("pf", "plan_us", "fi", "pf_plan_us", "pf/FIpf"), ("pf", "plan_us", "fi", "pf_plan_host_us", "pf/FIpf-h")]
+    busy = [("rt", "plan_busy_us", "rt busy"), ("fi", "plan_busy_us", "FI busy"), ("fi", "plan_host_busy_us", "FI-h busy")]
+    _table("plan() host µs called right after a step was enqueued (the GPU busy: a plan that waits pays the "
+           "step's remaining time)", busy, rows)
     print("\nplan() time ratios, rtattn / FlashInfer (target <= 0.5; aim 0.45)")
     print(f"{'batch':>6s}" + "".join(f"{r[4]:>10s}" for r in ratios))
     for r in rows:
