@@ -159,14 +159,14 @@ def _schedule(p, qo, qo_len, kv_len, window_left) -> dict:
     if n <= C:   # one item per CTA at most: queue order is the sorted order
         final, counts, loads = order, [1] * n + [0] * (C - n), cs + [0] * (C - n)
     else:
-        con, auto = None, mode == "auto"
-        if auto:   # the contiguous partition if lighter (inspector: the same bound, then LPT's loads)
-            total = sum(cost)
+        con_top, auto = None, mode == "auto"
+        if auto:   # the contiguous partition if lighter (inspector: the same bound, then LPT's loads;
+            total = sum(cost)   # its loads alone decide: its items are laid out only when it is taken)
             bound = max(cs[0], cs[C - 1] + cs[C], -(-total // C))
             if bound * C > AUTO_IMBALANCE * total:
-                con = _contiguous(p, decode, t_req, t_qs, t_qlen, t_kv)
-                if max(con["loads"]) < bound:
-                    return _shift(con, t_k0)
+                con_top = _contiguous_top(p, decode, t_qlen, t_kv)
+                if con_top < bound:
+                    return _shift(_contiguous(p, decode, t_req, t_qs, t_qlen, t_kv), t_k0)
         if cs[0] == cs[-1]:
             cta = [i % C for i in range(n)]
         else:
@@ -177,9 +177,10 @@ def _schedule(p, qo, qo_len, kv_len, window_left) -> dict:
         if auto:
             top = max(loads)
             if top * C > AUTO_IMBALANCE * total:
-                con = con or _contiguous(p, decode, t_req, t_qs, t_qlen, t_kv)
-                if max(con["loads"]) < top:
-                    return _shift(con, t_k0)
+                if con_top is None:
+                    con_top = _contiguous_top(p, decode, t_qlen, t_kv)
+                if con_top < top:
+                    return _shift(_contiguous(p, decode, t_req, t_qs, t_qlen, t_kv), t_k0)
         q = sorted(range(n), key=cta.__getitem__)   # queue order: (cta, assignment order)
         final = [order[i] for i in q]
         counts = [0] * C
@@ -206,6 +207,29 @@ def lpt(cs: list, C: int) -> list:
     return [i % C for i in range(m)] + lpt_deal(heap, [c << shift for c in cs[m:]], (1 << shift) - 1)
 
 
+def _contiguous_top(p, decode, t_qlen, t_kv) -> int:
+    """The heaviest CTA load of _contiguous's partition (the same cuts and kept pieces, no items
+    laid out): what auto compares against the balanced layout before it takes either."""
+    C, ps, T = p.num_ctas, p.page_size, len(t_kv)
+    fixed = [COST_ALPHA + COST_GAMMA] * T if decode else [COST_ALPHA * q + COST_GAMMA for q in t_qlen]
+    ends = list(accumulate(COST_BETA * k + f for k, f in zip(t_kv, fixed)))
+    w = max(-(-ends[-1] // C), p.min_chunk * COST_BETA)
+    loads = [0] * C
+    for e, kv, f in zip(ends, t_kv, fixed):
+        base = e - kv
+        c0 = c = (base - f) // w
+        prev = 0   # the piece's first token (cuts never decrease)
+        for c1 in range(c0 + 1, -(e // -w)):
+            cut = c1 * w - base
+            cut = cut - cut % ps if cut > 0 else 0
+            if cut > prev or (kv == 0 and c == c0):   # kept (an empty tile keeps its first piece)
+                loads[c] += cut - prev + f
+            c, prev = c1, cut
+        if kv > prev or (kv == 0 and c == c0):
+            loads[c] += kv - prev + f
+    return max(loads)
+
+
 def _contiguous(p, decode, t_req, t_qs, t_qlen, t_kv) -> dict:
     """inspector.Planner._contiguous on lists: tiles end to end on one cost axis, CTA c takes
     [c w, (c + 1) w), cut on page boundaries, empty pieces dropped (an empty tile keeps one)."""
@@ -217,18 +241,18 @@ def _contiguous(p, decode, t_req, t_qs, t_qlen, t_kv) -> dict:
     for t in range(T):
         e, kv = ends[t], t_kv[t]
         base = e - kv                  # cost offset of the tile's KV token 0
-        c0 = (base - fixed[t]) // w
-        cuts = []
-        for c in range(c0, -(e // -w)):
-            cut = max(c * w - base, 0)
-            cuts.append(cut - cut % ps)
-        cuts.append(kv)
-        kept = 0
-        for k in range(len(cuts) - 1):
-            if cuts[k + 1] > cuts[k] or (kv == 0 and k == 0):
-                i_tile.append(t), i_chunk.append(kept), ctas.append(c0 + k)
-                ks.append(cuts[k]), ke.append(cuts[k + 1])
+        c0 = c = (base - fixed[t]) // w
+        prev, kept = 0, 0              # piece [prev, cut) of CTA c; cuts never decrease
+        for c1 in range(c0 + 1, -(e // -w)):
+            cut = c1 * w - base
+            cut = cut - cut % ps if cut > 0 else 0
+            if cut > prev or (kv == 0 and c == c0):   # kept (an empty tile keeps its first piece)
+                i_tile.append(t), i_chunk.append(kept), ctas.append(c), ks.append(prev), ke.append(cut)
                 kept += 1
+            c, prev = c1, cut
+        if kv > prev or (kv == 0 and c == c0):
+            i_tile.append(t), i_chunk.append(kept), ctas.append(c), ks.append(prev), ke.append(kv)
+            kept += 1
         nchunk.append(kept)
     n = len(i_tile)
     if n > p.bounds.max_items:
