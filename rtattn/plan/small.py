@@ -139,10 +139,30 @@ def _schedule(p, qo, qo_len, kv_len, window_left) -> dict:
         n, i_tile = T, None
         it = [t_req, t_qs, t_qlen, [0] * T, list(t_kv)]
         fixed = [COST_ALPHA + COST_GAMMA] * T if decode else [COST_ALPHA * q + COST_GAMMA for q in t_qlen]
+        cost = [e - s + f for s, e, f in zip(it[3], it[4], fixed)]
     else:
         n = sum(nchunk)
         if n > p.bounds.max_items:
             raise _Numpy
+        it = None   # the chunks' items: laid out once auto has not taken the contiguous partition
+        # each tile's chunks: L tokens, the last up to its end; plus the tile's fixed cost
+        fixed = [COST_ALPHA + COST_GAMMA] * T if decode else [COST_ALPHA * q + COST_GAMMA for q in t_qlen]
+        cost = []
+        for c, kv, f in zip(nchunk, t_kv, fixed):
+            cost += [L + f] * (c - 1)
+            cost.append(kv - (c - 1) * L + f)
+    neg = [-x for x in cost]
+    order = sorted(range(n), key=neg.__getitem__)   # longest first, stable
+    cs = [cost[i] for i in order]
+    con_top, auto = None, mode == "auto" and n > C
+    if auto:   # the contiguous partition if lighter (inspector: the same bound, then LPT's loads;
+        total = sum(cost)   # its loads alone decide: its items are laid out only when it is taken)
+        bound = max(cs[0], cs[C - 1] + cs[C], -(-total // C))
+        if bound * C > AUTO_IMBALANCE * total:
+            con_top = _contiguous_top(p, decode, t_qlen, t_kv)
+            if con_top < bound:
+                return _shift(_contiguous(p, decode, t_req, t_qs, t_qlen, t_kv), t_k0)
+    if it is None:
         i_tile, i_chunk, ks, ke = [], [], [], []
         for t, c in enumerate(nchunk):
             i_tile += [t] * c
@@ -151,22 +171,9 @@ def _schedule(p, qo, qo_len, kv_len, window_left) -> dict:
             ke += range(L, c * L, L)
             ke.append(t_kv[t])   # a tile's last chunk ends at its end
         it = [[t_req[t] for t in i_tile], [t_qs[t] for t in i_tile], [t_qlen[t] for t in i_tile], ks, ke]
-        fixed = [COST_ALPHA + COST_GAMMA] * n if decode else [COST_ALPHA * q + COST_GAMMA for q in it[2]]
-    cost = [e - s + f for s, e, f in zip(it[3], it[4], fixed)]
-    neg = [-x for x in cost]
-    order = sorted(range(n), key=neg.__getitem__)   # longest first, stable
-    cs = [cost[i] for i in order]
     if n <= C:   # one item per CTA at most: queue order is the sorted order
         final, counts, loads = order, [1] * n + [0] * (C - n), cs + [0] * (C - n)
     else:
-        con_top, auto = None, mode == "auto"
-        if auto:   # the contiguous partition if lighter (inspector: the same bound, then LPT's loads;
-            total = sum(cost)   # its loads alone decide: its items are laid out only when it is taken)
-            bound = max(cs[0], cs[C - 1] + cs[C], -(-total // C))
-            if bound * C > AUTO_IMBALANCE * total:
-                con_top = _contiguous_top(p, decode, t_qlen, t_kv)
-                if con_top < bound:
-                    return _shift(_contiguous(p, decode, t_req, t_qs, t_qlen, t_kv), t_k0)
         if cs[0] == cs[-1]:
             cta = [i % C for i in range(n)]
         else:
