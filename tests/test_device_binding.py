@@ -323,3 +323,31 @@ def test_gpu_two_devices_from_two_threads_and_tensors_of_the_other_refused():
         a.w.run(b.q, a.k, a.v, out=a.out)
     with pytest.raises(ValueError, match=r"stream 0x[0-9a-f]+ belongs to cuda:1, but this launch runs on cuda:0"):
         a.w.run(a.q, a.k, a.v, out=a.out, stream=Stream(device=1))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("entry", ["ctypes", "bindings"])
+def test_gpu_each_plan_lands_in_the_workspace_through_either_driver_entry(entry):
+    """plan()'s copy, event and wait (one context entry, libcuda's direct calls or cuda.bindings):
+    after every plan of a run of different batches, planned from a thread whose current context
+    is none, the workspace holds exactly that plan's bytes."""
+    from rtattn.runtime import libcuda
+    before = libcuda.ENTRY
+    libcuda.set_entry(entry)
+    try:
+        w = _wrapper(0)
+        s = Stream(device=0)
+        rng = np.random.default_rng(3)
+
+        def steps():
+            for i in range(5):   # slots 0, 1, 0, 1, 0: plans 3-5 wait on their slot's copy
+                lens = rng.integers(0, 100, int(rng.integers(1, 9)))   # (<= 56 of max_pages=64)
+                w.plan(*paged_kv(lens, PS, shuffle_seed=i), stream=s)
+                s.synchronize()
+                got = np.empty(w.layout.plan_bytes, np.uint8)
+                w.workspace.copy_to_host(got)
+                assert np.array_equal(got, w.pinned.array[:w.layout.plan_bytes]), i
+            return driver.get_current_context()
+        assert _in_thread(steps) == 0
+    finally:
+        libcuda.ENTRY = before
