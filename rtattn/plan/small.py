@@ -214,14 +214,21 @@ def lpt(cs: list, C: int) -> list:
     return [i % C for i in range(m)] + lpt_deal(heap, [c << shift for c in cs[m:]], (1 << shift) - 1)
 
 
+def _cost_axis(p, decode, t_qlen, t_kv):
+    """The contiguous partition's cost axis: (each tile's fixed cost, each tile's end on the
+    axis, the slice width w of one CTA)."""
+    T = len(t_kv)
+    fixed = [COST_ALPHA + COST_GAMMA] * T if decode else [COST_ALPHA * q + COST_GAMMA for q in t_qlen]
+    ends = list(accumulate(COST_BETA * k + f for k, f in zip(t_kv, fixed)))
+    return fixed, ends, max(-(-ends[-1] // p.num_ctas), p.min_chunk * COST_BETA)
+
+
 def _contiguous_top(p, decode, t_qlen, t_kv) -> int:
     """The heaviest CTA load of _contiguous's partition (the same cuts and kept pieces, no items
     laid out): what auto compares against the balanced layout before it takes either."""
-    C, ps, T = p.num_ctas, p.page_size, len(t_kv)
-    fixed = [COST_ALPHA + COST_GAMMA] * T if decode else [COST_ALPHA * q + COST_GAMMA for q in t_qlen]
-    ends = list(accumulate(COST_BETA * k + f for k, f in zip(t_kv, fixed)))
-    w = max(-(-ends[-1] // C), p.min_chunk * COST_BETA)
-    loads = [0] * C
+    ps = p.page_size
+    fixed, ends, w = _cost_axis(p, decode, t_qlen, t_kv)
+    loads = [0] * p.num_ctas
     for e, kv, f in zip(ends, t_kv, fixed):
         base = e - kv
         c0 = c = (base - f) // w
@@ -241,9 +248,7 @@ def _contiguous(p, decode, t_req, t_qs, t_qlen, t_kv) -> dict:
     """inspector.Planner._contiguous on lists: tiles end to end on one cost axis, CTA c takes
     [c w, (c + 1) w), cut on page boundaries, empty pieces dropped (an empty tile keeps one)."""
     C, ps, T = p.num_ctas, p.page_size, len(t_req)
-    fixed = [COST_ALPHA + COST_GAMMA] * T if decode else [COST_ALPHA * q + COST_GAMMA for q in t_qlen]
-    ends = list(accumulate(COST_BETA * k + f for k, f in zip(t_kv, fixed)))
-    w = max(-(-ends[-1] // C), p.min_chunk * COST_BETA)
+    fixed, ends, w = _cost_axis(p, decode, t_qlen, t_kv)
     i_tile, i_chunk, nchunk, ctas, ks, ke = [], [], [], [], [], []
     for t in range(T):
         e, kv = ends[t], t_kv[t]
