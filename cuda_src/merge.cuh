@@ -89,6 +89,50 @@ __device__ __forceinline__ void fold_partials(const P& p, int start, int step, i
   }
 }
 
+// The batch-invariant merge of one column (`col`, lane's own) of a (merge entry, head) by a whole
+// warp (every lane the same entry): fold_partials' fold, one state at a time in plan order, with
+// its loads spread: lane k loads state k0 + k's (m, l) and shuffles it to all (one float2 per
+// lane a round, not 32), and the next round's 32 states are loaded before this round is folded,
+// so a 40-state row costs about one round trip, not three. The same operations per state, so
+// the bits are fold_partials' (and the decode kernel's).
+template <class P>
+__device__ __forceinline__ void fold_partials_warp(const P& p, int start, int step, int n, int head, int col,
+                                                   int lane, float& o, float& m, float& l) {
+  constexpr int D = P::head_dim, KU = 32;
+  const int H = p.num_qo_heads;
+  const float2* pml = reinterpret_cast<const float2*>(p.partial_lse);
+  float2 ml_next;
+  float v_next[KU];
+  auto load_round = [&](int k0) {
+    const int64_t own = k0 + lane < n ? int64_t(start + (k0 + lane) * step) * H + head : -1;
+    ml_next = own >= 0 ? pml[own] : make_float2(-INFINITY, 0.f);
+#pragma unroll
+    for (int k = 0; k < KU; ++k)
+      v_next[k] = k0 + k < n ? p.partial_o[(int64_t(start + (k0 + k) * step) * H + head) * D + col] : 0.f;
+  };
+  m = -INFINITY, l = 0.f, o = 0.f;
+  if (n > 0) load_round(0);
+  for (int k0 = 0; k0 < n; k0 += KU) {
+    const float2 ml_cur = ml_next;
+    float v[KU];
+#pragma unroll
+    for (int k = 0; k < KU; ++k) v[k] = v_next[k];
+    if (k0 + KU < n) load_round(k0 + KU);  // in flight over this round's fold
+#pragma unroll
+    for (int k = 0; k < KU; ++k) {
+      const float mk = __shfl_sync(0xffffffff, ml_cur.x, k), lk = __shfl_sync(0xffffffff, ml_cur.y, k);
+      if (k0 + k == 0) {  // the first state as it is (as the kernel takes its first chunk's)
+        m = mk, l = lk, o = v[k];
+      } else if (k0 + k < n) {
+        const FoldWeights w = fold_weights(m, mk);
+        m = w.m;
+        l = fold_acc(l, lk, w);
+        o = fold_acc(o, v[k], w);
+      }
+    }
+  }
+}
+
 // A merged batch-invariant row (m, l, o) -> W output columns at `col` of query row `q_row`, head
 // `head` (and its LSE): the decode kernel's finish of a writethrough row, the same functions.
 template <class Variant, class P, int W>
@@ -123,7 +167,8 @@ __device__ __forceinline__ void merge_jobs(const P& p, int num_rows, int warp, i
     wait_for_previous_grid();  // returns at once after the first time
     if constexpr (INVARIANT) {
       float o[W], m, l;
-      fold_partials<W, KU, false>(p, start, step, n, head, d, o, m, l);
+      if constexpr (W == 1) fold_partials_warp(p, start, step, n, head, d, lane, o[0], m, l);
+      else fold_partials<W, KU, false>(p, start, step, n, head, d, o, m, l);
       write_folded<Variant, P, W>(p, var, q_row, head, d, o, m, l);
       continue;
     }
@@ -170,8 +215,8 @@ __device__ __forceinline__ void merge_persistent(const P& p) {
   // warps: a job per (row, head), D/32 columns per lane, 32/(D/32) partials in flight, so each
   // warp folds its rows in fewer dependent rounds (64 x 2048 at g=16: 4 rounds -> 1).
   if (num_rows * p.num_qo_heads * SLICES <= num_warps) {
-    // (batch-invariant: 16 -- 24 spilled: its (m, l) pairs take a third more registers than a LSE)
-    merge_jobs<Variant, P, 1, INVARIANT ? 16 : 32, INVARIANT>(p, num_rows, warp, num_warps, lane);
+    // (batch-invariant: fold_partials_warp, 32 states a round, the next round's loads in flight)
+    merge_jobs<Variant, P, 1, 32, INVARIANT>(p, num_rows, warp, num_warps, lane);
   } else {
     merge_jobs<Variant, P, SLICES, 32 / SLICES, INVARIANT>(p, num_rows, warp, num_warps, lane);
   }
