@@ -198,7 +198,7 @@ class CascadeWrapper:
     CascadeWrapper(num_levels, H_qo, H_kv, D, page_size, max_batch=..., max_pages=...,
                    max_qo_tokens=None, variant="plain", dtype="bfloat16", kv_layout="NHD",
                    mode="auto", m_tiles=None, num_ctas=None, pdl=True, prefill="auto",
-                   concurrent_levels=True, flat="auto", join_levels=False, prefill_mma="sync")
+                   concurrent_levels=True, flat=False, join_levels=False, prefill_mma="sync")
 
     `max_pages` bounds the pages of all levels together (a shared page counts once);
     `max_qo_tokens` the query rows (default max_batch: decode). `m_tiles` (16-row query
@@ -213,10 +213,12 @@ class CascadeWrapper:
     `num_ctas` is the decode kernel's grid; the prefill kernel's is its own resident wave.
     `concurrent_levels` (default True; False: the A/B): with a prefill kernel, the decode
     kernel runs concurrently with it instead of after it.
-    `flat` (default "auto"): share_prefixes steps of decode requests over one prefix that stays
-    on decode tiles are planned flat (each request's whole page list, one level: the decode and
-    merge kernels, no fold) where rtattn.families.choice.flat_saving_us predicts it faster and
-    the page lists fit max_pages; True: flat wherever it fits; False: never.
+    `flat` (default False: never): "auto": share_prefixes steps of decode requests over one
+    prefix that stays on decode tiles are planned flat (each request's whole page list, one
+    level: the decode and merge kernels, no fold) where rtattn.families.choice.flat_saving_us
+    predicts it faster and the page lists fit max_pages; True: flat wherever it fits. Off by
+    default: on the H200 the flat plan measured slower than the levels (p1024x16 21.6 against
+    17.0 us, p1024x64 56.6 against 34.1; docs/perf-log.md "Cascade v5 on the H200").
     `join_levels` (default False; needs concurrent levels): one-prefix plans on prefill tiles
     whose suffix rows are one decode item each skip the fold kernel: the decode kernel joins
     each row's prefix states before writing it.
@@ -229,7 +231,7 @@ class CascadeWrapper:
                  max_batch: int, max_pages: int, max_qo_tokens: int | None = None, variant="plain",
                  dtype: str = "bfloat16", kv_layout: str = "NHD", mode: str = "auto", m_tiles: int | None = None,
                  num_ctas: int | None = None, pdl: bool = True, num_pages_pool: int | None = None, device=None,
-                 prefill: bool | str = "auto", concurrent_levels: bool = True, flat: bool | str = "auto",
+                 prefill: bool | str = "auto", concurrent_levels: bool = True, flat: bool | str = False,
                  join_levels: bool = False, prefill_mma: str = "sync"):
         if prefill not in (True, False, "auto"):
             raise ValueError(f"prefill must be 'auto', True or False, got {prefill!r}")
