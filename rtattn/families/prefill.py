@@ -156,14 +156,20 @@ def choose_tile(device, head_dim: int, group: int, avg_qo_len: float = 1024, *, 
     if cross and (tile.mma_q != 1 or num_warps > 4):
         raise ValueError(f"prefill cross=True with the mma.sync tile {tile.tag}: the stream's cursor spills in its KV "
                          f"loop; it takes tiles of one 16-row group per warp and at most 4 warps (rows <= 64)")
-    smem = tile.smem_bytes(head_dim)
-    if smem > dev.smem_per_block_optin:
-        raise ValueError(f"prefill tile {tile.tag} needs {smem} B of shared memory, more than the "
-                         f"{dev.smem_per_block_optin} B one block may use on {dev.name}")
+    smem = _smem_checked(dev, tile, head_dim)
     if ctas_per_sm is not None and not 1 <= ctas_per_sm <= 8:
         raise ValueError(f"prefill ctas_per_sm={ctas_per_sm}: use 1 to 8")
     blocks = resources.blocks_by_smem(dev, smem, ctas_per_sm or MAX_CTAS_PER_SM)
     return replace(tile, min_blocks=blocks)
+
+
+def _smem_checked(dev, tile: PrefillTile, head_dim: int) -> int:
+    """`tile`'s shared memory at head_dim, refused where it exceeds what one block may use."""
+    smem = tile.smem_bytes(head_dim)
+    if smem > dev.smem_per_block_optin:
+        raise ValueError(f"prefill tile {tile.tag} needs {smem} B of shared memory, more than the "
+                         f"{dev.smem_per_block_optin} B one block may use on {dev.name}")
+    return smem
 
 
 def _wgmma_fits(dev, head_dim: int, group: int, avg_qo_len: float) -> bool:
@@ -181,10 +187,7 @@ def _wgmma_tile(dev, head_dim: int, rows: int, paged: bool, tile_kv, stages, cta
     kv, st = WGMMA_TILES[rows, head_dim]
     tile = PrefillTile(rows, tile_kv or kv, rows // 16, stages or st, paged, mma="wgmma")
     cap = MAX_CTAS_PER_SM * 64 // rows   # 255 registers per thread: 2 x 128 or 1 x 256 threads
-    smem = tile.smem_bytes(head_dim)
-    if smem > dev.smem_per_block_optin:
-        raise ValueError(f"prefill tile {tile.tag} needs {smem} B of shared memory, more than the "
-                         f"{dev.smem_per_block_optin} B one block may use on {dev.name}")
+    smem = _smem_checked(dev, tile, head_dim)
     if ctas_per_sm is not None and not 1 <= ctas_per_sm <= cap:
         raise ValueError(f"prefill ctas_per_sm={ctas_per_sm} for the wgmma kernel at {rows} rows: use 1 to {cap} "
                          f"(255 registers per thread)")
