@@ -166,10 +166,7 @@ class RankModel:
         L["v"][page, slot] = qkv[:, (self.hq + self.hk) * D:].view(B, self.hk, D)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        if self.graphs is not None:
-            self.graphs.step(q, L["k"], L["v"], out=L["out"], stream=stream)
-        else:
-            self.wrapper.run(q, L["k"], L["v"], out=L["out"], stream=stream)
+        self.attend(q, L, stream)
         end.record()
         self.attn_events.append((start, end))
         if check_eager and self.graphs is not None:
@@ -178,6 +175,13 @@ class RankModel:
             if not torch.equal(eager, L["out"]):
                 raise AssertionError(f"rank {self.rank} layer {l}: the graph replay differs from eager run()")
         return L["out"].view(B, self.hq * D) @ L["wo"]
+
+    def attend(self, q, L: dict, stream):
+        """Layer L's attention into L["out"]: from its graph pool (DecodeGraphs), else eager run()."""
+        if self.graphs is not None:
+            self.graphs.step(q, L["k"], L["v"], out=L["out"], stream=stream)
+        else:
+            self.wrapper.run(q, L["k"], L["v"], out=L["out"], stream=stream)
 
     def mlp_part(self, l: int, x):
         torch, L = self.torch, self.layers[l]
@@ -255,10 +259,7 @@ def attention_alone_ms(torch, model: RankModel, table, stream, reps: int = 20) -
 
     def one():
         for L in layers:
-            if model.graphs is not None:
-                model.graphs.step(q, L["k"], L["v"], out=L["out"], stream=stream)
-            else:
-                model.wrapper.run(q, L["k"], L["v"], out=L["out"], stream=stream)
+            model.attend(q, L, stream)
     one()
     s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     s.record()
