@@ -55,13 +55,18 @@ case " ${ONLY:-bench-prefill-peers} " in *" bench-prefill-peers "*)
     timeout 300 "$PY" tools/bench_prefill.py --libs fa3 --rows 32x512 --samples 2 > "$LOGS/fi-prebuild-fa3.log" 2>&1 & ;;
 esac
 
+last_case() {   # last_case SCRIPT: the index of tools/SCRIPT.py's last smoke case (its CASES), one process per case
+    "$PY" -c "import sys; sys.path.insert(0, 'tools'); import $1; print(len($1.CASES) - 1)"
+}
+PF_LAST=$(last_case smoke_prefill) CASC_LAST=$(last_case smoke_cascade)
+
 stage smoke-fp8 "$T_SMOKE" "$PY" tools/smoke_decode.py --fp8 --no-timing
-stage smoke-prefill "$T_SMOKE" bash -c "for i in \$(seq 0 27); do timeout 60 $PY tools/smoke_prefill.py \$i & done; wait"
+stage smoke-prefill "$T_SMOKE" bash -c "for i in \$(seq 0 $PF_LAST); do timeout 60 $PY tools/smoke_prefill.py \$i & done; wait"
 grep -h -E "^(ok |BAD|EXC)" "$LOGS/smoke-prefill.log" | sort | uniq -c | sort -rn | head -5
 stage smoke-prefill-alt "$((T_SMOKE + 30))" bash -c "for m in '--mma sync' '--cross' '--mma sync --cross'; do \
-    for i in \$(seq 0 27); do timeout 60 $PY tools/smoke_prefill.py \$m \$i & done; wait; done"   # the other kernel, the KV stream across items
+    for i in \$(seq 0 $PF_LAST); do timeout 60 $PY tools/smoke_prefill.py \$m \$i & done; wait; done"   # the other kernel, the KV stream across items
 grep -h -E "^(ok |BAD|EXC)" "$LOGS/smoke-prefill-alt.log" | sort | uniq -c | sort -rn | head -5
-stage smoke-cascade "$((T_SMOKE + 40))" bash -c "for i in \$(seq 0 14); do timeout 90 $PY tools/smoke_cascade.py \$i & done; wait"
+stage smoke-cascade "$((T_SMOKE + 40))" bash -c "for i in \$(seq 0 $CASC_LAST); do timeout 90 $PY tools/smoke_cascade.py \$i & done; wait"
 grep -h -E "^(ok |BAD|EXC)" "$LOGS/smoke-cascade.log" | sort | uniq -c | sort -rn | head -5
 stage smoke-invariant "$((T_SMOKE + 30))" "$PY" tools/smoke_decode.py --invariant
 stage gpu-tier "$T_TIER" env OUT="$LOGS/tier" PYTEST_ARGS="${TIER_ARGS:--n 8 -vv}" SAN_PARALLEL=1 SAN_TIMEOUT="${SAN_TIMEOUT:-70}" \
