@@ -325,10 +325,9 @@ class Planner:
         """`window_left`: the sliding window (query at q_pos sees KV >= q_pos - window_left);
         None: no window, every tile reads from KV 0."""
         window_left = check_window(window_left)
-        fast = None
-        if type(kv_indptr) is np.ndarray and kv_indptr.ndim == 1 and kv_indptr.shape[0] <= self.small_tiles + 1:
-            fast = small.plan(self, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, window_left,
-                              lambda: self._buffer(out))   # (a request has a tile at least)
+        # (small.plan's quick checks decide which batches it takes: None for the rest)
+        fast = small.plan(self, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, window_left,
+                          lambda: self._buffer(out))
         if fast is not None:
             items, B, num_qo, (buf, views) = fast
         else:
