@@ -133,12 +133,12 @@ def _schedule(p, qo, qo_len, kv_len, window_left) -> dict:
     L = -(-L // ps) * ps
     tail = L // TAIL_FRACTION
     nchunk = [max((k + L - 1 - tail) // L, 1) for k in t_kv]
+    fixed = _fixed(decode, t_qlen)
     if mode == "contiguous":
-        return _shift(_contiguous(p, decode, t_req, t_qs, t_qlen, t_kv), t_k0)
+        return _shift(_contiguous(p, decode, _cost_axis(p, fixed, t_kv), t_req, t_qs, t_qlen, t_kv), t_k0)
     if max(nchunk) == 1:
         n, i_tile = T, None
         it = [t_req, t_qs, t_qlen, [0] * T, list(t_kv)]
-        fixed = [COST_ALPHA + COST_GAMMA] * T if decode else [COST_ALPHA * q + COST_GAMMA for q in t_qlen]
         cost = [e - s + f for s, e, f in zip(it[3], it[4], fixed)]
     else:
         n = sum(nchunk)
@@ -146,7 +146,6 @@ def _schedule(p, qo, qo_len, kv_len, window_left) -> dict:
             raise _Numpy
         it = None   # the chunks' items: laid out once auto has not taken the contiguous partition
         # each tile's chunks: L tokens, the last up to its end; plus the tile's fixed cost
-        fixed = [COST_ALPHA + COST_GAMMA] * T if decode else [COST_ALPHA * q + COST_GAMMA for q in t_qlen]
         cost = []
         for c, kv, f in zip(nchunk, t_kv, fixed):
             cost += [L + f] * (c - 1)
@@ -159,9 +158,10 @@ def _schedule(p, qo, qo_len, kv_len, window_left) -> dict:
         total = sum(cost)   # its loads alone decide: its items are laid out only when it is taken)
         bound = max(cs[0], cs[C - 1] + cs[C], -(-total // C))
         if bound * C > AUTO_IMBALANCE * total:
-            con_top = _contiguous_top(p, decode, t_qlen, t_kv)
+            axis = _cost_axis(p, fixed, t_kv)
+            con_top = _contiguous_top(p, axis, t_kv)
             if con_top < bound:
-                return _shift(_contiguous(p, decode, t_req, t_qs, t_qlen, t_kv), t_k0)
+                return _shift(_contiguous(p, decode, axis, t_req, t_qs, t_qlen, t_kv), t_k0)
     if it is None:
         i_tile, i_chunk, ks, ke = [], [], [], []
         for t, c in enumerate(nchunk):
@@ -185,9 +185,10 @@ def _schedule(p, qo, qo_len, kv_len, window_left) -> dict:
             top = max(loads)
             if top * C > AUTO_IMBALANCE * total:
                 if con_top is None:
-                    con_top = _contiguous_top(p, decode, t_qlen, t_kv)
+                    axis = _cost_axis(p, fixed, t_kv)
+                    con_top = _contiguous_top(p, axis, t_kv)
                 if con_top < top:
-                    return _shift(_contiguous(p, decode, t_req, t_qs, t_qlen, t_kv), t_k0)
+                    return _shift(_contiguous(p, decode, axis, t_req, t_qs, t_qlen, t_kv), t_k0)
         q = sorted(range(n), key=cta.__getitem__)   # queue order: (cta, assignment order)
         final = [order[i] for i in q]
         counts = [0] * C
@@ -214,20 +215,23 @@ def lpt(cs: list, C: int) -> list:
     return [i % C for i in range(m)] + lpt_deal(heap, [c << shift for c in cs[m:]], (1 << shift) - 1)
 
 
-def _cost_axis(p, decode, t_qlen, t_kv):
+def _fixed(decode, t_qlen) -> list:
+    """Each tile's fixed cost (COST_ALPHA per query token, COST_GAMMA per item)."""
+    return [COST_ALPHA + COST_GAMMA] * len(t_qlen) if decode else [COST_ALPHA * q + COST_GAMMA for q in t_qlen]
+
+
+def _cost_axis(p, fixed, t_kv):
     """The contiguous partition's cost axis: (each tile's fixed cost, each tile's end on the
-    axis, the slice width w of one CTA)."""
-    T = len(t_kv)
-    fixed = [COST_ALPHA + COST_GAMMA] * T if decode else [COST_ALPHA * q + COST_GAMMA for q in t_qlen]
+    axis, the slice width w of one CTA); made once per plan, for _contiguous_top and _contiguous."""
     ends = list(accumulate(COST_BETA * k + f for k, f in zip(t_kv, fixed)))
     return fixed, ends, max(-(-ends[-1] // p.num_ctas), p.min_chunk * COST_BETA)
 
 
-def _contiguous_top(p, decode, t_qlen, t_kv) -> int:
+def _contiguous_top(p, axis, t_kv) -> int:
     """The heaviest CTA load of _contiguous's partition (the same cuts and kept pieces, no items
     laid out): what auto compares against the balanced layout before it takes either."""
     ps = p.page_size
-    fixed, ends, w = _cost_axis(p, decode, t_qlen, t_kv)
+    fixed, ends, w = axis
     loads = [0] * p.num_ctas
     for e, kv, f in zip(ends, t_kv, fixed):
         base = e - kv
@@ -244,11 +248,11 @@ def _contiguous_top(p, decode, t_qlen, t_kv) -> int:
     return max(loads)
 
 
-def _contiguous(p, decode, t_req, t_qs, t_qlen, t_kv) -> dict:
+def _contiguous(p, decode, axis, t_req, t_qs, t_qlen, t_kv) -> dict:
     """inspector.Planner._contiguous on lists: tiles end to end on one cost axis, CTA c takes
     [c w, (c + 1) w), cut on page boundaries, empty pieces dropped (an empty tile keeps one)."""
     C, ps, T = p.num_ctas, p.page_size, len(t_req)
-    fixed, ends, w = _cost_axis(p, decode, t_qlen, t_kv)
+    fixed, ends, w = axis
     i_tile, i_chunk, nchunk, ctas, ks, ke = [], [], [], [], [], []
     for t in range(T):
         e, kv = ends[t], t_kv[t]
