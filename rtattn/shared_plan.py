@@ -17,8 +17,8 @@ wrappers. Wrappers on one device are allowed (a simulated split, tools/demo_tp.p
 """
 from __future__ import annotations
 
-from rtattn.runtime import Event, PinnedBuffer, memcpy_htod_async
-from rtattn.runtime.launch import check_stream, stream_handle
+from rtattn.runtime import Device, Event, PinnedBuffer, libcuda
+from rtattn.runtime.launch import check_stream, enter_stream, stream_handle
 from rtattn.wrapper import BatchDecodeWrapper
 from rtattn.wrapper_base import host_array
 
@@ -92,8 +92,13 @@ class SharedPlan:
             self.planner.num_pages_pool = own_pool
         buf, nnz = self._pinned[slot], int(kv_indptr[-1])
         for w, s, ev in zip(self.wrappers, streams, self._copied[slot]):
-            memcpy_htod_async(w.workspace_ptr, buf.ptr, self.plan_bytes, s, w.device)
-            ev.record(s)
+            # one context entry for the copy and its event, as a wrapper's own plan() does
+            h, prev = enter_stream(s, w.device)
+            try:
+                libcuda.copy_htod(w.workspace_ptr, buf.ptr, self.plan_bytes, h)
+                libcuda.record_event(ev.handle, h)
+            finally:
+                Device.leave(prev)
             w._take_plan(info, window_left, nnz, buf)
         self._in_flight[slot] = True
         self._slot = slot ^ 1
