@@ -355,13 +355,21 @@ def current_device(device=None) -> Device:
     if has_device():
         ctx = get_current_context()
         if ctx:
-            for dev in list(_devices.values()):
-                if dev.context_handle == ctx:
-                    return dev
+            dev = _retained_device(ctx)
+            if dev is not None:
+                return dev
             res, ordinal = cu.cuCtxGetDevice()
             if res == cu.CUresult.CUDA_SUCCESS:
                 return Device(int(ordinal))
     return Device(0)
+
+
+def _retained_device(ctx: int) -> Device | None:
+    """The Device whose retained primary context is `ctx`, if rtattn has retained it."""
+    for dev in list(_devices.values()):
+        if dev.context_handle == ctx:
+            return dev
+    return None
 
 
 def stream_device(handle: int) -> Device | None:
@@ -370,9 +378,9 @@ def stream_device(handle: int) -> Device | None:
     if handle in (0, 1, 2):
         return None
     ctx = int(check(cu.cuStreamGetCtx(cu.CUstream(handle)), "cuStreamGetCtx"))
-    for dev in list(_devices.values()):
-        if dev.context_handle == ctx:
-            return dev
+    dev = _retained_device(ctx)
+    if dev is not None:
+        return dev
     prev = get_current_context()
     set_current_context(ctx)   # cuCtxGetDevice answers for the current context
     try:
