@@ -45,8 +45,8 @@ def plan(p, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, window_left, buf
     """Plan into `buffer()`'s (buffer, views), asked for once the batch is planned (as the
     numpy path does), if this path takes the batch: (schedule dict, batch, query tokens, (buffer,
     views)); else None (nothing written)."""
-    if (p.mode not in MODES or type(kv_indptr) is not np.ndarray or kv_indptr.ndim != 1
-            or kv_indptr.shape[0] > p.small_tiles + 1   # (a request has a tile at least)
+    if (p.mode not in MODES or type(kv_indptr) is not np.ndarray or kv_indptr.dtype is not _I32
+            or kv_indptr.ndim != 1 or kv_indptr.shape[0] > p.small_tiles + 1   # (a request has a tile at least)
             or (qo_indptr is not None and (type(qo_indptr) is not np.ndarray or qo_indptr.dtype is not _I32
                                            or qo_indptr.ndim != 1 or qo_indptr.shape[0] == 0
                                            or qo_indptr.item(-1) > p.small_tokens))):
@@ -71,10 +71,11 @@ def _ints(a) -> list:
 
 def _batch(p, qo_indptr, kv_indptr, kv_indices, last):
     """validate_batch's rules as quick checks on lists: (qo_indptr, qo_len, kv_indptr, kv_len,
-    pages read) of a batch they accept; _Numpy for anything else (validate_batch decides)."""
-    kp, la = _ints(kv_indptr), _ints(last)
+    pages read) of a batch they accept; _Numpy for anything else (validate_batch decides).
+    The indptrs are 1-D int32 ndarrays (plan() checked)."""
+    kp, la = kv_indptr.tolist(), _ints(last)
     B = len(kp) - 1
-    qo = list(range(B + 1)) if qo_indptr is None else _ints(qo_indptr)
+    qo = list(range(B + 1)) if qo_indptr is None else qo_indptr.tolist()
     b, ps = p.bounds, p.page_size
     if (type(kv_indices) is not np.ndarray or kv_indices.dtype is not _I32 or kv_indices.ndim != 1
             or B < 1 or len(qo) != B + 1 or len(la) != B or B > b.max_batch or qo[0] or kp[0]):
