@@ -75,8 +75,8 @@ def prefill_groups(qo_len: np.ndarray, kv_len: np.ndarray, decode_tile_q: int, s
     groups the size test keeps."""
     on = (qo_len > decode_tile_q) & (kv_len > 0)
     if saving_us is not None:
-        for g in np.flatnonzero(on):
-            on[g] = prefill_group(int(qo_len[g]), int(kv_len[g]), decode_tile_q, saving_us)
+        for g in np.flatnonzero(on):   # (the size test above is prefill_group's: only its cost test is left)
+            on[g] = saving_us(int(qo_len[g]), int(kv_len[g])) > PREFILL_MIN_SAVING_US
     return on
 
 
