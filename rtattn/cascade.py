@@ -466,9 +466,13 @@ class CascadeWrapper:
         joins its states: join_levels), "flat" (decode kernel, merge kernel) for the flat plan,
         else "levels" (decode kernel, fold)."""
         info = self.info
-        if info is not None and (info.flat or info.joined):
-            return "flat" if info.flat else "join"
-        return "prefill" if info is not None and info.prefill is not None and info.prefill.num_items else "levels"
+        if info is None:
+            return "levels"
+        if info.flat:
+            return "flat"
+        if info.joined:
+            return "join"
+        return "prefill" if info.prefill is not None and info.prefill.num_items else "levels"
 
 
 class CascadeLaunch(Launch):
