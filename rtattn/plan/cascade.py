@@ -235,6 +235,7 @@ class CascadePlanner:
             qo_indptr = self._ar32[:B + 1] if B < self._ar32.shape[0] else np.arange(B + 1, dtype=np.int32)
         batch = validate_batch(qo_indptr, kv_indptr, kv_indices, kv_last_page_len, self.page_size,
                                num_pages=num_pages, max_batch=self.max_batch, max_qo_tokens=self.max_qo_tokens)
+        lcp = None   # (one_shared_prefix's answer, where asked: prefix_union then does not ask again)
         if batch.qo_max == 1 and batch.qo_indptr.item(-1) == B:
             lcp = one_shared_prefix(batch, self.num_levels)
             # (a decode query sits in its own last page, never shared: causal holds); the prefix
@@ -245,7 +246,7 @@ class CascadePlanner:
                 if not on_prefill and self.flat_plan(batch, lcp * self.page_size):
                     return self._plan_flat(batch, out)
                 return self._plan_one_prefix(batch, lcp, on_prefill, out)
-        union = prefix_union(batch, self.num_levels)
+        union = prefix_union(batch, self.num_levels, lcp)
         if causal:
             R = union.req_qo_indptr.shape[0] - 1
             check_causal(union.batch.qo_len[-R:] if R else union.batch.qo_len[:0], union.batch.kv_len[-R:] if R else

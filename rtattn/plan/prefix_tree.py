@@ -137,11 +137,13 @@ def prefix_order(kv_indptr, kv_indices) -> np.ndarray:
     return np.array(sorted(range(len(lists)), key=lambda b: lists[b]), np.int64)
 
 
-def prefix_union(batch: Batch, max_levels: int = 2) -> Union:
+def prefix_union(batch: Batch, max_levels: int = 2, lcp: int | None = None) -> Union:
     """The cascade of a validated batch (rtattn.plan.layout.validate_batch) as one pseudo-batch:
     share_prefixes + union_batch, with a fast path for the common step of serving parallel
-    samples or a system prompt (`one_shared_prefix`)."""
-    lcp = one_shared_prefix(batch, max_levels)
+    samples or a system prompt (`one_shared_prefix`; `lcp`: its answer where the caller has
+    it already, None: asked here)."""
+    if lcp is None:
+        lcp = one_shared_prefix(batch, max_levels)
     if lcp:
         B, n = batch.batch, batch.kv_indptr.item(1)
         return _one_prefix(batch, batch.kv_indices[:n * B].reshape(B, n), lcp)
