@@ -526,6 +526,11 @@ class CascadePlanner:
         return it, res, tmpl, rows
 
 
+def _tile_kv_order(it: np.ndarray) -> np.ndarray:
+    """The order of one group's prefill items by query tile (first row), then by KV start."""
+    return (it[1].astype(np.int64) << 31 | it[3]).argsort(kind="stable")
+
+
 def _fold_template(it: np.ndarray, qo_len: np.ndarray, tile_q: int):
     """One group's items (rows relative to its first, state rows in it[5] from 0): [rows, c],
     each row's state rows in KV order, where every query tile has the same c chunks (balanced
@@ -535,7 +540,7 @@ def _fold_template(it: np.ndarray, qo_len: np.ndarray, tile_q: int):
     if n % T:
         return None
     c = n // T
-    order = (it[1].astype(np.int64) << 31 | it[3]).argsort(kind="stable")   # by tile, then by KV
+    order = _tile_kv_order(it)
     if not (it[1].take(order).reshape(T, c) == (np.arange(T) * tile_q)[:, None]).all():
         return None
     base = it[5].take(order).reshape(T, c)   # state row of each tile's chunks at its first row
@@ -547,8 +552,7 @@ def _join_rows(it: np.ndarray, tile_q: int) -> int:
     """One group's prefill items (balanced: every tile the same c chunks) numbered for the
     decode kernel's join: chunk k of tile T writes state rows (T * c + k) * tile_q + j, so row
     r's states are start + k * tile_q. Returns the rows spanned (tiles * c * tile_q)."""
-    order = (it[1].astype(np.int64) << 31 | it[3]).argsort(kind="stable")   # by tile, then by KV
-    it[5][order] = np.arange(it.shape[1]) * tile_q
+    it[5][_tile_kv_order(it)] = np.arange(it.shape[1]) * tile_q
     it[6] = -1
     return it.shape[1] * tile_q
 
