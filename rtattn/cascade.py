@@ -104,14 +104,14 @@ def shared_prefill_tile(device: plan_devices.Device, head_dim: int, group: int, 
 
 
 OUT_MEMBERS = ("o", "o_stride_tok", "o_stride_head", "lse")
-OUT_MEMBERS_BYTES = 32   # four 8-byte members
+OUT_MEMBERS_BYTES = 8 * len(OUT_MEMBERS)   # 8-byte members
 
 
 def _out_members_at(cstruct) -> int:
     """Byte offset of the output members (OUT_MEMBERS, adjacent) in a packed struct."""
     ct = cstruct.ctypes_type()
     at = [getattr(ct, m).offset for m in OUT_MEMBERS]
-    if [b - a for a, b in zip(at, at[1:])] != [8, 8, 8]:
+    if [b - a for a, b in zip(at, at[1:])] != [8] * (len(OUT_MEMBERS) - 1):
         raise AssertionError(f"{cstruct.name}: {OUT_MEMBERS} are not adjacent 8-byte members")
     return at[0]
 
