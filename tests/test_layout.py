@@ -164,3 +164,14 @@ def test_check_config(args, kw, err, match):
 def test_validate_batch_refuses_a_non_power_of_two_page():
     with pytest.raises(ValueError, match="power of two"):
         validate_batch(*_ok(), 12)
+
+
+def test_negative_page_id_refused_under_a_pool_past_2_to_the_31():
+    """The one-pass range check reads ids as unsigned: a pool of 2**31 pages or more must still
+    refuse a negative id (-2**31 read as unsigned is 2**31, inside such a pool)."""
+    qo, kvp, idx, last = _ok()
+    idx = idx.copy()
+    idx[1] = -2**31
+    for pool in (2**31, 2**32):
+        with pytest.raises(ValueError, match=r"kv_indices\[1\] = -2147483648 is negative"):
+            validate_batch(qo, kvp, idx, last, 16, num_pages=pool)

@@ -196,7 +196,8 @@ def validate_batch(qo_indptr, kv_indptr, kv_indices, kv_last_page_len, page_size
         raise ValueError(f"{total_q} query tokens (qo_indptr[{batch}]) exceed "
                          f"max_qo_tokens={max_qo_tokens}")
     ids = kv_indices[:nnz]
-    if nnz and (ids.item(ids.argmin()) < 0 if num_pages is None else _top_u32(ids) >= num_pages):
+    # a pool past 2**31 still refuses a negative id (>= 2**31 as unsigned)
+    if nnz and (ids.item(ids.argmin()) < 0 if num_pages is None else _top_u32(ids) >= min(num_pages, 2**31)):
         if ids.item(ids.argmin()) < 0:
             i = _first(ids < 0)
             raise ValueError(f"kv_indices[{i}] = {ids[i]} is negative")
