@@ -105,11 +105,7 @@ __device__ __forceinline__ void prefill_persistent(const P& p, char* smem) {
         if constexpr (!Variant::has_query_transform) copy_q_rows<Tile, S::rows, S::threads>(p, q_smem, it, heads, first_qo_head, tid);
       }
       if (k == 0) {
-#pragma unroll
-        for (int s = 0; s < STAGES - 1; ++s) {
-          stream.issue(ld, p, queue, heads, k_stage(s), v_stage(s));
-          cp_async_commit();
-        }
+        stream.template start<STAGES>(ld, p, queue, heads, k_stage, v_stage);
       } else if (!q_copied && !Variant::has_query_transform) {
         cp_async_commit();  // q's own group: the first block waits for every group
       }

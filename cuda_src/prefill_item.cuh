@@ -168,6 +168,17 @@ struct QueueKVStream {
     k = 0;
     enter(ld, p, queue, heads);
   }
+  // The stream's first STAGES - 1 tiles, one cp.async group each (start_kv_stream's counterpart,
+  // at the queue's first item).
+  template <int STAGES, class Loader, class P, class KStage, class VStage>
+  __device__ __forceinline__ void start(Loader& ld, const P& p, const PrefillQueue& queue, int heads, KStage k_stage,
+                                        VStage v_stage) {
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+      issue(ld, p, queue, heads, k_stage(s), v_stage(s));
+      cp_async_commit();
+    }
+  }
   // Issues the stream's next tile into (k_dst, v_dst), uncommitted (the caller commits once per
   // block, after anything else its block adds to the group); nothing once the queue is done.
   template <class Loader, class P, class T>

@@ -112,11 +112,7 @@ __device__ __forceinline__ void prefill_sm90_persistent(const P& p, char* smem) 
         }
       }
       if (k == 0) {
-#pragma unroll
-        for (int s = 0; s < STAGES - 1; ++s) {
-          stream.issue(ld, p, queue, heads, k_stage(s), v_stage(s));
-          cp_async_commit();
-        }
+        stream.template start<STAGES>(ld, p, queue, heads, k_stage, v_stage);
       } else if (!q_copied) {
         cp_async_commit();  // q's own group: the first block waits for every group
       }
