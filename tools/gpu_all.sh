@@ -12,6 +12,7 @@
 #   ONLY="gpu-tier bench-decode" BENCH_DECODE_ARGS="--rows *" bash tools/gpu_all.sh   # a subset
 #   KCACHE=.kcache.tgz bash tools/gpu_all.sh   # a CUBIN cache built here (rtattn-compile), carried packed
 #   OVERHEAD_BATCHES=1,4,16,64,256 ...        # bench_overhead's batches (4: where auto weighs both partitions)
+#   CASCADE_LIBS=rt-casc,rt-wg,fi-casc PREFILL_TILES="default x" ...   # bench_cascade's libs (CASCADE_ARGS=--breakdown), bench_prefill's tile A/B
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1
@@ -81,8 +82,9 @@ stage bench-invariant "$T_BENCH" "$PY" tools/bench_decode.py --quick --new --no-
     --deadline "$((T_BENCH - 20))" --rt-modes auto batch-invariant
 stage bench-overhead "$T_BENCH" "$PY" tools/bench_overhead.py --batches "${OVERHEAD_BATCHES:-1,16,64,256}" --reps "${OVERHEAD_REPS:-5}"
 stage bench-cascade "$T_BENCH" "$PY" tools/bench_cascade.py --deadline "$((T_BENCH / 2))" --samples 15 \
-    --libs rt-casc,rt-dec,rt-single,fi-casc,fi-cc
-stage bench-prefill "$T_BENCH" "$PY" tools/bench_prefill.py --libs rt fa2 --budget-s "$((T_BENCH - 30))" \
+    --libs "${CASCADE_LIBS:-rt-casc,rt-dec,rt-single,fi-casc,fi-cc}" ${CASCADE_ARGS:-}
+read -r -a PF_TILES <<< "${PREFILL_TILES:-default}"   # e.g. "default x": A/B the policy's tile against an override
+stage bench-prefill "$T_BENCH" "$PY" tools/bench_prefill.py --libs rt fa2 --rt-tiles "${PF_TILES[@]}" --budget-s "$((T_BENCH - 30))" \
     --rows 16x1024 4x4096 32x512 1x16384 chunk16x4096+512 8x2048 8x2048-softcap 8x2048-alibi 8x2048-window mtd64x4096-q4 mtd64x4096-q1
 stage bench-prefill-peers "$T_BENCH" "$PY" tools/bench_prefill.py --libs rt fa3 sdpa sdpa-flash --samples 10 \
     --budget-s "$((T_BENCH - 30))" --rows 16x1024 4x4096 32x512 1x16384
