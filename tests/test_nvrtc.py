@@ -378,3 +378,18 @@ def test_pack_params_typed_values():
         pack_params([5])
     with pytest.raises(ValueError, match="empty"):
         pack_params(b"")
+
+
+def test_nvrtc_writes_only_into_buffers_of_its_own(isolated_cache, monkeypatch):
+    """NVRTC writes the log and the CUBIN into the buffers it is given: they must be fresh mutable
+    buffers, never `bytes` (an empty log is one NUL byte, and `b" " * 1` is the constant b" "
+    itself: once the shared one-byte b" " read b"\\x00", torch's import failed in the same process)."""
+    from rtattn.runtime import nvrtc as R
+    given = []
+    for call in ("nvrtcGetProgramLog", "nvrtcGetCUBIN"):
+        real = getattr(R.nvrtc, call)
+        monkeypatch.setattr(R.nvrtc, call, lambda prog, buf, real=real: (given.append(buf), real(prog, buf))[1])
+    compiled = compile_to_cubin('extern "C" __global__ void quiet() {}', name="quiet", arch="sm_80", quiet=True,
+                                use_cache=False)
+    assert compiled.log == "" and compiled[:4] == b"\x7fELF" and type(compiled) is not bytearray
+    assert len(given) == 2 and all(type(b) is bytearray for b in given), [type(b) for b in given]

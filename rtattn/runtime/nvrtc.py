@@ -171,7 +171,9 @@ def _save_failed(source: str, name: str, key: str) -> str:
 
 def _program_log(prog) -> str:
     size = check(nvrtc.nvrtcGetProgramLogSize(prog), "nvrtcGetProgramLogSize")
-    buf = b" " * size
+    # NVRTC writes into the buffer: a fresh bytearray, never bytes (b" " * 1 is CPython's shared
+    # one-byte b" ", and an empty log's terminator would turn every b" " in the process into NUL)
+    buf = bytearray(size)
     check(nvrtc.nvrtcGetProgramLog(prog, buf), "nvrtcGetProgramLog")
     return buf.rstrip(b"\0").decode(errors="replace").strip()
 
@@ -191,7 +193,7 @@ def _nvrtc_compile(source, name, arch, options, name_expressions, key) -> tuple[
                 f"source saved to {path}\noptions: {' '.join(options)}",
                 log=log, source_path=path, name=name, arch=arch, result_name=res.name)
         size = check(nvrtc.nvrtcGetCUBINSize(prog), "nvrtcGetCUBINSize")
-        buf = b" " * size
+        buf = bytearray(size)   # written by NVRTC: see _program_log
         check(nvrtc.nvrtcGetCUBIN(prog, buf), "nvrtcGetCUBIN")
         lowered = {e: check(nvrtc.nvrtcGetLoweredName(prog, e.encode()), f"nvrtcGetLoweredName({e})").decode()
                    for e in name_expressions}
