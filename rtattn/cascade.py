@@ -39,11 +39,11 @@ import numpy as np
 from rtattn.codegen.cstruct import FieldWriter
 from rtattn.codegen.spec import BUILTINS, AttentionSpec, Param
 from rtattn.families import choice, decode as decode_family
-from rtattn.families.prefill import ROWS as PREFILL_ROWS, WGMMA_ROWS, check_kv_strides, choose_tile
+from rtattn.families.prefill import MMAS, ROWS as PREFILL_ROWS, WGMMA_ROWS, WGMMA_TILES, check_kv_strides, choose_tile
 from rtattn.families.prefill import prefill_kernels, tile_config
 from rtattn.level_fold import CTAS_PER_SM, THREADS, fold_function, params_struct
 from rtattn.plan import devices as plan_devices
-from rtattn.plan.cascade import CascadeInfo, CascadePlanner
+from rtattn.plan.cascade import PREFILL_MIN_SAVING_US, CascadeInfo, CascadePlanner
 from rtattn.plan.fields import FIELD_NAMES, align_up
 from rtattn.plan.inspector import Planner
 from rtattn.plan.levels import Level, check_against_requests
@@ -85,16 +85,30 @@ def level_spec(base: AttentionSpec) -> tuple[AttentionSpec, bool, bool]:
                       **unclipped), True, causal
 
 
+def shared_prefill_mma(device: plan_devices.Device, head_dim: int, group: int, mma: str = "auto") -> str:
+    """The prefill kernel of the shared levels: `mma` "auto" is the family's sm_90a wgmma kernel
+    where it runs (cc 9.0, its 64-row tile at head_dim, the head group in its rows: on the H200
+    it measured faster than mma.sync as a shared level on every prefix row, docs/perf-log.md
+    "Cascade v6"), else "sync"; "sync" / "wgmma" as given (choose_tile refuses a wgmma it cannot
+    build)."""
+    if mma not in ("auto",) + MMAS:
+        raise ValueError(f"prefill_mma must be 'auto' or one of {MMAS}, got {mma!r}")
+    if mma != "auto":
+        return mma
+    fits = tuple(device.cc) == (9, 0) and (WGMMA_ROWS, head_dim) in WGMMA_TILES and group <= WGMMA_ROWS
+    return "wgmma" if fits else "sync"
+
+
 def shared_prefill_tile(device: plan_devices.Device, head_dim: int, group: int, page_size: int, max_queries: int,
-                        mma: str = "sync"):
+                        mma: str = "auto"):
     """The prefill family's tile for shared groups: its policy for a group of `max_queries`
     queries (the most one group can hold: every query of the step), i.e. the smallest tile that
     holds them, at most 128 fused rows -- 16 decode queries at 32/8 fill 64 rows, and a 128-row
-    tile would spend half its MMAs on padding. `mma`: the kernel -- "sync" (default: the shared
-    levels have run on it, H200 "Cascade v4"), or "wgmma" (cc 9.0: the family's sm_90a kernel,
-    its 64-row tile, or at head_dim 128 its 128-row tile where the group fills more: the tiles
-    the family runs, rtattn.families.prefill.WGMMA_LONG_KV). None
-    where the family cannot serve: pages past 128 tokens, a head group past its rows."""
+    tile would spend half its MMAs on padding. `mma`: the kernel (shared_prefill_mma) -- on
+    "wgmma" the family's 64-row tile, or at head_dim 128 its 128-row tile where the group fills
+    more: the tiles the family runs (rtattn.families.prefill.WGMMA_LONG_KV). None where the
+    family cannot serve: pages past 128 tokens, a head group past its rows."""
+    mma = shared_prefill_mma(device, head_dim, group, mma)
     if page_size > 128 or group > PREFILL_ROWS[-1]:
         return None
     if mma == "wgmma":
@@ -125,6 +139,20 @@ def shared_group_rule(num_qo_heads: int, num_kv_heads: int, head_dim: int, prefi
                           prefill_rows=prefill_rows))
 
 
+def shared_level_kw(device: plan_devices.Device, num_qo_heads: int, num_kv_heads: int, head_dim: int,
+                    page_size: int, max_queries: int, mma: str = "auto") -> dict:
+    """CascadePlanner.create's prefill arguments as CascadeWrapper(prefill="auto") plans with
+    them (the tools that plan without a GPU: rtattn-inspect, bench_cascade --plan): the shared
+    tile, the cost rule and its kernel's PREFILL_MIN_SAVING_US; {} where the family cannot serve."""
+    group = num_qo_heads // num_kv_heads
+    tile = shared_prefill_tile(device, head_dim, group, page_size, max_queries, mma)
+    if tile is None:
+        return {}
+    return dict(prefill_tile=tile_config(tile, head_dim, group),
+                prefill_saving_us=shared_group_rule(num_qo_heads, num_kv_heads, head_dim, tile.rows),
+                prefill_min_saving_us=PREFILL_MIN_SAVING_US[tile.mma])
+
+
 def flat_rule(flat, num_qo_heads: int, num_kv_heads: int, head_dim: int):
     """The cascade planner's flat-or-levels test for `flat` ("auto": the cost rule,
     rtattn.families.choice.flat_saving_us; True: flat wherever it fits; False: never)."""
@@ -141,9 +169,10 @@ class _LevelsKernel(BatchDecodeWrapper):
     folds_chunks = False   # one state per item: the cascade's state rows (fixed batch-invariant chunks)
 
     def __init__(self, *args, max_batch, max_qo_tokens, num_levels, prefill_planner=None, prefill_saving_us=None,
-                 flat_saving_us=None, **kw):
+                 prefill_min_saving_us=None, flat_saving_us=None, **kw):
         self._cascade_bounds = (max_batch, max_qo_tokens, num_levels)
         self._prefill_planner, self._prefill_saving_us = prefill_planner, prefill_saving_us
+        self._prefill_min_saving_us = prefill_min_saving_us
         self._flat_saving_us = flat_saving_us
         super().__init__(*args, max_batch=max_batch * num_levels, max_qo_tokens=max_qo_tokens * num_levels, **kw)
         self._may_split = False   # its launch is the decode kernel alone: the cascade's fold merges
@@ -153,7 +182,8 @@ class _LevelsKernel(BatchDecodeWrapper):
         # wraps it (and the prefill family's planner), and the workspace holds
         # [plan set | state O | state LSE].
         self.cascade = CascadePlanner(self.planner, *self._cascade_bounds, prefill=self._prefill_planner,
-                                      prefill_saving_us=self._prefill_saving_us, flat_saving_us=self._flat_saving_us)
+                                      prefill_saving_us=self._prefill_saving_us, flat_saving_us=self._flat_saving_us,
+                                      prefill_min_saving_us=self._prefill_min_saving_us)
         rows, H, D = self.cascade.max_state_rows, self.num_qo_heads, self.head_dim
         self.state_o_offset = align_up(self.cascade.planset.plan_bytes)
         self.state_lse_offset = align_up(self.state_o_offset + rows * H * D * 4)
@@ -198,7 +228,7 @@ class CascadeWrapper:
     CascadeWrapper(num_levels, H_qo, H_kv, D, page_size, max_batch=..., max_pages=...,
                    max_qo_tokens=None, variant="plain", dtype="bfloat16", kv_layout="NHD",
                    mode="auto", m_tiles=None, num_ctas=None, pdl=True, prefill="auto",
-                   concurrent_levels=True, flat=False, join_levels=False, prefill_mma="sync")
+                   concurrent_levels=True, flat=False, join_levels=True, prefill_mma="auto")
 
     `max_pages` bounds the pages of all levels together (a shared page counts once);
     `max_qo_tokens` the query rows (default max_batch: decode). `m_tiles` (16-row query
@@ -206,8 +236,9 @@ class CascadeWrapper:
     the decode kernel: default 2 where the kernel has it (head_dim <= 128), else 1.
     `prefill` (default "auto"): a group shared by more queries than a decode work item holds
     runs on the prefill family's tiles (page sizes up to 128) where the family cost rule
-    predicts it saves more than PREFILL_MIN_SAVING_US (rtattn.plan.cascade: long prefixes of
-    many requests); True: every such group on prefill tiles; False: every group on decode.
+    predicts it saves more than its kernel's PREFILL_MIN_SAVING_US, less JOIN_SAVING_US where the
+    plan joins its levels (rtattn.plan.cascade: long prefixes, or prefixes of many requests on
+    the wgmma kernel); True: every such group on prefill tiles; False: every group on decode.
     The prefill tile is the smallest that holds max_qo_tokens queries (64 fused rows for 16
     decode queries at 32/8), at most 128 rows.
     `num_ctas` is the decode kernel's grid; the prefill kernel's is its own resident wave.
@@ -219,11 +250,12 @@ class CascadeWrapper:
     predicts it faster and the page lists fit max_pages; True: flat wherever it fits. Off by
     default: on the H200 the flat plan measured slower than the levels (p1024x16 21.6 against
     17.0 us, p1024x64 56.6 against 34.1; docs/perf-log.md "Cascade v5 on the H200").
-    `join_levels` (default False; needs concurrent levels): one-prefix plans on prefill tiles
-    whose suffix rows are one decode item each skip the fold kernel: the decode kernel joins
-    each row's prefix states before writing it.
-    `prefill_mma` (default "sync": the mma.sync prefill kernel): "wgmma" (cc 9.0) runs the
-    shared groups on the prefill family's sm_90a wgmma kernel (not yet measured as a level).
+    `join_levels` (default True; needs concurrent levels; False: the A/B): one-prefix plans on
+    prefill tiles whose suffix rows are one decode item each skip the fold kernel: the decode
+    kernel joins each row's prefix states before writing it (H200: 0.2-3.0 us faster than the
+    fold on 5 of the 6 prefix rows, docs/perf-log.md "Cascade v6").
+    `prefill_mma` (default "auto": the prefill family's sm_90a wgmma kernel on cc 9.0 where its
+    tile fits, else the mma.sync kernel; shared_prefill_mma): "sync" or "wgmma" forces one.
     The launch list follows each plan (launch_list()).
     """
 
@@ -232,7 +264,7 @@ class CascadeWrapper:
                  dtype: str = "bfloat16", kv_layout: str = "NHD", mode: str = "auto", m_tiles: int | None = None,
                  num_ctas: int | None = None, pdl: bool = True, num_pages_pool: int | None = None, device=None,
                  prefill: bool | str = "auto", concurrent_levels: bool = True, flat: bool | str = False,
-                 join_levels: bool = False, prefill_mma: str = "sync"):
+                 join_levels: bool = True, prefill_mma: str = "auto"):
         if prefill not in (True, False, "auto"):
             raise ValueError(f"prefill must be 'auto', True or False, got {prefill!r}")
         if flat not in (True, False, "auto"):
@@ -281,6 +313,7 @@ class CascadeWrapper:
                                     prefill_saving_us=shared_group_rule(num_qo_heads, num_kv_heads, head_dim,
                                                                         tile.rows if tile else None)
                                     if prefill == "auto" else None,
+                                    prefill_min_saving_us=PREFILL_MIN_SAVING_US[tile.mma if tile else "sync"],
                                     flat_saving_us=flat_rule(flat, num_qo_heads, num_kv_heads, head_dim))
         k = self.kernel
         if (k.cascade.prefill is None) != (pp is None):

@@ -86,10 +86,12 @@ def reference(c, var):
 def gpu_wrapper(c, levels=2, variant="plain", **kw):
     """prefill=True unless told: every group the prefill kernel can take runs there (these small
     cases would stay on decode under the "auto" cost rule, which tests/test_cascade_plan.py checks);
-    flat=False unless told."""
+    flat=False and join_levels=False (the fold) unless told; the prefill kernel the default's
+    (prefill_mma="auto": wgmma on the H200)."""
     from rtattn import cascade as C
     kw.setdefault("prefill", True)
     kw.setdefault("flat", False)   # (the levels unless told: flat=True needs max_pages for every request's pages)
+    kw.setdefault("join_levels", False)
     pages = max(c.pool, int(c.kv_indptr[-1])) if kw["flat"] else c.pool
     return C.CascadeWrapper(levels, c.H, c.Hk, c.D, c.ps, max_batch=c.B + 2, max_pages=pages + 2,
                             max_qo_tokens=int(c.qo[-1]) + 2, variant=variant, dtype=c.dtype, **kw)

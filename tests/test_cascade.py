@@ -5,6 +5,8 @@ against float64 and against single-format rtattn on the same cache, bitwise dete
 graph replay across replans."""
 from __future__ import annotations
 
+import itertools
+
 from types import SimpleNamespace
 
 import numpy as np
@@ -13,7 +15,7 @@ import pytest
 from rtattn import cascade as C
 from rtattn import wrapper as W
 from rtattn.level_fold import params_struct
-from rtattn.plan.cascade import execute_cascade
+from rtattn.plan.cascade import PREFILL_MIN_SAVING_US, execute_cascade
 from rtattn.plan.reference import Variant, reference_attention
 from rtattn.runtime import export
 
@@ -74,7 +76,7 @@ def _pinned_bytes(w):
 
 def test_plan_is_one_copy_of_one_plan_set_and_the_kernel_reads_it(fake_gpu):
     kv_indptr, idx, last, pool = one_prefix_batch(6, 256, 40, 16, seed=1)
-    w = C.CascadeWrapper(2, 32, 8, 128, 16, max_batch=16, max_pages=pool + 4, prefill=True)
+    w = C.CascadeWrapper(2, 32, 8, 128, 16, max_batch=16, max_pages=pool + 4, prefill=True, join_levels=False)
     info = w.plan(None, kv_indptr, idx, last, share_prefixes=True)
     n = w.planner.planset.plan_bytes
     assert fake_gpu.copies[-1] == (w.workspace_ptr, w._pinned[0].ptr, n) and info.num_levels == 2
@@ -124,7 +126,8 @@ def test_every_argument_is_fixed_across_replans(fake_gpu):
     """Requests joining and leaving the shared prefix change the plan, never a kernel argument:
     a captured graph replays every plan."""
     rng = np.random.default_rng(2)
-    w = C.CascadeWrapper(3, 32, 8, 64, 16, max_batch=16, max_pages=200, variant="alibi", prefill=True)
+    w = C.CascadeWrapper(3, 32, 8, 64, 16, max_batch=16, max_pages=200, variant="alibi", prefill=True,
+                         join_levels=False)   # (the joined list: test_join_levels_...)
     q, o = cuda((16, 32, 64)), cuda((16, 32, 64), ptr=1 << 34)
     kc, vc = cuda((200, 16, 8, 64), ptr=1 << 32), cuda((200, 16, 8, 64), ptr=1 << 33)
     alibi = cuda((32,), "float32", ptr=1 << 36)
@@ -152,7 +155,7 @@ def test_run_rewrites_one_launch_list_as_prepare_packs_it(fake_gpu):
     every call's arguments are those prepare() packs for the same tensors: the prefill kernel's
     are the decode kernel's with the prefill plan, the fold's carry that call's out and lse."""
     kv_indptr, idx, last, pool = one_prefix_batch(20, 256, 40, 16)
-    w = C.CascadeWrapper(2, 32, 8, 128, 16, max_batch=20, max_pages=pool, prefill=True)
+    w = C.CascadeWrapper(2, 32, 8, 128, 16, max_batch=20, max_pages=pool, prefill=True, join_levels=False)
     w.plan(None, kv_indptr, idx, last, share_prefixes=True)
     assert w.info.level_prefill_items[0] > 0
     kc, vc = cuda((pool, 16, 8, 128), ptr=1 << 32), cuda((pool, 16, 8, 128), ptr=1 << 33)
@@ -176,7 +179,7 @@ def test_run_rewrites_one_launch_list_as_prepare_packs_it(fake_gpu):
     for concurrent in (True, False):
         first = len(fake_gpu.kernels)
         w = C.CascadeWrapper(2, 32, 8, 128, 16, max_batch=20, max_pages=pool, prefill=True,
-                             concurrent_levels=concurrent)
+                             concurrent_levels=concurrent, join_levels=False)
         levels_k, plain_k = fake_gpu.kernels[first], fake_gpu.kernels[-1]   # (the same when not concurrent)
         assert w.kernel.spec.independent == concurrent and w.concurrent_levels == concurrent
         assert (levels_k is plain_k) != concurrent and "RTATTN_INDEPENDENT" not in plain_k.rendered.source
@@ -203,7 +206,7 @@ def test_the_flat_plan_launches_the_decode_and_merge_kernels(fake_gpu):
     the merge kernel on the decode arguments, no fold; a 4K prefix gets the levels again."""
     kc, vc = cuda((5000, 16, 8, 128), ptr=1 << 32), cuda((5000, 16, 8, 128), ptr=1 << 33)
     w = C.CascadeWrapper(2, 32, 8, 128, 16, max_batch=16, max_pages=16 * (256 + 8), num_pages_pool=5000,
-                         flat="auto")   # off by default (measured slower on the H200)
+                         flat="auto", prefill=False)   # off by default (measured slower on the H200)
     plain = fake_gpu.kernels[-1]
     short, long = one_prefix_batch(16, 1024, 128, 16)[:3], one_prefix_batch(16, 4096, 128, 16)[:3]
     for batch, flat in ((short, True), (long, False), (short, True)):
@@ -220,7 +223,7 @@ def test_the_flat_plan_launches_the_decode_and_merge_kernels(fake_gpu):
     # flat=False never; flat=True wherever the pages fit (here every step)
     for flat, picks in ((False, [False, False]), (True, [True, True])):
         w = C.CascadeWrapper(2, 32, 8, 128, 16, max_batch=16, max_pages=16 * (256 + 8), num_pages_pool=5000,
-                             flat=flat)
+                             flat=flat, prefill=False)
         assert [w.plan(None, *b, share_prefixes=True).flat for b in (short, long)] == picks
     with pytest.raises(ValueError, match="flat must be"):
         C.CascadeWrapper(2, 32, 8, 128, 16, max_batch=16, max_pages=100, flat="yes")
@@ -266,8 +269,28 @@ def test_prefill_mma_picks_the_wgmma_kernel_for_the_shared_levels(fake_gpu):
     assert w.prefill_tile.mma == "wgmma" and w.prefill_tile.rows == 128 and fake_gpu.prefill[-1].tile.mma == "wgmma"
     info = w.plan(None, kv_indptr, idx, last, share_prefixes=True)
     assert info.level_prefill_items[0] > 0 and info.prefill.tile_q == 32
-    with pytest.raises(ValueError, match="prefill mma='mfma'"):
+    with pytest.raises(ValueError, match="prefill_mma must be 'auto' or one of"):
         C.CascadeWrapper(2, 32, 8, 128, 16, max_batch=24, max_pages=pool, prefill=True, prefill_mma="mfma")
+
+
+def test_the_defaults_are_the_wgmma_kernel_and_joined_levels_on_cc_9_0(fake_gpu):
+    """By default (prefill_mma="auto", join_levels=True) a cc 9.0 device runs the shared levels on
+    the prefill family's wgmma kernel and one-prefix plans on it join their levels (prefill
+    kernel, joining decode build: no fold); other devices, and head groups past its 64 rows,
+    keep the mma.sync kernel."""
+    from rtattn.cascade import shared_prefill_mma
+    from rtattn.plan.devices import get_device
+    kv_indptr, idx, last, pool = one_prefix_batch(20, 256, 40, 16)
+    w = C.CascadeWrapper(2, 32, 8, 128, 16, max_batch=24, max_pages=pool, prefill=True)
+    assert w.prefill_tile.mma == "wgmma" and w._join is not None and w.planner.join_levels
+    assert w.planner.prefill_min_saving_us == PREFILL_MIN_SAVING_US["wgmma"]
+    w.plan(None, kv_indptr, idx, last, share_prefixes=True)
+    assert w.launch_list() == "join" and w.info.joined
+    h200, a100 = get_device("h200"), get_device("a100")
+    assert [shared_prefill_mma(h200, d, g) for d, g in ((128, 4), (64, 1), (256, 8), (128, 128))] == \
+        ["wgmma", "wgmma", "wgmma", "sync"]
+    assert shared_prefill_mma(a100, 128, 4) == "sync" and shared_prefill_mma(h200, 128, 4, "sync") == "sync"
+    assert C.shared_prefill_tile(a100, 128, 4, 16, 16).mma == "sync"
 
 
 def test_levels_in_flashinfer_convention(fake_gpu):
@@ -345,17 +368,18 @@ def test_smoke_cases_plan_on_the_families_they_name(fake_gpu):
     spec = importlib.util.spec_from_file_location("smoke_cascade", path)
     smoke = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(smoke)
-    for name, make, (H, Hk), D, ps, levels, variant, dtype, qo_len, prefill in smoke.CASES:
+    for (name, make, (H, Hk), D, ps, levels, variant, dtype, qo_len, plan), mma in itertools.product(
+            smoke.CASES, ("auto", "sync")):
         kv_indptr, idx, last, pool = make(np.random.default_rng(len(name)), ps)
         B = len(kv_indptr) - 1
         qo = np.arange(B + 1, dtype=np.int32) * qo_len
-        flat, on_prefill = prefill == "flat", prefill in (True, "join")
+        _, on_prefill, flat, joined = smoke.PLANS[plan]
         w = C.CascadeWrapper(levels, H, Hk, D, ps, max_batch=B + 2, max_pages=max(pool, int(kv_indptr[-1])) + 2,
-                             max_qo_tokens=int(qo[-1]) + 2, variant=variant, dtype=dtype, prefill=on_prefill,
-                             flat=flat, join_levels=prefill == "join")
+                             max_qo_tokens=int(qo[-1]) + 2, variant=variant, dtype=dtype,
+                             **smoke.wrapper_kw(plan, mma))
         info = w.plan(qo, kv_indptr, idx, last, share_prefixes=True)
         assert bool(info.level_prefill_items.any()) == on_prefill and info.flat == flat, name
-        assert info.joined == (prefill == "join"), name
+        assert info.joined == joined, name
         assert info.num_levels == (1 if flat else levels), name
 
 
@@ -383,15 +407,15 @@ def test_level_kernels_and_the_fold_compile(isolated_cache):
     from rtattn.families.prefill import compile_prefill
     from rtattn.families import resources
     h200 = resources.device_for_arch("sm_90")
-    tile = C.shared_prefill_tile(h200, 128, 4, 16, 64)
+    tile = C.shared_prefill_tile(h200, 128, 4, 16, 64, "sync")
     assert tile.rows == 128 and C.shared_prefill_tile(h200, 128, 4, 256, 64) is None
     # the smallest tile holding every query of a step: 16 decode queries x 4 heads fill 64 rows
-    assert [C.shared_prefill_tile(h200, 128, 4, 16, n).rows for n in (9, 16, 17, 1000)] == [64, 64, 128, 128]
-    assert C.shared_prefill_tile(h200, 256, 4, 16, 64).rows == 64   # (head_dim 256: at most 64 rows)
+    assert [C.shared_prefill_tile(h200, 128, 4, 16, n, "sync").rows for n in (9, 16, 17, 1000)] == [64, 64, 128, 128]
+    assert C.shared_prefill_tile(h200, 256, 4, 16, 64, "sync").rows == 64   # (head_dim 256: at most 64 rows)
     assert compile_prefill(spec, tile, "sm_90", quiet=True)[1][:4] == b"\x7fELF"
-    # ... and on the family's sm_90a wgmma kernel (prefill_mma="wgmma"): 64 rows for 16 queries at
-    # g = 4, 128 rows past them (d128)
-    wg = [C.shared_prefill_tile(h200, 128, 4, 16, n, "wgmma") for n in (16, 17)]
+    # ... and on the family's sm_90a wgmma kernel (the default on cc 9.0): 64 rows for 16 queries
+    # at g = 4, 128 rows past them (d128)
+    wg = [C.shared_prefill_tile(h200, 128, 4, 16, n) for n in (16, 17)]
     assert [(t.mma, t.rows) for t in wg] == [("wgmma", 64), ("wgmma", 128)]
     assert (C.shared_prefill_tile(h200, 256, 4, 16, 64, "wgmma").rows, C.shared_prefill_tile(h200, 64, 1, 16, 200,
                                                                                             "wgmma").rows) == (64, 64)

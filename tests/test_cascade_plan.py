@@ -88,6 +88,56 @@ def test_the_cost_rule_sends_only_long_shared_prefixes_to_prefill():
     assert prefill_groups(qo, kv, 8).tolist() == [True] * 7 + [False]   # no rule: every eligible group
 
 
+@pytest.mark.parametrize("batch,prefix,groups,want", [
+    (16, 1024, (), [False]), (64, 1024, (), [True]), (16, 8192, (), [True]), (64, 8192, (), [True]),
+    (16, 32768, (), [True]), (64, 32768, (), [True]),
+    (64, 1024, ((8, 8192),) * 8, [False, False]), (64, 4096, ((4, 1024),) * 16, [True, False])])
+def test_the_wgmma_rule_puts_the_measured_rows_on_the_faster_family(batch, prefix, groups, want):
+    """CascadeWrapper's defaults on the H200 (the wgmma kernel's tile, its PREFILL_MIN_SAVING_US,
+    join_levels): bench_cascade's rows -- one prefix of 1K/8K/32K x 16/64 decode requests, the
+    two trees -- land each shared level on the family that measured faster in session 5's call 2
+    (docs/perf-log.md "Cascade v6"): decode for p1024x16 and tree-1Kx8x8K's 1K x 64 level,
+    prefill (joined where one prefix) for the rest."""
+    from rtattn.cascade import shared_level_kw
+    from rtattn.plan.devices import get_device
+    ps, own = 16, 128
+    if groups:   # a system prompt, groups with their own prompt, each request its suffix
+        kv_indptr, idx, last, pool = shared_batch(np.random.default_rng(0), ps, groups=tuple(
+            (n, g // ps) for n, g in groups), system_pages=prefix // ps, loners=0, suffix_pages=(own // ps,) * 2)
+    else:
+        kv_indptr, idx, last, pool = one_prefix_batch(batch, prefix, own, ps)
+    B = len(kv_indptr) - 1
+    kw = shared_level_kw(get_device("h200"), 32, 8, 128, ps, B)
+    assert kw["prefill_tile"].max_rows == (64 if B <= 16 else 128)
+    cp = CascadePlanner.create(B, B, pool, 32, 8, 128, ps, num_levels=3, max_rows=32, **kw)
+    cp.join_levels = True
+    info = cp.plan_shared(None, kv_indptr, idx, last)
+    assert (info.level_prefill_items[:-1] > 0).tolist() == want
+    assert info.joined == (not groups and want[0])
+
+
+@pytest.mark.parametrize("batch", [12, 64])
+def test_joined_plans_on_the_wgmma_tiles_run_right_in_float64(batch):
+    """The default shared tile on the H200 (wgmma: 64 rows for 12 queries at 32/8, 128 past 16)
+    with every shared group on it, joined: the float64 executor equals plain attention."""
+    from rtattn.cascade import shared_level_kw
+    from rtattn.plan.devices import get_device
+    kv_indptr, idx, last, pool = one_prefix_batch(batch, 256, 16, 16, seed=batch)
+    kw = shared_level_kw(get_device("h200"), 32, 8, 128, 16, batch)
+    kw.pop("prefill_saving_us")
+    cp = CascadePlanner.create(batch, batch, pool, 32, 8, 128, 16, num_levels=2, max_rows=32, **kw)
+    cp.join_levels = True
+    info = cp.plan_shared(None, kv_indptr, idx, last)
+    assert info.joined and info.prefill.tile_q == (16 if batch <= 16 else 32) and info.level_prefill_items[0] > 1
+    rng = np.random.default_rng(batch)
+    q = rng.standard_normal((batch, 32, 128))
+    k, v = rng.standard_normal((2, pool, 16, 8, 128))
+    O, S = execute_cascade(info, q, k, v)
+    Or, Sr = reference_attention(q, k, v, np.arange(batch + 1), kv_indptr, idx, last, 16)
+    np.testing.assert_allclose(O, Or, atol=1e-9)
+    np.testing.assert_allclose(S, Sr, atol=1e-9)
+
+
 def test_a_shared_prefix_is_read_once_per_prefill_tile():
     """64 requests over one 8K prefix at 32/8 heads: level 0 on 128-row prefill tiles (32
     queries each: the prefix is read twice, split over the prefill grid), the suffixes on

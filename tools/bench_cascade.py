@@ -14,19 +14,18 @@ requests sharing their own prompt, suffix 128; rtattn builds the levels itself
 
 Libraries, one process, same inputs: fi-casc (MultiLevelCascadeAttentionWrapper), fi-cc and
 fi-tc (BatchDecodeWithPagedKVCacheWrapper over each request's whole page table: single
-format), rt-single (BatchDecodeWrapper, single format), rt-casc (CascadeWrapper, levels from
-share_prefixes=True, the default prefill="auto": shared groups on prefill tiles where the cost
-rule says so, the rest on decode with m_tiles 2), rt-pre (every shared group past a decode
-tile on prefill tiles: prefill=True), rt-ser (rt-pre with the decode level after the prefill
-level instead of alongside it: concurrent_levels=False, the A/B), rt-128 (rt-pre on 128-row
-prefill tiles, where the wrapper's fit is smaller: the tile A/B), rt-dec (every level on
-decode: prefill=False) and rt-m1 (rt-dec with m_tiles 1) -- these A/Bs plan the levels
-(flat=False, as rt-casc, the default: the flat plan measured slower on the H200); rt-flat plans flat wherever
-the pages fit (flat=True: one level, rtattn's single format inside the cascade); rt-join and
-rt-prej are rt-casc and rt-pre with join_levels=True (one-prefix plans on prefill tiles: the
-decode kernel joins the prefix's states into the suffix rows, no fold kernel); rt-wg and rt-wgj
-are rt-pre and rt-prej on the prefill family's sm_90a wgmma kernel (prefill_mma="wgmma"). `--breakdown` also times each
-kernel of rt-ser's launch list alone (prefill, decode, fold: where the step's time goes).
+format), rt-single (BatchDecodeWrapper, single format), rt-casc (CascadeWrapper's defaults,
+levels from share_prefixes=True: prefill="auto" -- shared groups on prefill tiles where the cost
+rule says so, the rest on decode with m_tiles 2 --, prefill_mma="auto" -- the wgmma kernel on the
+H200 --, join_levels=True), and A/Bs that change one or two of them (RT_CASC): rt-fold
+(join_levels=False), rt-sync (the mma.sync kernel and its threshold; rt-join is its old name),
+rt-pre / rt-prej (every shared group past a decode tile on mma.sync prefill tiles: prefill=True,
+folded / joined), rt-wg / rt-wgj (the same on the wgmma kernel), rt-ser / rt-serwg (rt-pre /
+rt-wg with the decode level after the prefill level: concurrent_levels=False), rt-128 (rt-pre on
+128-row tiles, where the wrapper's fit is smaller), rt-dec (every level on decode:
+prefill=False), rt-m1 (rt-dec with m_tiles 1) and rt-flat (flat=True wherever the pages fit:
+one level, rtattn's single format inside the cascade). `--breakdown` also times each kernel of
+rt-ser's and rt-serwg's launch lists alone (prefill, decode, fold: where the step's time goes).
 Every output is checked
 against a float32 torch reference (relative error < 2e-2) after an eager call and after the
 timed replays. Timing: tools/bench_common.time_graph (CUDA-graph replays, events, median).
@@ -49,15 +48,17 @@ import bench_common as bc  # noqa: E402
 
 HQ, HKV, D, PAGE, SUFFIX = 32, 8, 128, 16, 128
 TOL = 2e-2
-LIBS = ("rt-casc", "rt-join", "rt-pre", "rt-prej", "rt-wg", "rt-wgj", "rt-ser", "rt-128", "rt-dec", "rt-m1",
-        "rt-flat", "rt-single", "fi-casc", "fi-cc", "fi-tc")
-# CascadeWrapper configurations: (prefill, concurrent_levels, m_tiles, flat, join_levels, prefill_mma)
-RT_CASC = {"rt-casc": ("auto", True, 2, False, False, "sync"), "rt-join": ("auto", True, 2, False, True, "sync"),
-           "rt-pre": (True, True, 2, False, False, "sync"), "rt-prej": (True, True, 2, False, True, "sync"),
-           "rt-wg": (True, True, 2, False, False, "wgmma"), "rt-wgj": (True, True, 2, False, True, "wgmma"),
-           "rt-ser": (True, False, 2, False, False, "sync"), "rt-128": (True, True, 2, False, False, "sync"),
-           "rt-dec": (False, True, 2, False, False, "sync"), "rt-m1": (False, True, 1, False, False, "sync"),
-           "rt-flat": ("auto", True, 2, True, False, "sync")}
+LIBS = ("rt-casc", "rt-fold", "rt-sync", "rt-join", "rt-pre", "rt-prej", "rt-wg", "rt-wgj", "rt-ser", "rt-serwg",
+        "rt-128", "rt-dec", "rt-m1", "rt-flat", "rt-single", "fi-casc", "fi-cc", "fi-tc")
+# CascadeWrapper configurations: the arguments each sets (the rest: the wrapper's defaults)
+SYNC, FOLD = {"prefill_mma": "sync"}, {"join_levels": False}
+RT_CASC = {"rt-casc": {}, "rt-fold": FOLD, "rt-sync": SYNC, "rt-join": SYNC,
+           "rt-pre": dict(prefill=True, **SYNC, **FOLD), "rt-prej": dict(prefill=True, **SYNC),
+           "rt-wg": dict(prefill=True, prefill_mma="wgmma", **FOLD), "rt-wgj": dict(prefill=True, prefill_mma="wgmma"),
+           "rt-ser": dict(prefill=True, concurrent_levels=False, **SYNC),
+           "rt-serwg": dict(prefill=True, concurrent_levels=False, prefill_mma="wgmma"),
+           "rt-128": dict(prefill=True, **SYNC, **FOLD), "rt-dec": dict(prefill=False),
+           "rt-m1": dict(prefill=False, m_tiles=1), "rt-flat": dict(flat=True, **SYNC, **FOLD)}
 # PERF.md: FlashInfer cascade µs, single-format µs
 PERF_MD = {(1024, 16): (24.3, 36.6), (1024, 64): (44.6, 119.0), (8192, 16): (36.0, 196.0),
            (8192, 64): (72.7, 750.4), (32768, 16): (64.8, 735.2), (32768, 64): (148.0, 2906.4)}
@@ -89,17 +90,15 @@ def page_tables(spec: dict, seed: int = 0):
 
 
 # ---------------------------------------------------------------- plan() host time (CPU)
-def prefill_tile(batch: int):
-    """The prefill family's tile the CascadeWrapper plans shared groups of up to `batch` decode
-    queries with (H200 description)."""
-    from rtattn.cascade import shared_prefill_tile
-    from rtattn.families.prefill import tile_config
+def shared_kw(batch: int) -> dict:
+    """CascadePlanner.create's prefill arguments as CascadeWrapper plans shared groups of up to
+    `batch` decode queries (H200 description, the default kernel): tile, cost rule, threshold."""
+    from rtattn.cascade import shared_level_kw
     from rtattn.plan.devices import get_device
-    return tile_config(shared_prefill_tile(get_device("h200"), D, HQ // HKV, PAGE, batch), D, HQ // HKV)
+    return shared_level_kw(get_device("h200"), HQ, HKV, D, PAGE, batch)
 
 
 def bench_plan(reps: int) -> None:
-    from rtattn.cascade import shared_group_rule
     from rtattn.plan.cascade import CascadePlanner
     from rtattn.plan.inspector import Planner
     from rtattn.plan.prefix_tree import share_prefixes
@@ -127,9 +126,8 @@ def bench_plan(reps: int) -> None:
         qo = np.arange(B + 1, dtype=np.int32)
         plain = Planner(B, B, int(kv_indptr[-1]), HQ, HKV, D, PAGE)
         pbuf = plain.layout.allocate()
-        prefill = prefill_tile(B)
-        casc = CascadePlanner.create(B, B, total, HQ, HKV, D, PAGE, num_levels=3, max_rows=32, prefill_tile=prefill,
-                                     prefill_saving_us=shared_group_rule(HQ, HKV, D, prefill.max_rows))
+        casc = CascadePlanner.create(B, B, total, HQ, HKV, D, PAGE, num_levels=3, max_rows=32, **shared_kw(B))
+        casc.join_levels = True   # (as CascadeWrapper's default)
         cbuf = casc.planset.allocate()
         lv = share_prefixes(kv_indptr, idx, last, PAGE, max_levels=3)
         step = iter(range(1 << 62))
@@ -209,13 +207,20 @@ def measure(x: Inputs, stream, calls, outs, samples: int) -> dict:
     return {"us": t["median"], "err": err, "ok": err < TOL}
 
 
+def sync_rows(batch: int) -> int:
+    """rt-128's test: the mma.sync tile's rows CascadeWrapper picks for `batch` decode queries."""
+    from rtattn.cascade import shared_prefill_tile
+    from rtattn.plan.devices import get_device
+    return shared_prefill_tile(get_device("h200"), D, HQ // HKV, PAGE, batch, "sync").rows
+
+
 @contextlib.contextmanager
 def tile_rows(rows):
     """rt-128: CascadeWrapper's shared-group prefill tile for this many query rows (None: its own fit)."""
     import rtattn.cascade as C
     own = C.shared_prefill_tile
     if rows is not None:
-        C.shared_prefill_tile = lambda dev, d, g, ps, queries, mma="sync": own(dev, d, g, ps, rows // g, mma)
+        C.shared_prefill_tile = lambda dev, d, g, ps, queries, mma="auto": own(dev, d, g, ps, rows // g, mma)
     try:
         yield
     finally:
@@ -260,17 +265,15 @@ def bench_lib(lib: str, x: Inputs, stream, ws, samples: int, breakdown: bool = F
         calls = [lambda l=l: l(torch.cuda.current_stream()) for l in launches]
     else:
         from rtattn import CascadeWrapper
-        prefill, concurrent, m_tiles, flat, join, mma = RT_CASC[lib]
-        if lib == "rt-128" and prefill_tile(x.B).max_rows == 128:
+        if lib == "rt-128" and sync_rows(x.B) == 128:
             return {"skipped": "the wrapper's own tile is 128 rows here (rt-pre)"}
         with tile_rows(128 if lib == "rt-128" else None):
             # max_pages: the page table's length, so that the flat plan fits where it is chosen
-            w = CascadeWrapper(3, HQ, HKV, D, PAGE, max_batch=x.B, max_pages=int(x.kv_indptr[-1]), m_tiles=m_tiles,
-                               prefill=prefill, concurrent_levels=concurrent, flat=flat, join_levels=join,
-                               prefill_mma=mma)
+            w = CascadeWrapper(3, HQ, HKV, D, PAGE, max_batch=x.B, max_pages=int(x.kv_indptr[-1]), **RT_CASC[lib])
         t0 = time.perf_counter()
         w.plan(None, x.kv_indptr, x.idx, x.last, share_prefixes=True, stream=stream)
         info.update(plan_us=(time.perf_counter() - t0) * 1e6, levels=w.info.num_levels, list=w.launch_list(),
+                    mma=w.prefill_tile.mma if w.prefill is not None else "-",
                     items=w.info.level_items.tolist(), prefill_items=w.info.level_prefill_items.tolist(),
                     kv_tokens=w.info.level_kv_tokens.tolist())
         launches = [w.prepare(x.q[c], *x.kv[c], out=outs[c], stream=stream) for c in range(x.copies)]
@@ -278,7 +281,7 @@ def bench_lib(lib: str, x: Inputs, stream, ws, samples: int, breakdown: bool = F
     torch.cuda.synchronize()
     res = measure(x, stream, calls, outs, samples)
     res.update(info)
-    if breakdown and lib == "rt-ser":   # each kernel alone (each waits for the one before it: serial)
+    if breakdown and lib in ("rt-ser", "rt-serwg"):   # each kernel alone (each waits for the one before it: serial)
         from rtattn.runtime import launch as launch_path
         n = bc.launches_per_graph(bc.estimate_us(x.unique_bytes), x.copies)
         names = ("prefill", "decode", "fold") if len(launches[0].calls) == 3 else ("decode", "fold")
@@ -293,7 +296,7 @@ def bench_lib(lib: str, x: Inputs, stream, ws, samples: int, breakdown: bool = F
 def format_result(name: str, lib: str, r: dict) -> str:
     body = (f"{r['us']:8.1f} us err {r['err']:.1e} {bc.lib_state(r)}" if "us" in r else
             f"skip: {r['skipped']}" if r.get("skipped") else f"ERR {r['error']}")
-    keys = ("list", "levels", "items", "prefill_items", "kv_tokens", "plan_us", "prefill_us", "decode_us", "fold_us")
+    keys = ("list", "mma", "levels", "items", "prefill_items", "kv_tokens", "plan_us", "prefill_us", "decode_us", "fold_us")
     return f"{name:>14} {lib:>9}: " + body + "".join(f" {k}={r[k]}" for k in keys if k in r)
 
 
@@ -447,7 +450,9 @@ def _selftest_reference() -> None:
         o64, _ = reference_attention(f64(x.q[0]), f64(x.kv[0][0]), f64(x.kv[0][1]), qo, x.kv_indptr, x.idx, x.last, PAGE)
         err = np.linalg.norm(x.ref.numpy() - o64) / np.linalg.norm(o64)
         assert err < 1e-5, f"bench reference vs float64 reference: {err:.1e}"
-        cp = CascadePlanner.create(x.B, x.B, x.pages, HQ, HKV, D, PAGE, num_levels=3, prefill_tile=prefill_tile(x.B))
+        kw = shared_kw(x.B)
+        kw.pop("prefill_saving_us")   # (every shared group on prefill tiles: these small groups would stay on decode)
+        cp = CascadePlanner.create(x.B, x.B, x.pages, HQ, HKV, D, PAGE, num_levels=3, **kw)
         info = cp.plan_shared(None, x.kv_indptr, x.idx, x.last)
         assert info.num_levels >= 2
         outs = [torch.from_numpy(execute_cascade(info, f64(x.q[c]), f64(x.kv[c][0]), f64(x.kv[c][1]))[0]).float()

@@ -1,11 +1,14 @@
 """Isolated first check of the cascade on a GPU (shared levels on the prefill kernel, suffixes on
 decode, the fold as the last call of one launch list; the flat plan's decode and merge kernels; the
-decode build that joins the prefix's states, join_levels): a few shapes against the float64
-reference, each case reported (error or exception) without stopping, so one bad case does not
-hide the others. Run before the GPU tier, one process per case (a faulting kernel poisons its
-process):
+decode build that joins the prefix's states, join_levels; the wrapper's defaults): a few shapes
+against the float64 reference, each case reported (error or exception) without stopping, so one
+bad case does not hide the others. Run before the GPU tier, one process per case (a faulting
+kernel poisons its process):
 
-    for i in $(seq 0 14); do timeout 60 python tools/smoke_cascade.py $i & done; wait
+    for i in $(seq 0 16); do timeout 60 python tools/smoke_cascade.py $i & done; wait
+    python tools/smoke_cascade.py --mma sync 0 3     # the shared levels on the other prefill kernel
+
+`--mma` is the wrapper's prefill_mma (default "auto": the wgmma kernel on the H200).
 """
 from __future__ import annotations
 
@@ -29,7 +32,7 @@ def two_groups(rng, ps):    # a system prompt over groups of 12 and 9: both shar
 
 
 # (name, batch(rng, page_size), heads, head_dim, page, levels, variant, dtype, queries per request,
-#  prefill: True / False, "flat": the flat plan (flat=True), "join": prefill tiles and join_levels=True)
+#  plan: a key of PLANS)
 CASES = [
     ("prefill level, 40 x 256-token prefix", prefix40, (32, 8), 128, 16, 2, "plain", "bfloat16", 1, True),
     ("decode only (A/B)", prefix40, (32, 8), 128, 16, 2, "plain", "bfloat16", 1, False),
@@ -52,32 +55,54 @@ CASES = [
      "plain", "bfloat16", 1, "join"),
     ("joined levels, g=1 d64 page 1", lambda r, ps: one_prefix_batch(48, 500, 30, ps), (32, 32), 64, 1, 2,
      "causal", "bfloat16", 1, "join"),
+    ("defaults, 64 x 8K prefix (joined)", lambda r, ps: one_prefix_batch(64, 8192, 128, ps), (32, 8), 128, 16, 2,
+     "alibi", "bfloat16", 1, "auto-join"),
+    ("defaults, 16 x 1K prefix (decode)", lambda r, ps: one_prefix_batch(16, 1024, 128, ps), (32, 8), 128, 16, 2,
+     "plain", "bfloat16", 1, "auto-decode"),
 ]
+# plan -> (CascadeWrapper arguments, whether it puts work on prefill tiles, is flat, joins its levels)
+PLANS = {True: (dict(prefill=True, join_levels=False), True, False, False),
+         False: (dict(prefill=False), False, False, False),
+         "flat": (dict(prefill=False, flat=True), False, True, False),
+         "join": (dict(prefill=True, join_levels=True), True, False, True),
+         "auto-join": ({}, True, False, True),        # the defaults: prefill="auto", join_levels=True
+         "auto-decode": ({}, False, False, False)}
 
 
-def check(name, make, heads, D, ps, levels, variant, dtype, qo_len, prefill) -> tuple[bool, str]:
+def wrapper_kw(plan, mma: str = "auto") -> dict:
+    """The CascadeWrapper arguments of a case's plan (PLANS), on the prefill kernel `mma`."""
+    return dict(PLANS[plan][0], prefill_mma=mma, flat=PLANS[plan][0].get("flat", False))
+
+
+def check(name, make, heads, D, ps, levels, variant, dtype, qo_len, plan, mma="auto") -> tuple[bool, str]:
     """Run one case into poisoned outputs; (passed, its report line)."""
     t0 = time.perf_counter()
     batch = make(np.random.default_rng(len(name)), ps)
     B = len(batch[0]) - 1
     c = gpu_case(batch, *heads, D, ps, dtype, qo=np.arange(B + 1) * qo_len, seed=len(name))
-    on_prefill = prefill in (True, "join")
-    w = gpu_wrapper(c, levels, variant, prefill=on_prefill, flat=prefill == "flat", join_levels=prefill == "join")
+    _, on_prefill, flat, joined = PLANS[plan]
+    w = gpu_wrapper(c, levels, variant, **wrapper_kw(plan, mma))
     eo, el = gpu_errors(c, *gpu_run(c, w, variant), REF[variant])
     ok = (eo < TOL[dtype] and el < 2e-2 and bool(w.info.level_prefill_items.any()) == on_prefill
-          and w.info.flat == (prefill == "flat") and w.info.joined == (prefill == "join"))
+          and w.info.flat == flat and w.info.joined == joined)
+    kernel = w.prefill_tile.mma if w.prefill is not None else "-"
     return ok, (f"{'ok ' if ok else 'BAD'} {name:34s} O err {eo:.2e} LSE err {el:.2e} levels {w.info.num_levels} "
                 f"prefill items {w.info.level_prefill_items.tolist()} of {w.info.level_items.tolist()} "
-                f"({time.perf_counter() - t0:.1f} s)")
+                f"[{w.launch_list()}, {kernel}] ({time.perf_counter() - t0:.1f} s)")
 
 
 def main(argv=None) -> int:
-    """Every case, or only the cases whose index is given."""
-    picked = [int(a) for a in (sys.argv[1:] if argv is None else argv)]
+    """Every case, or only the cases whose index is given; `--mma KERNEL` first: the shared
+    levels' prefill kernel."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    mma = "auto"
+    if args[:1] == ["--mma"]:
+        mma, args = args[1], args[2:]
+    picked = [int(a) for a in args]
     passed = []
     for case in (c for i, c in enumerate(CASES) if not picked or i in picked):
         try:
-            ok, line = check(*case)
+            ok, line = check(*case, mma=mma)
         except Exception:
             ok, line = False, f"EXC {case[0]}:\n{traceback.format_exc()}"
         print(line, flush=True)

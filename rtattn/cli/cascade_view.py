@@ -40,8 +40,7 @@ def shared_prefix_batch(prefix: int, groups: tuple[int, int] | None, own, page_s
 
 
 def analyze_cascade(a, own, hq: int, hk: int) -> dict:
-    from rtattn.cascade import shared_group_rule, shared_prefill_tile
-    from rtattn.families.prefill import tile_config
+    from rtattn.cascade import shared_level_kw
     from rtattn.plan.cascade import CascadePlanner
     from rtattn.plan.devices import get_device
     groups = None
@@ -58,11 +57,10 @@ def analyze_cascade(a, own, hq: int, hk: int) -> dict:
     B = len(own)
     g = hq // hk
     rows = 16 if g <= 16 and a.head_dim > 128 else 32
-    tile = None if a.kernel == "decode" else shared_prefill_tile(get_device(a.device), a.head_dim, g, a.page_size, B)
+    shared = {} if a.kernel == "decode" else shared_level_kw(get_device(a.device), hq, hk, a.head_dim, a.page_size, B)
     cp = CascadePlanner.create(B, B, pool, hq, hk, a.head_dim, a.page_size, num_levels=a.levels, device=a.device,
-                               mode=a.mode, max_rows=rows,
-                               prefill_tile=tile and tile_config(tile, a.head_dim, g),
-                               prefill_saving_us=shared_group_rule(hq, hk, a.head_dim, tile and tile.rows))
+                               mode=a.mode, max_rows=rows, **shared)
+    cp.join_levels = bool(shared)   # (as CascadeWrapper's default join_levels=True)
     buf = cp.planset.allocate()
     info = cp.plan_shared(None, kv_indptr, idx, last, out=buf)
     ts = []

@@ -50,33 +50,45 @@ PREFILL_BORROWED = ("req_qo_start", "req_qo_len", "req_kv_page_start", "req_kv_l
 
 
 # A shared group moves to prefill tiles only where the cost rule predicts it saves more than
-# this: the prefill kernel adds its own launch and tail to the step, and its small split items
-# run below the rule's big-tile matrix rate. Set from the H200 run of 9a33267 (docs/perf-log.md
-# "v9 F2", 32/8 heads, d128): predicted savings 194 / 48.5 / 48.5 us (p32768x64, p32768x16,
-# p8192x64) measured 91 / 1.6 / 3.5 us faster on prefill; predicted 24.3 (tree-4Kx16x1K's 4K x 64
-# level), 12.1 (p8192x16), 6.1 and 1.5 (p1024 rows) measured 5-15 us slower. Rechecked with the
-# fitted tile and concurrent levels ("Cascade v4", 3be52dc): right on 7 of the 8; p8192x16 now
-# measures 2 us faster on prefill, but the 24.3 above still 14.6 us slower: no threshold
-# separates them.
-PREFILL_MIN_SAVING_US = 40.0
+# the prefill level's own cost (its kernel's launch, its items' fixed cost and tail: the rule's
+# byte/FLOP terms leave them out), per prefill kernel.
+#   sync   Set from the H200 run of 9a33267 (docs/perf-log.md "v9 F2", 32/8 heads, d128):
+#          predicted savings 194 / 48.5 / 48.5 us (p32768x64, p32768x16, p8192x64) measured 91 /
+#          1.6 / 3.5 us faster on prefill; predicted 24.3 (tree-4Kx16x1K's 4K x 64 level), 12.1
+#          (p8192x16), 6.1 and 1.5 (p1024 rows) measured 5-15 us slower. Rechecked in "Cascade v4"
+#          (3be52dc): right on 7 of the 8 (p8192x16 2 us faster on prefill).
+#   wgmma  Set from the H200 call 2 of session 5 (6a53425, docs/perf-log.md "Cascade v6": rt-wg /
+#          rt-wgj against the levels on decode): predicted 6.1 (p1024x64, + the join's fold 3.5)
+#          measured 3.3 us faster, 12.1 (p8192x16, joined) 3.6 faster, 24.3 (tree-4Kx16x1K, a fold
+#          either way) 1.7 faster; predicted 1.5 (p1024x16, joined) measured 1.2 slower, 6.1
+#          (tree-1Kx8x8K's 1K x 64 level, a fold either way) 1.7 slower: 7.5 separates all five
+#          (and the three long rows, 48.5-194 predicted, 27-130 measured faster).
+PREFILL_MIN_SAVING_US = {"sync": 40.0, "wgmma": 7.5}
+# What a one-prefix plan on prefill tiles saves where it joins its levels (join_levels: the
+# decode kernel folds each suffix row, no fold kernel) against the levels on decode (decode
+# kernel, fold): the fold kernel alone on the small rows, 3.4-3.6 us (call 2's breakdown).
+JOIN_SAVING_US = 3.5
 
 
-def prefill_group(qo_len: int, kv_len: int, decode_tile_q: int, saving_us=None) -> bool:
+def prefill_group(qo_len: int, kv_len: int, decode_tile_q: int, saving_us=None,
+                  min_saving_us: float = PREFILL_MIN_SAVING_US["sync"]) -> bool:
     """The family rule for one group: True where it runs on prefill tiles -- more queries than
     one decode work item holds (decode_tile_q), KV to read, and (given `saving_us(qo, kv)`, the
     cost rule's predicted saving, rtattn.families.choice.shared_group_saving_us) a saving above
-    PREFILL_MIN_SAVING_US."""
+    `min_saving_us` (the prefill kernel's PREFILL_MIN_SAVING_US, less any credit the plan earns
+    there: JOIN_SAVING_US)."""
     return qo_len > decode_tile_q and kv_len > 0 and (saving_us is None or saving_us(qo_len, kv_len) >
-                                                      PREFILL_MIN_SAVING_US)
+                                                      min_saving_us)
 
 
-def prefill_groups(qo_len: np.ndarray, kv_len: np.ndarray, decode_tile_q: int, saving_us=None) -> np.ndarray:
+def prefill_groups(qo_len: np.ndarray, kv_len: np.ndarray, decode_tile_q: int, saving_us=None,
+                   min_saving_us: float = PREFILL_MIN_SAVING_US["sync"]) -> np.ndarray:
     """The family rule (prefill_group) over groups: bool[groups]; the cost rule runs only on the
     groups the size test keeps."""
     on = (qo_len > decode_tile_q) & (kv_len > 0)
     if saving_us is not None:
         for g in np.flatnonzero(on):   # (the size test above is prefill_group's: only its cost test is left)
-            on[g] = saving_us(int(qo_len[g]), int(kv_len[g])) > PREFILL_MIN_SAVING_US
+            on[g] = saving_us(int(qo_len[g]), int(kv_len[g])) > min_saving_us
     return on
 
 
@@ -132,7 +144,8 @@ class CascadePlanner:
     decode). `create` builds them."""
 
     def __init__(self, planner: Planner, max_batch: int, max_qo_tokens: int, num_levels: int = 2,
-                 prefill: Planner | None = None, prefill_saving_us=None, flat_saving_us=None):
+                 prefill: Planner | None = None, prefill_saving_us=None, flat_saving_us=None,
+                 prefill_min_saving_us: float = PREFILL_MIN_SAVING_US["sync"]):
         b = planner.bounds
         if num_levels < 1:
             raise ValueError(f"num_levels must be >= 1, got {num_levels}")
@@ -148,6 +161,7 @@ class CascadePlanner:
             prefill = None    # no group can need it: the rule sends a group there only past decode's tile
         self.prefill = prefill
         self.prefill_saving_us = prefill_saving_us   # (qo, kv) -> us: prefill_groups' cost rule
+        self.prefill_min_saving_us = prefill_min_saving_us   # what it must beat (the kernel's PREFILL_MIN_SAVING_US)
         self.flat_saving_us = flat_saving_us         # (batch, prefix tokens, decode tile_q) -> us: flat_plan's
         # The decode kernel can join the prefill level's states into its suffix rows (a
         # level_join build: CascadeWrapper sets this where it has one): _plan_one_prefix's
@@ -194,10 +208,11 @@ class CascadePlanner:
     def create(cls, max_batch: int, max_qo_tokens: int, max_pages: int, num_qo_heads: int, num_kv_heads: int,
                head_dim: int, page_size: int, *, num_levels: int = 2, prefill_tile: TileConfig | None = None,
                prefill_ctas: int | None = None, prefill_saving_us=None, flat_saving_us=None,
-               **planner_kw) -> "CascadePlanner":
+               prefill_min_saving_us: float = PREFILL_MIN_SAVING_US["sync"], **planner_kw) -> "CascadePlanner":
         """`prefill_tile` (the prefill family's TileConfig) and `prefill_ctas` (its grid):
         plan the groups the family rule picks on prefill tiles (None: all on decode);
-        `prefill_saving_us`: the rule's cost test (prefill_groups); `flat_saving_us`:
+        `prefill_saving_us`: the rule's cost test (prefill_groups), which must beat
+        `prefill_min_saving_us` (PREFILL_MIN_SAVING_US of the tile's kernel); `flat_saving_us`:
         plan_shared's flat-or-levels test (flat_plan; None: always levels)."""
         if num_levels < 1:
             raise ValueError(f"num_levels must be >= 1, got {num_levels}")
@@ -208,7 +223,8 @@ class CascadePlanner:
         if prefill_tile is not None:
             kw = {k: v for k, v in planner_kw.items() if k not in ("num_ctas", "max_rows", "tile", "kernel")}
             prefill = Planner(*bounds, max_qo_len=max_qo_tokens, tile=prefill_tile, num_ctas=prefill_ctas, **kw)
-        return cls(planner, max_batch, max_qo_tokens, num_levels, prefill, prefill_saving_us, flat_saving_us)
+        return cls(planner, max_batch, max_qo_tokens, num_levels, prefill, prefill_saving_us, flat_saving_us,
+                   prefill_min_saving_us)
 
     @property
     def num_ctas(self) -> int:
@@ -240,9 +256,10 @@ class CascadePlanner:
             lcp = one_shared_prefix(batch, self.num_levels)
             # (a decode query sits in its own last page, never shared: causal holds); the prefix
             # goes to the family plan_union's rule would give it
-            if lcp:
+            if lcp:   # (joined, the prefill level saves the fold kernel too)
+                need = self.prefill_min_saving_us - (JOIN_SAVING_US if self.join_levels else 0.0)
                 on_prefill = self.prefill is not None and prefill_group(B, lcp * self.page_size, self.planner.tile_q,
-                                                                        self.prefill_saving_us)
+                                                                        self.prefill_saving_us, need)
                 if not on_prefill and self.flat_plan(batch, lcp * self.page_size):
                     return self._plan_flat(batch, out)
                 return self._plan_one_prefix(batch, lcp, on_prefill, out)
@@ -294,7 +311,8 @@ class CascadePlanner:
         real0 = pb.qo_indptr[:-1] - union.row_shift          # each group's first real query row
         on_prefill = None
         if self.prefill is not None and pb.qo_max > self.planner.tile_q:
-            on_prefill = prefill_groups(pb.qo_len, pb.kv_len, self.planner.tile_q, self.prefill_saving_us)
+            on_prefill = prefill_groups(pb.qo_len, pb.kv_len, self.planner.tile_q, self.prefill_saving_us,
+                                        self.prefill_min_saving_us)
             if not on_prefill.any():
                 on_prefill = None
         dec_groups = None if on_prefill is None else np.flatnonzero(~on_prefill)
@@ -358,7 +376,7 @@ class CascadePlanner:
                         and B <= self.planner.bounds.max_merge_rows
                         and p_it.shape[1] * self.prefill.tile_q <= self.max_state_rows)
                 if join:   # each suffix item writes its row, joining the prefix's states: none of its own
-                    p_rows = _join_rows(p_it, self.prefill.tile_q)
+                    p_rows, merge_start = self._joined(p_it, B, P, tmpl.shape[1])
                     d_it[5], d_it[6], R = -1, d_it[1], 0
             else:   # plan_union's empty prefill part
                 p_it, p_res, _, p_rows = self._prefill_items(self._ar[:0], self._ar[:0], self._ar[:0], self._ar[:0])
@@ -387,11 +405,10 @@ class CascadePlanner:
         infos = self._write_parts(buf, parts, R, Bp, B)
         level_of = self._level01[:Bp]
         if join:   # row r's c prefix states: rows start + k * tile_q (_join_rows), in the decode part's merge map
-            c, tq, r = tmpl.shape[1], self.prefill.tile_q, self._ar[:B]
-            np.multiply(self._ar[:B + 1], c, out=pv["merge_indptr"][:B + 1], casting="unsafe")
-            np.add((r // tq) * (c * tq), r % tq, out=pv["merge_partial_start"][:B], casting="unsafe")
-            pv["merge_partial_stride"][:B] = tq
-            pv["merge_qo_row"][:B] = r
+            pv["merge_indptr"][:B + 1] = merge_start[1]
+            pv["merge_partial_start"][:B] = merge_start[0]
+            pv["merge_partial_stride"][:B] = self.prefill.tile_q
+            pv["merge_qo_row"][:B] = self._ar[:B]
             v["fold_indptr"][:B + 1] = 0   # (nothing for the fold: no fold kernel runs)
         elif tmpl is not None and d_it.shape[1] == B:   # c prefill chunks per row, then its one suffix item
             c = tmpl.shape[1]
@@ -406,6 +423,22 @@ class CascadePlanner:
         v["kv_offset"][1:Bp] = P
         struct.pack_into("=3i", v["fold_info"], 0, B, R, 2)
         return CascadeInfo(infos[0], level_of, 2, B, R, nnz, v, infos[1] if len(infos) > 1 else None, joined=join)
+
+    def _joined(self, p_it: np.ndarray, B: int, P: int, c: int):
+        """The join's numbering of one prefix's prefill items (_join_rows, into p_it) and the
+        merge map it gives: (state rows, (merge_partial_start [B], merge_indptr [B + 1])).
+        Remembered by (B, P), as the items themselves (_prefill_items): steady decode steps
+        keep both."""
+        hit = self._tiles_memo.get(("join", B, P))
+        if hit is None:
+            tq, r = self.prefill.tile_q, self._ar[:B]
+            rows = _join_rows(p_it, tq)
+            start = ((r // tq) * (c * tq) + r % tq).astype(np.int32)
+            if len(self._tiles_memo) >= PREFILL_MEMO:
+                self._tiles_memo.clear()
+            hit = self._tiles_memo[("join", B, P)] = (p_it[5].copy(), rows, (start, self._ar[:B + 1] * c))
+        p_it[5], p_it[6] = hit[0], -1
+        return hit[1], hit[2]
 
     def _one_prefix_tiles(self, B: int, T0: int):
         """(group, first real row, rows) of each decode query tile, as _decode_items makes them
