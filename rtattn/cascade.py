@@ -293,6 +293,7 @@ class CascadeWrapper:
         self.num_levels = num_levels
         self.max_qo_tokens = max_qo_tokens or max_batch
         dev = plan_devices.from_props(W.current_device(device).props)
+        prefill_mma = shared_prefill_mma(dev, head_dim, group, prefill_mma)   # (refused before anything is built)
         tile = shared_prefill_tile(dev, head_dim, group, page_size, self.max_qo_tokens, prefill_mma) if prefill else None
         pp = None
         if tile is not None:   # the prefill family's planner: its tile, its grid (one resident wave)

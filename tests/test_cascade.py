@@ -269,8 +269,9 @@ def test_prefill_mma_picks_the_wgmma_kernel_for_the_shared_levels(fake_gpu):
     assert w.prefill_tile.mma == "wgmma" and w.prefill_tile.rows == 128 and fake_gpu.prefill[-1].tile.mma == "wgmma"
     info = w.plan(None, kv_indptr, idx, last, share_prefixes=True)
     assert info.level_prefill_items[0] > 0 and info.prefill.tile_q == 32
-    with pytest.raises(ValueError, match="prefill_mma must be 'auto' or one of"):
-        C.CascadeWrapper(2, 32, 8, 128, 16, max_batch=24, max_pages=pool, prefill=True, prefill_mma="mfma")
+    for prefill in (True, False):   # (refused whether or not a prefill kernel is built)
+        with pytest.raises(ValueError, match="prefill_mma must be 'auto' or one of"):
+            C.CascadeWrapper(2, 32, 8, 128, 16, max_batch=24, max_pages=pool, prefill=prefill, prefill_mma="mfma")
 
 
 def test_the_defaults_are_the_wgmma_kernel_and_joined_levels_on_cc_9_0(fake_gpu):
