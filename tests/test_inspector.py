@@ -267,19 +267,36 @@ def test_batch_invariant_plans_like_auto(hkv, kv):
         assert b.num_items == min(a.num_items, -(-1000 // C)) and (b.num_items > 1) == (C < 1000)
 
 
-@settings(max_examples=200, deadline=None)
-@given(st.integers(1, 80), st.lists(st.integers(1, 60), min_size=1, max_size=400), st.integers(0, 400))
-def test_lpt_deals_like_the_textbook_heap(num_ctas, costs, equal_run):
-    """lpt_assign (leading equal costs dealt round robin, then the heap) == one heap over all items."""
+def _textbook_lpt(cs, num_ctas):
     import heapq
-    from rtattn.plan.inspector import lpt_assign
-    cs = np.sort(np.array([60] * equal_run + costs, dtype=np.int64))[::-1].copy()
     heap, want = [(0, c) for c in range(num_ctas)], []
     for x in cs.tolist():
         load, c = heapq.heappop(heap)
         want.append(c)
         heapq.heappush(heap, (load + x, c))
-    assert lpt_assign(cs, num_ctas, np.arange(len(cs) + num_ctas, dtype=np.int64)).tolist() == want
+    return want
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 80), st.lists(st.integers(1, 60), min_size=1, max_size=400), st.integers(0, 400))
+def test_lpt_deals_like_the_textbook_heap(num_ctas, costs, equal_run):
+    """lpt_assign (leading equal costs dealt round robin, then the heap) == one heap over all items."""
+    from rtattn.plan.inspector import lpt_assign
+    cs = np.sort(np.array([60] * equal_run + costs, dtype=np.int64))[::-1].copy()
+    assert lpt_assign(cs, num_ctas, np.arange(len(cs) + num_ctas, dtype=np.int64)).tolist() == _textbook_lpt(cs, num_ctas)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 80), st.integers(1, 2000), st.lists(st.integers(0, 2000), min_size=1, max_size=700),
+       st.integers(0, 300))
+def test_lpt_rounds_deal_like_the_textbook_heap(num_ctas, base, offsets, equal_run):
+    """Costs in a band [base, 2 base] (unsplit decode items: the KV lengths of a batch), where
+    lpt_assign deals whole rounds by one sort each, or the heap where the band is wider."""
+    from rtattn.plan.inspector import lpt_assign
+    costs = [base + o % (base + 1) for o in offsets]
+    cs = np.sort(np.array([max(costs)] * equal_run + costs, dtype=np.int64))[::-1].copy()
+    got = lpt_assign(cs, num_ctas, np.arange(len(cs) + num_ctas, dtype=np.int64)).tolist()
+    assert got == _textbook_lpt(cs, num_ctas)
 
 
 def test_balanced_beats_naive_on_skew():

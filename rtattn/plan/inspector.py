@@ -178,7 +178,9 @@ def lpt_assign(cost_sorted: np.ndarray, num_ctas: int, ar: np.ndarray) -> np.nda
 
     Key = (load << shift) | cta as one Python int, so heapq compares plain ints
     and the loop body is two C calls.  The first num_ctas items land on CTAs
-    0, 1, ... (all loads are 0 then), so the heap starts from them."""
+    0, 1, ... (all loads are 0 then), so the heap starts from them. Where every
+    item outweighs the spread of the loads, the heap's steps are whole rounds
+    (_lpt_rounds): one sort per round of num_ctas items instead of a heap step each."""
     n = cost_sorted.shape[0]
     # A leading run of equal costs (full chunks: batch-invariant's are all C tokens) goes round
     # robin, exactly as the heap would deal it (all loads equal -> lowest id first); the heap
@@ -189,19 +191,48 @@ def lpt_assign(cost_sorted: np.ndarray, num_ctas: int, ar: np.ndarray) -> np.nda
         m = n if cost_sorted.item(n - 1) == c0 else int((cost_sorted != c0).argmax())
     else:
         m = min(n, num_ctas)
+    cta = ar[:n] % num_ctas
+    if m == n:
+        return cta
     shift = num_ctas.bit_length()
     mask = (1 << shift) - 1
     keys = cost_sorted << shift
-    cta = ar[:n] % num_ctas
     if m > num_ctas:   # the run dealt k or k + 1 items to every CTA
         k, r = divmod(m, num_ctas)
-        loads = np.full(num_ctas, k * cost_sorted.item(0), dtype=np.int64)
-        loads[:r] += cost_sorted.item(0)
-        heap = ((loads << shift) | ar[:num_ctas]).tolist()
+        loads = np.full(num_ctas, k * c0, dtype=np.int64)
+        loads[:r] += c0
+        heap = (loads << shift) | ar[:num_ctas]
+        spread = c0 if r else 0
     else:
-        heap = (keys[:m] | ar[:m]).tolist()
-    cta[m:] = small.lpt_deal(heap, keys[m:].tolist(), mask)
+        heap = keys[:m] | ar[:m]
+        spread = c0 - cost_sorted.item(m - 1)
+    last = cost_sorted.item(n - 1)
+    if last > max(spread, cost_sorted.item(m) - last):
+        _lpt_rounds(heap, keys[m:], cta[m:], mask)
+    else:
+        cta[m:] = small.lpt_deal(heap.tolist(), keys[m:].tolist(), mask)
     return cta
+
+
+def _lpt_rounds(heap: np.ndarray, keys: np.ndarray, out: np.ndarray, mask: int) -> None:
+    """LPT's heap steps when every remaining item outweighs the spread of the CTA loads (all C
+    CTAs loaded). Within a round of C items (descending) the heap then deals them onto the CTAs
+    in ascending (load, id) order: a CTA served in the round weighs at least the lightest load
+    plus the smallest item, more than any load not yet served. And the round keeps the spread
+    within max(the loads' spread, the round's items' spread) (loads ascending + items
+    descending), which the caller bounded by the smallest item: so every round goes so. One
+    in-place sort per round; `out` gets the CTA of each key."""
+    C, n = heap.shape[0], keys.shape[0]
+    R = -(-n // C)
+    rows = np.empty((R, C), dtype=np.int64)   # round r: every CTA's key before it, ascending
+    rows[0] = heap
+    nxt = keys[:(R - 1) * C].reshape(R - 1, C)
+    for r in range(R - 1):
+        row = rows[r]
+        row.sort()
+        np.add(row, nxt[r], out=rows[r + 1])   # item r*C + j onto the j-th lightest CTA
+    rows[R - 1].sort()
+    np.bitwise_and(rows.reshape(-1)[:n], mask, out=out)
 
 
 ROUNDS_MIN_ITEMS_PER_CTA = 8   # batch-invariant: rounds_assign past this many items per CTA, else LPT
