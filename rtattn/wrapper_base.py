@@ -58,7 +58,7 @@ class PlannedWrapper:
         self._nnz = 0   # pages the latest plan reads (kv_indptr[-1])
         self.window_left: int | None = None   # the planned window (sliding-window variants)
         self._template, self._write = self._argument_template()
-        self._eager, self._eager_key = None, None
+        self._eager = {}   # (merge kernel, pdl) -> the launch run() rebinds
         self._imports = TensorImports(self.device.ordinal)
         sc = 1.0 / math.sqrt(self.head_dim)
         self._default_scale = (sc, sc * LOG2E)
@@ -144,19 +144,26 @@ class PlannedWrapper:
         return self._bind(self._new_launch(), q, k_cache, v_cache, out, lse, stream, sm_scale, params,
                           k_scale, v_scale, exact=False)
 
-    def _new_launch(self) -> "PlannedLaunch":
+    def _new_launch(self, merge: bool | None = None) -> "PlannedLaunch":
+        """`merge` None: the merge kernel follows whenever a plan may split KV."""
         args = Params(self._template)
-        calls = self.kernels.calls(args, self.num_ctas, self.num_kv_heads,
-                                   merge=self._may_split and not self.fused_merge, pdl=self.pdl)
+        if merge is None:
+            merge = self._may_split and not self.fused_merge
+        calls = self.kernels.calls(args, self.num_ctas, self.num_kv_heads, merge=merge, pdl=self.pdl)
         return self.launch_type(self, calls, args)
 
     def _reusable(self) -> "PlannedLaunch":
         """The launch run() (and DecodeGraphs.step()) rebind on every call: its argument buffer is
-        rewritten each time, which is safe because the driver copies arguments at enqueue."""
-        key = (self._may_split and not self.fused_merge, self.pdl)
-        if self._eager is None or self._eager_key != key:
-            self._eager, self._eager_key = self._new_launch(), key
-        return self._eager
+        rewritten each time, which is safe because the driver copies arguments at enqueue. It
+        launches the merge kernel only when the current plan has merge rows: the merge of a plan
+        with none has nothing to do (one driver call and one grid less per layer; prepare()'s
+        launches keep it, since graphs replay them under later plans)."""
+        info = self.info
+        key = (self._may_split and not self.fused_merge and info is not None and info.num_merge_rows > 0, self.pdl)
+        launch = self._eager.get(key)
+        if launch is None:
+            launch = self._eager[key] = self._new_launch(merge=key[0])
+        return launch
 
     def _bind(self, launch: "PlannedLaunch", q, k_cache, v_cache, out, lse, stream, sm_scale, params,
               k_scale=None, v_scale=None, exact: bool = True):

@@ -171,6 +171,24 @@ def test_fused_merge_packs_counters_and_skips_the_merge_kernel(fake_gpu, fused):
     assert w.planner.workspace_bytes() >= w.layout.merge_counters_offset(32, 128) + 4 * 32
 
 
+def test_run_launches_the_merge_kernel_only_for_a_plan_with_merge_rows(fake_gpu):
+    """run() follows the plan: no merge rows, no merge kernel (it would find nothing to do), and
+    the argument struct is the same either way; prepare() keeps the merge for later plans."""
+    w = _wrapper(max_pages=600)
+    t = (cuda((3, 32, 128)), cuda((700, 16, 8, 128), ptr=1 << 32), cuda((700, 16, 8, 128), ptr=1 << 33))
+    o = cuda((3, 32, 128), ptr=1 << 34)
+    k = fake_gpu.kernels[-1]
+    for kv, split in (([3000, 20, 5000], True), ([30, 20, 50], False), ([3000, 20, 5000], True)):
+        w.plan(*paged_kv(kv, 16, shuffle_seed=1))
+        assert (w.info.num_merge_rows > 0) == split
+        w.run(*t, out=o)
+        assert k.merges[-1] == split
+        assert k.launches[-1] == bytes(w.prepare(*t, out=o).args)
+    w.plan(*paged_kv([30, 20, 50], 16, shuffle_seed=1))
+    w.prepare(*t, out=o)()
+    assert k.merges[-1]   # under an unsplit plan, the replayable launch still merges
+
+
 def _tensors(pages, n=3):
     return (cuda((n, 32, 128)), cuda((pages, 16, 8, 128), ptr=1 << 32), cuda((pages, 16, 8, 128), ptr=1 << 33),
             cuda((n, 32, 128), ptr=1 << 34))
