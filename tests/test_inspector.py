@@ -565,7 +565,8 @@ def test_batch_invariant_rounds_stay_near_lpt_at_large_batches(seed):
 def test_auto_early_contiguous_choice_changes_no_plan(monkeypatch, seed):
     """Auto may take the contiguous partition before laying out the balanced items (from the
     largest chunk and the mean, a part of its bound): the same plan bytes as deciding on the whole
-    bound, over uniform, heavy-tailed and one-long decode batches that land on both sides."""
+    bound, over uniform, heavy-tailed and one-long batches (decode, and short causal queries)
+    that land on both sides."""
     rng = np.random.default_rng(seed)
     chosen = []
     for case in range(60):
@@ -576,18 +577,23 @@ def test_auto_early_contiguous_choice_changes_no_plan(monkeypatch, seed):
               np.full(batch, int(rng.integers(1, 8192))))
         if kind == 2:
             kv[0] = 32768
-        ps, C = int(rng.choice([1, 16])), int(rng.choice([16, 33, 132]))
+        ps, C = int(rng.choice([1, 16])), int(rng.choice([16, 33, 66, 132]))
         kvp, idx, last = paged_kv(kv, ps, shuffle_seed=case)
+        # decode, or short queries (multi-token verification, causal: each a tile of up to 8 tokens)
+        qo = np.ones(batch, np.int64) if case % 2 else np.minimum(rng.integers(1, 9, batch), kv)
         bufs = []
         for early in (True, False):
-            p = Planner(batch, batch, int(kvp[-1]), 32, 8, 128, ps, num_ctas=C, max_qo_len=1)
+            p = Planner(batch, int(qo.sum()), int(kvp[-1]), 32, 8, 128, ps, num_ctas=C, max_qo_len=int(qo.max()),
+                        causal=not case % 2)
             p.small_tiles = 0
             if not early:
                 monkeypatch.setattr(p, "_auto_contiguous_first", lambda *a: (None, False))
             else:
                 first = p._auto_contiguous_first
-                monkeypatch.setattr(p, "_auto_contiguous_first", lambda *a: chosen.append(first(*a)[1]) or first(*a))
+                monkeypatch.setattr(p, "_auto_contiguous_first",
+                                    lambda *a: chosen.append((a[0], first(*a)[1])) or first(*a))
             bufs.append(p.layout.allocate())
-            p.plan(None, kvp, idx, last, out=bufs[-1])
+            p.plan(None if case % 2 else indptr_from_lengths(qo), kvp, idx, last, out=bufs[-1])
         assert np.array_equal(bufs[0], bufs[1]), case
-    assert any(chosen) and not all(chosen)   # both outcomes exercised
+    for decode in (True, False):   # both outcomes exercised, on both kinds of tiles
+        assert {took for d, took in chosen if d == decode} == {True, False}

@@ -446,12 +446,12 @@ class Planner:
         # Items: rows request, qo_start, qo_len, kv_start, kv_end, partial, merge, and
         # kv_page_start (filled by _write).
         cost = con = ends = None
-        if mode == "auto" and decode and maxc > 1:
+        if mode == "auto" and maxc > 1:
             ends = _ACC(nchunk, dtype=np.int64)
             # (n <= C or over max_items: the balanced layout decides, or refuses; past 2 items per
             # CTA the mean is rarely below the largest chunk: not worth the pass over the tiles)
             if C < ends.item(-1) <= min(2 * C, self.bounds.max_items):
-                con, chosen = self._auto_contiguous_first(t_req, t_qs, t_qlen, t_kv, nchunk, L, kv_total,
+                con, chosen = self._auto_contiguous_first(decode, t_req, t_qs, t_qlen, t_kv, nchunk, L, kv_total,
                                                           ends.item(-1), partials)
                 if chosen:
                     return _shift(con, t_k0)
@@ -548,25 +548,34 @@ class Planner:
             res["i_tile"] = i_tile
         return _shift(res, t_k0)
 
-    def _auto_contiguous_first(self, t_req, t_qs, t_qlen, t_kv, nchunk, L, kv_total, n, partials):
+    def _auto_contiguous_first(self, decode, t_req, t_qs, t_qlen, t_kv, nchunk, L, kv_total, n, partials):
         """Auto's choice of the contiguous partition from a part of its bound, before the
-        balanced items are laid out (decode, some tile split): the largest chunk (L, or a tile's
-        last of up to L + L/8) and the mean are both known from the chunk counts. If they already
-        put the bound over AUTO_IMBALANCE and the contiguous loads under them, the full bound
-        (>= them) decides the same way: (the contiguous plan, True). Else (the contiguous plan it
-        made, or None; False): the full decision reuses it."""
+        balanced items are laid out (some tile split): the largest chunk (L, or a tile's last of
+        up to L + L/8, plus its tile's fixed cost) and the mean are both known from the chunk
+        counts. If they already put the bound over AUTO_IMBALANCE and the contiguous loads under
+        them, the full bound (>= them) decides the same way: (the contiguous plan, True). Else
+        (the contiguous plan it made, or None; False): the full decision reuses it."""
         C = self.num_ctas
-        fixed = COST_ALPHA + COST_GAMMA
-        total = kv_total + fixed * n
+        if decode:   # one query token per tile: the same fixed cost everywhere
+            fixed = lo = hi = COST_ALPHA + COST_GAMMA
+            total = kv_total + fixed * n
+        else:
+            fixed = t_qlen * COST_ALPHA
+            fixed += COST_GAMMA
+            lo, hi = fixed.item(fixed.argmin()), fixed.item(fixed.argmax())
+            total = kv_total + int(nchunk @ fixed)   # (every chunk pays its tile's)
         mean = -(-total // C)
         # No chunk exceeds L + L/8: if that does not decide, nothing here does (ints only).
-        if max(L + L // TAIL_FRACTION + fixed, mean) * C <= AUTO_IMBALANCE * total:
+        if max(L + L // TAIL_FRACTION + hi, mean) * C <= AUTO_IMBALANCE * total:
             return None, False
         last = t_kv - nchunk * L   # (each tile's last chunk, less L)
-        b0 = max(L + max(0, last.item(last.argmax())) + fixed, mean)   # (some tile has a full chunk)
+        if not decode:
+            last += fixed          # (... plus its tile's fixed cost)
+        # (some tile has a full chunk of L; every tile a last one)
+        b0 = max(L + lo, L + last.item(last.argmax()) + (hi if decode else 0), mean)
         if b0 * C <= AUTO_IMBALANCE * total:
             return None, False
-        con = self._contiguous(True, t_req, t_qs, t_qlen, t_kv, partials)
+        con = self._contiguous(decode, t_req, t_qs, t_qlen, t_kv, partials)
         return con, _top(con["loads"]) < b0
 
     def _contiguous(self, decode, t_req, t_qs, t_qlen, t_kv, partials: bool = True) -> dict:
