@@ -294,6 +294,38 @@ def _table(title, cols, rows, extra=None):
         print(f"{r['batch']:6d}" + "".join(cells))
 
 
+def _ratio(row, a, ka, b, kb):
+    x, y = row.get(a, {}).get(ka), row.get(b, {}).get(kb)
+    return x / y if isinstance(x, float) and isinstance(y, float) and y else None
+
+
+def summary(rows) -> None:
+    """The issue's targets in one block at the very end (under 40 lines: it has to survive a
+    log's tail): host µs per run() on every path, plan() against FlashInfer's, invariant / auto."""
+    print("\n== summary (targets: eager and dg.step host <= 25 us/layer, dg.step <= eager; plan rt/FI and "
+          "pf/FIpf <= 0.5; inv/auto GPU <= 1.05) ==")
+    _table("host us per layer, enqueue only (dg.step: DecodeGraphs default pool; stepgr: whole-step graph; "
+           "pf: prefill wrapper, 4 tokens/request)",
+           [("rt", "eager_enqueue_us", "eager"), ("rt", "layer_graph_enqueue_us", "dg.step"),
+            ("rt", "graph_enqueue_us", "stepgr"), ("pf", "eager_enqueue_us", "pf eager"),
+            ("pf", "layer_graph_enqueue_us", "pf dg"), ("fi", "eager_enqueue_us", "FI eager"),
+            ("fi", "graph_enqueue_us", "FI graph")], rows)
+    cols = [("rt", "plan_us", "fi", "plan_us", "rt/FI"), ("rt", "plan_us", "fi", "plan_host_us", "rt/FI-h"),
+            ("pf", "plan_us", "fi", "pf_plan_us", "pf/FIpf"), ("pf", "plan_us", "fi", "pf_plan_host_us", "pf/FIpf-h"),
+            ("inv", "graph_gpu_us", "rt", "graph_gpu_us", "inv/auto")]
+    print("\nplan() host us per step (FI: page table as CUDA tensors, -h: host indptr) and ratios")
+    heads = ("rt plan", "FI plan", "pf plan", "FI pf")
+    print(f"{'batch':>6s}" + "".join(f"{h:>9s}" for h in heads) + "".join(f"{c[4]:>10s}" for c in cols))
+    for r in rows:
+        vals = (r.get("rt", {}).get("plan_us"), r.get("fi", {}).get("plan_us"), r.get("pf", {}).get("plan_us"),
+                r.get("fi", {}).get("pf_plan_us"))
+        cells = [f"{v:9.1f}" if isinstance(v, float) else f"{'-':>9s}" for v in vals]
+        for c in cols:
+            x = _ratio(r, *c[:4])
+            cells.append(f"{x:10.2f}" if x is not None else f"{'-':>10s}")
+        print(f"{r['batch']:6d}" + "".join(cells))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--batches", type=lambda s: [int(x) for x in s.split(",")], default=[1, 4, 16, 64, 256])
@@ -351,8 +383,10 @@ def main(argv=None) -> int:
         for side in ("rt", "inv", "pf", "fi"):
             row.get(side, {}).pop("out0", None)
         rows.append(row)
-        print(f"# batch {batch} done at {time.perf_counter() - t_start:.1f} s: {json.dumps(row, default=str)}",
-              flush=True)
+        # (the whole row goes to $OUT/overhead.json when OUT is set: the log keeps a line, so the
+        # summary at the end stays inside a short tail)
+        detail = "" if os.environ.get("OUT") else f": {json.dumps(row, default=str)}"
+        print(f"# batch {batch} done at {time.perf_counter() - t_start:.1f} s{detail}", flush=True)
 
     host = [("rt", "eager_enqueue_us", "eager"), ("rt", "eager_bindings_enqueue_us", "eager-b"),
             ("rt", "layer_graph_enqueue_us", "dg.step"), ("rt", "layer_graph1_enqueue_us", "dg.step1"),
@@ -376,19 +410,10 @@ def main(argv=None) -> int:
     _table("plan() host µs and plan copy device µs, per step (FI: page table as CUDA tensors; -h: indptr and "
            "last_page_len as CPU tensors; pf: prefill plans on the pf rows' inputs)", plan, rows,
            extra=("rt_vs_fi_rel_diff", "rt~FI"))
-    ratios = [("rt", "plan_us", "fi", "plan_us", "rt/FI"), ("rt", "plan_us", "fi", "plan_host_us", "rt/FI-h"),
-              ("pf", "plan_us", "fi", "pf_plan_us", "pf/FIpf"), ("pf", "plan_us", "fi", "pf_plan_host_us", "pf/FIpf-h")]
     busy = [("rt", "plan_busy_us", "rt busy"), ("fi", "plan_busy_us", "FI busy"), ("fi", "plan_host_busy_us", "FI-h busy")]
     _table("plan() host µs called right after a step was enqueued (the GPU busy: a plan that waits pays the "
            "step's remaining time)", busy, rows)
-    print("\nplan() time ratios, rtattn / FlashInfer (target <= 0.5; aim 0.45)")
-    print(f"{'batch':>6s}" + "".join(f"{r[4]:>10s}" for r in ratios))
-    for r in rows:
-        cells = []
-        for a, ka, f, kf, _ in ratios:
-            x, y = r.get(a, {}).get(ka), r.get(f, {}).get(kf)
-            cells.append(f"{x / y:10.2f}" if isinstance(x, float) and isinstance(y, float) and y else f"{'-':>10s}")
-        print(f"{r['batch']:6d}" + "".join(cells))
+    summary(rows)
     print(f"# total {time.perf_counter() - t_start:.1f} s")
     out = os.environ.get("OUT")
     if out:
