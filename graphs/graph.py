@@ -16,6 +16,7 @@ that device's streams.
 """
 from __future__ import annotations
 
+import gc
 import weakref
 from dataclasses import dataclass
 
@@ -64,6 +65,10 @@ def capture(fn, stream) -> "Graph":
     Thread-local capture mode: unsafe calls (allocations, synchronous copies) made by this
     thread during the capture fail loudly instead of being silently left out of the graph.
     If `fn` raises, the capture is ended, the partial graph destroyed, and the error re-raised.
+    Python's cyclic garbage collector is off meanwhile: a collection there runs the finalizers of
+    unreachable buffers, modules and streams (cuMemFree, cuMemFreeHost, cuModuleUnload), unsafe
+    calls of this thread that invalidate the capture (H200, bench_overhead: a wrapper left in a
+    reference cycle, collected during the next wrapper's DecodeGraphs capture).
     """
     s = capturable_stream(stream)
     if not has_device():  # never call into the driver bindings without a device (DESIGN: no hangs)
@@ -72,17 +77,23 @@ def capture(fn, stream) -> "Graph":
     # the stream's device: an owned stream knows it, a borrowed one (torch, cupy) asks the driver
     dev = s.device
     check_stream(s.handle, dev)   # asks the driver now, not during the capture
-    with dev.active():
-        check(cu.cuStreamBeginCapture(s.handle, cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
-              "cuStreamBeginCapture")
-        try:
-            fn()
-        except BaseException:
-            res, g = cu.cuStreamEndCapture(s.handle)
-            if res == cu.CUresult.CUDA_SUCCESS and int(g):
-                cu.cuGraphDestroy(g)
-            raise
-        res = cu.cuStreamEndCapture(s.handle)
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        with dev.active():
+            check(cu.cuStreamBeginCapture(s.handle, cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
+                  "cuStreamBeginCapture")
+            try:
+                fn()
+            except BaseException:
+                res, g = cu.cuStreamEndCapture(s.handle)
+                if res == cu.CUresult.CUDA_SUCCESS and int(g):
+                    cu.cuGraphDestroy(g)
+                raise
+            res = cu.cuStreamEndCapture(s.handle)
+    finally:
+        if collecting:
+            gc.enable()
     try:
         g = check(res, "cuStreamEndCapture")
     except CudaError as e:

@@ -682,6 +682,21 @@ from rtattn.graphs import graph as G
 from rtattn.graphs.decode_graphs import DecodeGraphs
 from rtattn.runtime import Stream
 s = Stream.wrap(0x5000)
+import gc, weakref
+class Junk: pass
+junk, capturing, collected = Junk(), [False], []
+junk.me = junk   # unreachable garbage with a finalizer (as a wrapper's buffers in a reference cycle)
+weakref.finalize(junk, lambda: collected.append(capturing[0]))
+del junk
+def busy():   # enough allocations for a collection, were the collector on
+    capturing[0] = True
+    keep = [[] for _ in range(20 * gc.get_threshold()[0])]
+    capturing[0] = False
+assert gc.isenabled()
+G.capture(busy, s)
+assert gc.isenabled() and collected == [], collected
+gc.collect()
+assert collected == [False], collected   # collected after the capture, not during it
 g = G.capture(lambda: None, s)
 k = g.kernel_nodes()
 assert [int(n.node) for n in k] == [0x1000, 0x2000] and [int(n.func) for n in k] == [0x11000, 0x11000], k

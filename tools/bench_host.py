@@ -5,8 +5,8 @@ libcuda whose calls return at once (tools/stub_libcuda.c), so what is timed is P
     python tools/bench_host.py [--layers 32] [--batches 1,16,64,256] [--reps 2000] [--families decode,prefill]
 
 Per family and batch: µs per call of run() (bind + enqueue of the attention and merge kernels)
-and of DecodeGraphs.step() (bind + kernel-node updates + graph launch, one exec updated per
-layer), each through the direct ctypes driver entry and through cuda.bindings; plus prepare()
+and of DecodeGraphs.step(): `step` the default pool (bind + graph launch: one exec per layer),
+`step1` max_execs=1 (bind + kernel-node updates + graph launch, one exec updated per layer), each through the direct ctypes driver entry and through cuda.bindings; plus prepare()
 and plan() (its pinned buffers, copy and event through the stub driver). decode: one query token per request; prefill: BatchPrefillWrapper on 4 query tokens
 per request (multi-token verification), causal. The stream is a foreign stream object (a torch-like `.cuda_stream`), as
 bench_overhead passes torch's; `run-h` is run() given the raw handle instead. The device, kernels and memory are the CPU tier's fakes (tests/fakes.py); tensors are
@@ -104,7 +104,8 @@ def main(argv=None) -> int:
     H, HK, D, PS, L = 32, 8, 128, 16, args.layers
     stream = _TorchLikeStream(0x5000)
     print(f"# host µs per call, stub driver, {L} layers, {H}/{HK} heads, D={D}, page {PS}")
-    print(f"{'family':>7} {'batch':>6} {'entry':>9} {'run':>7} {'run-h':>7} {'step':>7} {'prepare':>8} {'plan':>7}")
+    print(f"{'family':>7} {'batch':>6} {'entry':>9} {'run':>7} {'run-h':>7} {'step':>7} {'step1':>7} {'prepare':>8} "
+          f"{'plan':>7}")
     for family in args.families:
         qo_len = PREFILL_QO if family == "prefill" else 1
         for batch in args.batches:
@@ -141,18 +142,25 @@ def main(argv=None) -> int:
                     q, k, v, o = layers[next(it) % L]
                     w.run(q, k, v, out=o, stream=0x5000)
                 g = DecodeGraphs(w, max_execs=1)   # the update path (as documented above)
+                gp = DecodeGraphs(w)               # the default pool: one exec per layer, replays only
 
                 def step():
                     q, k, v, o = layers[next(it) % L]
                     g.step(q, k, v, out=o, stream=stream)
+
+                def step_pool():
+                    q, k, v, o = layers[next(it) % L]
+                    gp.step(q, k, v, out=o, stream=stream)
 
                 def prepare():
                     q, k, v, o = layers[next(it) % L]
                     w.prepare(q, k, v, out=o, stream=stream)
                 r, rh = per_call_us(run, args.reps), per_call_us(run_handle, args.reps)
                 s, p = per_call_us(step, args.reps), per_call_us(prepare, args.reps // 4)
+                sp = per_call_us(step_pool, args.reps)
                 assert g.stats["param_updates"] > 0 and g.stats["reinstantiations"] == 0, g.stats
-                print(f"{family:>7} {batch:6d} {entry:>9} {r:7.1f} {rh:7.1f} {s:7.1f} {p:8.1f} {plan_us:7.1f}",
+                assert gp.stats["param_updates"] == 0 and gp.stats["instantiations"] <= L, gp.stats
+                print(f"{family:>7} {batch:6d} {entry:>9} {r:7.1f} {rh:7.1f} {sp:7.1f} {s:7.1f} {p:8.1f} {plan_us:7.1f}",
                       flush=True)
     np.asarray(0)
     return 0
