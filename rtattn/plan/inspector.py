@@ -575,24 +575,25 @@ class Planner:
         b0 = max(L + lo, L + last.item(last.argmax()) + (hi if decode else 0), mean)
         if b0 * C <= AUTO_IMBALANCE * total:
             return None, False
-        con = self._contiguous(decode, t_req, t_qs, t_qlen, t_kv, partials)
+        con = self._contiguous(decode, t_req, t_qs, t_qlen, t_kv, partials, fixed)
         return con, _top(con["loads"]) < b0
 
-    def _contiguous(self, decode, t_req, t_qs, t_qlen, t_kv, partials: bool = True) -> dict:
+    def _contiguous(self, decode, t_req, t_qs, t_qlen, t_kv, partials: bool = True, fixed=None) -> dict:
         """Contiguous cost partition: lay the tiles end to end on one cost axis (each tile's
         fixed cost, then its KV tokens) and give CTA c the slice [c*w, (c+1)*w), w = total/C,
         cutting tiles at page boundaries. Every CTA's load is within a page (plus one item's
         fixed cost) of the mean -- LPT over Algorithm 1's chunks is only within one chunk,
         which at ~1 chunk per CTA doubles the slowest CTA. Cuts never exceed C - 1, so the
-        balanced bounds hold: items <= T + C - 1, split tiles <= C - 1."""
+        balanced bounds hold: items <= T + C - 1, split tiles <= C - 1. `fixed`: each tile's
+        fixed cost, when the caller has it (prefill tiles)."""
         C, ps, T = self.num_ctas, self.page_size, t_req.shape[0]
         if decode:   # one query row per tile: the same fixed cost everywhere
             fixed = COST_ALPHA + COST_GAMMA
-            length = t_kv.astype(np.int64)   # (COST_BETA = 1)
-            length += fixed
-        else:
-            fixed = COST_ALPHA * t_qlen.astype(np.int64) + COST_GAMMA
-            length = fixed + COST_BETA * t_kv
+        elif fixed is None:
+            fixed = t_qlen * COST_ALPHA
+            fixed += COST_GAMMA
+        # (COST_BETA = 1; the cost axis in int64: a cascade's pseudo-batch has int32 lengths)
+        length = (t_kv if t_kv.dtype == np.int64 else t_kv.astype(np.int64)) + fixed
         ends = _ACC(length)
         total = ends.item(-1)
         w = max(-(-total // C), self.min_chunk * COST_BETA)
@@ -696,24 +697,26 @@ class Planner:
         pend = _ACC(rows_t)
         P = pend.item(-1)
         self._check_partial(P)
-        # pbase = -1 for unsplit tiles: their only item has chunk 0, so the item's
-        # partial index comes out as -1 (writethrough) with no extra select.
-        pbase = np.where(split, pend - rows_t, -1)
-        part = pbase[i_tile]
-        part += i_chunk * it[2]
-        it[5] = part
         qst = t_qlen[st]
-        M = int(_ADD(qst, dtype=np.int64))
+        e_end = _ACC(qst, dtype=np.int64)   # each split tile's merge entries end here
+        M = e_end.item(-1) if e_end.shape[0] else 0
         self._check_merge(M)
-        e_tile_i, e_r = _repeat_index(qst, self._ar)
+        # rows: pbase, first merge entry of each tile; -1 for unsplit tiles: their only item has
+        # chunk 0, so the item's partial index comes out as -1 (writethrough) with no extra select.
+        tile_pm = np.empty((2, T), dtype=np.int64)
+        tile_pm.fill(-1)
+        pbase, entry = tile_pm
+        pb_st = (pend - rows_t)[st]
+        pbase[st] = pb_st
+        entry[st] = e_end - qst
+        pm = tile_pm.take(i_tile, axis=1)
+        pm[0] += i_chunk * it[2]
+        it[5:7] = pm
+        e_tile_i, e_r = _repeat_index(qst, self._ar, e_end)
         e_tile = st[e_tile_i]
         cnt = nchunk[e_tile]
         m_row = t_qs[e_tile] + e_r
-        m_start, m_stride = pbase[e_tile] + e_r, t_qlen[e_tile]
-        entry = np.empty(T, dtype=np.int64)
-        entry.fill(-1)
-        entry[st] = _ACC(qst) - qst
-        it[6] = entry[i_tile]
+        m_start, m_stride = pb_st[e_tile_i] + e_r, qst[e_tile_i]
         m_indptr = np.zeros(M + 1, dtype=np.int64)
         _ACC(cnt, out=m_indptr[1:])
         res.update(m_indptr=m_indptr, m_row=m_row, m_start=m_start, m_stride=m_stride,
