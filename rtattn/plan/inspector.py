@@ -684,7 +684,7 @@ class Planner:
             # item has chunk 0, so the item's partial index comes out as -1 (writethrough).
             tile_pm = np.empty((2, T), dtype=np.int64)
             tile_pm.fill(-1)
-            pbase, entry = tile_pm   # 1-D rows: their fancy assignments are ~3x cheaper
+            pbase, entry = tile_pm[0], tile_pm[1]   # 1-D rows: their fancy assignments are ~3x cheaper
             pbase[st] = m_indptr[:M]
             entry[st] = self._ar[:M]
             pm = tile_pm.take(i_tile, axis=1)
@@ -705,7 +705,7 @@ class Planner:
         # chunk 0, so the item's partial index comes out as -1 (writethrough) with no extra select.
         tile_pm = np.empty((2, T), dtype=np.int64)
         tile_pm.fill(-1)
-        pbase, entry = tile_pm
+        pbase, entry = tile_pm[0], tile_pm[1]
         pb_st = (pend - rows_t)[st]
         pbase[st] = pb_st
         entry[st] = e_end - qst
