@@ -172,7 +172,8 @@ def validate_batch(qo_indptr, kv_indptr, kv_indices, kv_last_page_len, page_size
     last = _int32("kv_last_page_len", kv_last_page_len)
 
     if decode:   # (a valid indptr by construction)
-        qo_len = np.ones(qo_indptr.shape[0] - 1, dtype=np.int64)
+        qo_len = np.empty(qo_indptr.shape[0] - 1, dtype=np.int64)
+        qo_len.fill(1)   # (np.ones is Python around these two: ~1 us more per plan)
         qo_min = min(1, qo_len.shape[0])   # (_check_indptr: 0 for an empty batch)
     else:
         qo_len, qo_min = _check_indptr("qo_indptr", qo_indptr)
