@@ -58,7 +58,9 @@ def plan(p, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, window_left, buf
         return None
     out = buffer()
     _write(p, out[1], qo, qo_len, kp, kv_len, nnz, kv_indices, res)
-    res["loads"] = np.array(res["loads"], dtype=np.int64)
+    loads = np.zeros(p.num_ctas, dtype=np.int64)   # (CTAs past the list's end carry nothing)
+    loads[:len(res["loads"])] = res["loads"]
+    res["loads"] = loads
     return res, len(qo_len), qo[-1], out
 
 
@@ -173,7 +175,7 @@ def _schedule(p, qo, qo_len, kv_len, window_left) -> dict:
             ke.append(t_kv[t])   # a tile's last chunk ends at its end
         it = [[t_req[t] for t in i_tile], [t_qs[t] for t in i_tile], [t_qlen[t] for t in i_tile], ks, ke]
     if n <= C:   # one item per CTA at most: queue order is the sorted order
-        final, counts, loads = order, [1] * n + [0] * (C - n), cs + [0] * (C - n)
+        final, counts, loads = order, None, cs   # (None: the first n CTAs one item each; the rest none)
     else:
         if cs[0] == cs[-1]:
             cta = [i % C for i in range(n)]
@@ -340,7 +342,12 @@ def _write(p, v, qo, qo_len, kp, kv_len, nnz, kv_indices, res) -> None:
     v["kv_indices"][:nnz] = kv_indices[:nnz]
     wi = v["work_indptr"]
     wi[0] = 0
-    wi[1:C + 1] = list(accumulate(res["counts"]))
+    counts = res["counts"]
+    if counts is None:   # one item on each of the first n CTAs: 1, 2, .., n, then n
+        wi[1:n + 1] = p._ar[1:n + 1]
+        wi[n + 1:C + 1] = n
+    else:
+        wi[1:C + 1] = list(accumulate(counts))
     it = res["items"]
     if len(it) == 5:   # no split: every item writes through
         it += [[-1] * n, [-1] * n]
