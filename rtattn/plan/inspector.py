@@ -598,39 +598,52 @@ class Planner:
         total = ends.item(-1)
         w = max(-(-total // C), self.min_chunk * COST_BETA)
         # C * w >= total > ends - 1 >= start: every CTA index below is already < C.
-        c0 = (ends - length) // w
-        pieces = -(ends // -w) - c0     # c1 - c0 + 1, c1 = (ends - 1) // w: ceil(ends / w) - c0
+        base = ends - t_kv        # each tile's KV token 0 on the axis
+        c1 = (ends - 1) // w      # the CTA of each tile's last piece
+        if self.chunk_runs:       # cuts on chunk boundaries, coarser than w: any piece may come out empty
+            c0 = (base - fixed) // w
+            grain = self.bounds.chunk_tokens
+        else:
+            # Only a tile's leading pieces can come out empty (their cuts round down to token 0;
+            # later cuts are w >= a page apart): start at the CTA whose slice ends past the tile's
+            # first page, its piece at token 0. A tile shorter than a page is its last piece alone;
+            # an empty tile keeps its first, [0, 0).
+            c0, grain = (base + (ps - 1)) // w, ps
+            if t_kv.item(t_kv.argmin()) < ps:
+                np.minimum(c0, c1, out=c0)
+                empty = t_kv == 0
+                if empty.any():
+                    c0[empty] = c1[empty] = ((base - fixed) // w)[empty]
+        pieces = c1 - c0 + 1
         pend = _ACC(pieces)
         i_tile, k = _repeat_index(pieces, self._ar, pend)
         cta = c0[i_tile] + k
         # Cost offset -> token offset (COST_BETA = 1) of CTA cta's slice in the tile. The
-        # first piece (k = 0: c0 * w <= start) lands before the tile's KV, at <= -fixed, so
-        # clipping at 0 starts it at token 0; later pieces start at cta * w <= ends - 1,
-        # i.e. below the tile's kv: no clipping at kv is needed.
-        cut = cta * w - (ends - t_kv)[i_tile]
+        # first piece (k = 0: c0 * w < start + a page) lands before the tile's KV or in its first
+        # page, so clipping at 0 and rounding start it at token 0; later pieces start at
+        # cta * w <= ends - 1, i.e. below the tile's kv: no clipping at kv is needed.
+        cut = cta * w - base[i_tile]
         np.maximum(cut, 0, out=cut)
-        if self.chunk_runs:   # chunk runs: cut on chunk boundaries
-            ps = self.bounds.chunk_tokens
-        if ps > 1:   # round down to a page boundary
-            if ps & (ps - 1):
-                cut -= cut % ps
+        if grain > 1:   # round down to a page (chunk) boundary
+            if grain & (grain - 1):
+                cut -= cut % grain
             else:        # a power of two, and cut >= 0: a mask does it
-                cut &= -ps
+                cut &= -grain
         # kv_end[i] = nxt[i + 1]: the next piece's cut, or the tile's kv for its last piece
         nxt = np.empty(cut.shape[0] + 1, dtype=np.int64)
         nxt[1:-1] = cut[1:]
         nxt[pend] = t_kv
         kv_end = nxt[1:]
-        keep = kv_end > cut
-        if t_kv.item(t_kv.argmin()) == 0:   # empty KV: its first piece is its one item
-            keep[(pend - pieces)[t_kv == 0]] = True
-        if keep.item(keep.argmin()):        # no empty piece to drop (the usual case)
-            n, nchunk, i_chunk = i_tile.shape[0], pieces, k
-        else:
-            i_tile, cut, kv_end, cta = i_tile[keep], cut[keep], kv_end[keep], cta[keep]
-            n = i_tile.shape[0]
-            nchunk = np.bincount(i_tile, minlength=T)
-            i_chunk = self._ar[:n] - (_ACC(nchunk) - nchunk)[i_tile]
+        n, nchunk, i_chunk = i_tile.shape[0], pieces, k
+        if self.chunk_runs:
+            keep = kv_end > cut
+            if t_kv.item(t_kv.argmin()) == 0:   # empty KV: its first piece is its one item
+                keep[(pend - pieces)[t_kv == 0]] = True
+            if not keep.item(keep.argmin()):    # drop the empty pieces
+                i_tile, cut, kv_end, cta = i_tile[keep], cut[keep], kv_end[keep], cta[keep]
+                n = i_tile.shape[0]
+                nchunk = np.bincount(i_tile, minlength=T)
+                i_chunk = self._ar[:n] - (_ACC(nchunk) - nchunk)[i_tile]
         if n > self.bounds.max_items:
             raise ValueError(f"plan needs {n} work items, exceeding max_items={self.bounds.max_items}")
         it = np.empty((8, n), dtype=np.int32)
