@@ -218,10 +218,10 @@ def _lpt_rounds(heap: np.ndarray, keys: np.ndarray, out: np.ndarray, mask: int) 
     """LPT's heap steps when every remaining item outweighs the spread of the CTA loads (all C
     CTAs loaded). Within a round of C items (descending) the heap then deals them onto the CTAs
     in ascending (load, id) order: a CTA served in the round weighs at least the lightest load
-    plus the smallest item, more than any load not yet served. And the round keeps the spread
-    within max(the loads' spread, the round's items' spread) (loads ascending + items
-    descending), which the caller bounded by the smallest item: so every round goes so. One
-    in-place sort per round; `out` gets the CTA of each key."""
+    plus the smallest item, more than any load not yet served. And a round leaves the loads'
+    spread within max(their spread, the round's items' spread) (loads ascending + items
+    descending), which the caller checked is below the smallest item: the next round qualifies
+    too. One in-place sort per round; `out` gets the CTA of each key."""
     C, n = heap.shape[0], keys.shape[0]
     R = -(-n // C)
     rows = np.empty((R, C), dtype=np.int64)   # round r: every CTA's key before it, ascending
