@@ -115,3 +115,37 @@ def test_large_batches_and_other_modes_go_the_numpy_way(monkeypatch):
 
 
 _schedule = Planner._schedule
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_contiguous_partition_matches_the_list_version_on_many_tiles(seed):
+    """Planner._contiguous (numpy: each tile starts at its first non-empty piece's CTA) against
+    small._contiguous (lists: every piece cut, empty ones dropped) on tile sets past the small
+    path's size: short, empty and sub-page tiles, decode and multi-token tiles, pages 1-64."""
+    rng = np.random.default_rng(seed)
+    for case in range(150):
+        ps, C = int(rng.choice([1, 2, 16, 64])), int(rng.choice([1, 5, 33, 66, 132]))
+        T = int(rng.integers(1, 120))
+        t_kv = rng.integers(0, int(rng.choice([3, 40, 500, 5000])), T).astype(np.int64)
+        t_kv[rng.random(T) < 0.15] = 0
+        decode = case % 2 == 0
+        p = Planner(T, 16 * T, int((-(-t_kv // ps)).sum()) + 1, 32, 8, 128, ps, mode="contiguous",
+                    num_ctas=C, max_qo_len=16)
+        t_qlen = np.ones(T, np.int64) if decode else rng.integers(1, p.tile_q + 1, T).astype(np.int64)
+        t_qs = np.concatenate([[0], np.cumsum(t_qlen)[:-1]]).astype(np.int32)
+        t_req = np.arange(T, dtype=np.int64)
+        got = p._contiguous(decode, t_req, t_qs, t_qlen, t_kv)
+        lists = [x.tolist() for x in (t_req, t_qs, t_qlen, t_kv)]
+        axis = small._cost_axis(p, small._fixed(decode, lists[2]), lists[3])
+        want = small._contiguous(p, decode, axis, *lists)
+        n = want["n"]
+        assert got["n"] == n and got["L"] == want["L"], case
+        assert got["items"][:len(want["items"])].tolist() == [list(r) for r in want["items"]], case
+        assert got["counts"].tolist() == want["counts"] and got["loads"].tolist() == want["loads"], case
+        for key in ("merge_rows", "partial_rows", "split_tiles"):
+            assert got[key] == want[key], (case, key)
+        if want["merge_rows"]:
+            for key in ("m_indptr", "m_row", "m_start"):
+                assert np.asarray(got[key]).tolist() == list(want[key]), (case, key)
+            stride = got["m_stride"]
+            assert (np.broadcast_to(stride, (want["merge_rows"],)).tolist() == list(want["m_stride"])), case
