@@ -458,51 +458,94 @@ __device__ __forceinline__ void decode_persistent(const P& p, char* smem) {
     // Batch-invariant: the chunk's unnormalized state (m, l, o) of this thread's (row, column pair)
     // units (state_fold.cuh; sigmoid: m = 0). A split item writes it as the chunk's partial row, a
     // writethrough item folds it into the item's state (fold_o, fold_ml: a thread's units are the
-    // same at every chunk), and the last chunk's fold is final. U units at a time, every shared
-    // load issued before their math: one unit after another, each a latency-bound chain (loads,
-    // max, exp2, sums, fold), cost ~0.25 us per chunk at g = 4 (docs/perf-log.md, v3). Each unit's
-    // operations are those of one at a time, so the bits do not change.
+    // same at every chunk), and the last chunk's fold is final. One unit after another: four units'
+    // loads issued together (v4) made the kernel 1.25x longer and every g = 4 / g = 8 d128 row
+    // 3-6% slower on the H200 (docs/perf-log.md "Batch-invariant v5"), whose bits are the same.
     auto fold_chunk_units = [&](const float* combine, int mi, int tile_rows, bool last) {
-      // (more units in flight spill at d256 and at m2, whose second tile's O is live here)
-      constexpr int U = M_TILES == 1 && D <= 128 ? 4 : 1;
+      for (int i = tid; i < tile_rows * (D / 2); i += S::threads) {
+        const int r16 = i / (D / 2), d = (i % (D / 2)) * 2, r = mi * 16 + r16;
+        float m = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < NUM_WARPS; ++w) m = fmaxf(m, combine[(w * 16 + r16) * (D + 2) + D]);
+        const float base = m == -INFINITY ? 0.f : m;
+        float l = 0.f, o0 = 0.f, o1 = 0.f;
+#pragma unroll
+        for (int w = 0; w < NUM_WARPS; ++w) {
+          const float* src = combine + (w * 16 + r16) * (D + 2);
+          const float f = Variant::use_softmax ? fast_exp2(src[D] - base) : 1.f;
+          l += f * src[D + 1];
+          o0 += f * src[d];
+          o1 += f * src[d + 1];
+        }
+        const int t = r / heads, qo_head = first_qo_head + r % heads;
+        if (partial_row >= 0) {
+          const int64_t prow = int64_t(partial_row + chunk * q_tokens + t) * p.num_qo_heads + qo_head;
+          *reinterpret_cast<float2*>(p.partial_o + prow * D + d) = make_float2(o0, o1);
+          if (d == 0) reinterpret_cast<float2*>(p.partial_lse)[prow] = make_float2(m, l);
+          continue;
+        }
+        float2* fo = reinterpret_cast<float2*>(fold_o + r * D + d);
+        float2 run = make_float2(o0, o1), run_ml = make_float2(m, l);
+        if (chunk > 0) {
+          const float2 prev = *fo, prev_ml = fold_ml[((chunk - 1) & 1) * S::rows + r];
+          const FoldWeights fw = fold_weights(prev_ml.x, m);
+          run_ml = make_float2(fw.m, fold_acc(prev_ml.y, l, fw));
+          run = make_float2(fold_acc(prev.x, o0, fw), fold_acc(prev.y, o1, fw));
+        }
+        if (!last) {
+          *fo = run;
+          if (d == 0) fold_ml[(chunk & 1) * S::rows + r] = run_ml;
+          continue;
+        }
+        const float out[2] = {run.x, run.y};
+        write_folded<Variant, P, 2>(p, var, q_row0 + t, qo_head, d, out, run_ml.x, run_ml.y);
+      }
+    };
+
+#ifdef RTATTN_INV_PAIR_UNITS
+    // Experimental, for an A/B in one run (bench_decode --rt-modes batch-invariant
+    // batch-invariant+DRTATTN_INV_PAIR_UNITS): d <= 128 with one row tile folds a thread's units two
+    // at a time, both units' shared loads issued before their math and none for a unit past the end
+    // (v4's four at a time also loaded two dummies per thread at g = 4). Same operations per unit.
+    auto fold_unit_pairs = [&](const float* combine, int mi, int tile_rows, bool last) {
       const int units = tile_rows * (D / 2);
       const bool fold_prev = partial_row < 0 && chunk > 0;
-      auto load_prev = [&](float2& o2, float2& ml, int r, int d) {
-        o2 = *reinterpret_cast<const float2*>(fold_o + r * D + d);
-        ml = fold_ml[((chunk - 1) & 1) * S::rows + r];
-      };
-      for (int i0 = tid; i0 < units; i0 += U * S::threads) {
-        float cm[U][NUM_WARPS], cl[U][NUM_WARPS], co[U][NUM_WARPS][2];
-        float2 prev[U], prev_ml[U];
+      for (int i0 = tid; i0 < units; i0 += 2 * S::threads) {
+        const int n_units = i0 + S::threads < units ? 2 : 1;
+        float cm[2][NUM_WARPS], cl[2][NUM_WARPS], co[2][NUM_WARPS][2];
+        float2 prev[2] = {}, prev_ml[2] = {};
 #pragma unroll
-        for (int u = 0; u < U; ++u) {
-          const int i = min(i0 + u * S::threads, units - 1);  // past the end: a real unit's loads, unused
-          const int r16 = i / (D / 2), d = (i % (D / 2)) * 2, r = mi * 16 + r16;
+        for (int k = 0; k < 2; ++k) {
+          // (a clamped index, not a branch: the second unit's loads then go out with the first's)
+          const int i = min(i0 + k * S::threads, units - 1), r16 = i / (D / 2), d = (i % (D / 2)) * 2;
+          const int r = mi * 16 + r16;
 #pragma unroll
           for (int w = 0; w < NUM_WARPS; ++w) {
             const float* src = combine + (w * 16 + r16) * (D + 2);
-            cm[u][w] = src[D], cl[u][w] = src[D + 1], co[u][w][0] = src[d], co[u][w][1] = src[d + 1];
+            cm[k][w] = src[D], cl[k][w] = src[D + 1], co[k][w][0] = src[d], co[k][w][1] = src[d + 1];
           }
-          if (U > 1 && fold_prev) load_prev(prev[u], prev_ml[u], r, d);
+          if (fold_prev) {
+            prev[k] = *reinterpret_cast<const float2*>(fold_o + r * D + d);
+            prev_ml[k] = fold_ml[((chunk - 1) & 1) * S::rows + r];
+          }
         }
 #pragma unroll
-        for (int u = 0; u < U; ++u) {
-          const int i = i0 + u * S::threads;
-          if (i >= units) break;
-          const int r16 = i / (D / 2), d = (i % (D / 2)) * 2, r = mi * 16 + r16;
-          const int t = r / heads, qo_head = first_qo_head + r % heads;
+        for (int k = 0; k < 2; ++k) {
+          if (k == n_units) break;
+          const int i = i0 + k * S::threads, r16 = i / (D / 2), d = (i % (D / 2)) * 2, r = mi * 16 + r16;
           float m = -INFINITY;
 #pragma unroll
-          for (int w = 0; w < NUM_WARPS; ++w) m = fmaxf(m, cm[u][w]);
+          for (int w = 0; w < NUM_WARPS; ++w) m = fmaxf(m, cm[k][w]);
           const float base = m == -INFINITY ? 0.f : m;
           float l = 0.f, o0 = 0.f, o1 = 0.f;
 #pragma unroll
           for (int w = 0; w < NUM_WARPS; ++w) {
-            const float f = Variant::use_softmax ? fast_exp2(cm[u][w] - base) : 1.f;
-            l += f * cl[u][w];
-            o0 += f * co[u][w][0];
-            o1 += f * co[u][w][1];
+            const float f = Variant::use_softmax ? fast_exp2(cm[k][w] - base) : 1.f;
+            l += f * cl[k][w];
+            o0 += f * co[k][w][0];
+            o1 += f * co[k][w][1];
           }
+          const int t = r / heads, qo_head = first_qo_head + r % heads;
           if (partial_row >= 0) {
             const int64_t prow = int64_t(partial_row + chunk * q_tokens + t) * p.num_qo_heads + qo_head;
             *reinterpret_cast<float2*>(p.partial_o + prow * D + d) = make_float2(o0, o1);
@@ -511,10 +554,9 @@ __device__ __forceinline__ void decode_persistent(const P& p, char* smem) {
           }
           float2 run = make_float2(o0, o1), run_ml = make_float2(m, l);
           if (fold_prev) {
-            if (U == 1) load_prev(prev[u], prev_ml[u], r, d);  // (loaded early, d256 / m2 spill)
-            const FoldWeights fw = fold_weights(prev_ml[u].x, m);
-            run_ml = make_float2(fw.m, fold_acc(prev_ml[u].y, l, fw));
-            run = make_float2(fold_acc(prev[u].x, o0, fw), fold_acc(prev[u].y, o1, fw));
+            const FoldWeights fw = fold_weights(prev_ml[k].x, m);
+            run_ml = make_float2(fw.m, fold_acc(prev_ml[k].y, l, fw));
+            run = make_float2(fold_acc(prev[k].x, o0, fw), fold_acc(prev[k].y, o1, fw));
           }
           if (!last) {
             *reinterpret_cast<float2*>(fold_o + r * D + d) = run;
@@ -526,6 +568,7 @@ __device__ __forceinline__ void decode_persistent(const P& p, char* smem) {
         }
       }
     };
+#endif
 
     // ---- Combine the warps, one 16-row tile at a time, in the stage of the last block computed:
     // the loader refills it only after the next block's __syncthreads, and the stages that hold
@@ -561,7 +604,12 @@ __device__ __forceinline__ void decode_persistent(const P& p, char* smem) {
 
         const int tile_rows = min(16, rows_valid - mi * 16);
         if constexpr (INVARIANT) {
+#ifdef RTATTN_INV_PAIR_UNITS
+          if constexpr (M_TILES == 1 && D <= 128) fold_unit_pairs(combine, mi, tile_rows, last);
+          else fold_chunk_units(combine, mi, tile_rows, last);
+#else
           fold_chunk_units(combine, mi, tile_rows, last);
+#endif
         } else {
           for (int i = tid; i < tile_rows * (D / 2); i += S::threads) {
             const int r16 = i / (D / 2), d = (i % (D / 2)) * 2;
