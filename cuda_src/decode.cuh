@@ -458,9 +458,9 @@ __device__ __forceinline__ void decode_persistent(const P& p, char* smem) {
     // Batch-invariant: the chunk's unnormalized state (m, l, o) of this thread's (row, column pair)
     // units (state_fold.cuh; sigmoid: m = 0). A split item writes it as the chunk's partial row, a
     // writethrough item folds it into the item's state (fold_o, fold_ml: a thread's units are the
-    // same at every chunk), and the last chunk's fold is final. One unit after another: four units'
-    // loads issued together (v4) made the kernel 1.25x longer and every g = 4 / g = 8 d128 row
-    // 3-6% slower on the H200 (docs/perf-log.md "Batch-invariant v5"), whose bits are the same.
+    // same at every chunk), and the last chunk's fold is final. One unit after another: the build v3
+    // measured; with four units' loads issued together (v4, 1.33x the instructions) the g = 4 / 8
+    // rows ran 3-6% further from auto (docs/perf-log.md "Batch-invariant v5"). Same bits either way.
     auto fold_chunk_units = [&](const float* combine, int mi, int tile_rows, bool last) {
       for (int i = tid; i < tile_rows * (D / 2); i += S::threads) {
         const int r16 = i / (D / 2), d = (i % (D / 2)) * 2, r = mi * 16 + r16;
