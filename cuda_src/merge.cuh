@@ -156,6 +156,7 @@ template <class Variant, class P, int W, int KU, bool INVARIANT>
 __device__ __forceinline__ void merge_jobs(const P& p, int num_rows, int warp, int num_warps, int lane) {
   using O = typename P::OType;
   constexpr int D = P::head_dim, JOBS = D / (32 * W);  // jobs per (row, head)
+  constexpr int KU_FEW = 16;  // batch-invariant, one column per lane: 32 spilled (v3)
   static_assert(JOBS >= 1 && D % (32 * W) == 0, "a job covers whole 32-lane column groups");
   const int H = p.num_qo_heads;
   Variant var;  // output transforms and sinks see only (params, head[, column])
@@ -167,8 +168,15 @@ __device__ __forceinline__ void merge_jobs(const P& p, int num_rows, int warp, i
     wait_for_previous_grid();  // returns at once after the first time
     if constexpr (INVARIANT) {
       float o[W], m, l;
-      if constexpr (W == 1) fold_partials_warp(p, start, step, n, head, d, lane, o[0], m, l);
-      else fold_partials<W, KU, false>(p, start, step, n, head, d, o, m, l);
+      // One column per lane: rows of up to 16 states as v3 (every lane loads them all, one round
+      // trip), longer ones spread over the lanes with the next round in flight (fold_partials_warp).
+      // The fold is the same sequence either way, so the bits are too.
+      if constexpr (W == 1) {
+        if (n > KU_FEW) fold_partials_warp(p, start, step, n, head, d, lane, o[0], m, l);
+        else fold_partials<1, KU_FEW, false>(p, start, step, n, head, d, o, m, l);
+      } else {
+        fold_partials<W, KU, false>(p, start, step, n, head, d, o, m, l);
+      }
       write_folded<Variant, P, W>(p, var, q_row, head, d, o, m, l);
       continue;
     }
@@ -215,7 +223,7 @@ __device__ __forceinline__ void merge_persistent(const P& p) {
   // warps: a job per (row, head), D/32 columns per lane, 32/(D/32) partials in flight, so each
   // warp folds its rows in fewer dependent rounds (64 x 2048 at g=16: 4 rounds -> 1).
   if (num_rows * p.num_qo_heads * SLICES <= num_warps) {
-    // (batch-invariant: fold_partials_warp, 32 states a round, the next round's loads in flight)
+    // (batch-invariant: up to 16 states as v3, more through fold_partials_warp: 32 a round)
     merge_jobs<Variant, P, 1, 32, INVARIANT>(p, num_rows, warp, num_warps, lane);
   } else {
     merge_jobs<Variant, P, SLICES, 32 / SLICES, INVARIANT>(p, num_rows, warp, num_warps, lane);
