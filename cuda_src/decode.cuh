@@ -455,53 +455,6 @@ __device__ __forceinline__ void decode_persistent(const P& p, char* smem) {
     fresh_state();
     int chunk = 0;  // batch-invariant: chunks of this item combined so far
 
-    // Batch-invariant: the chunk's unnormalized state (m, l, o) of this thread's (row, column pair)
-    // units (state_fold.cuh; sigmoid: m = 0). A split item writes it as the chunk's partial row, a
-    // writethrough item folds it into the item's state (fold_o, fold_ml: a thread's units are the
-    // same at every chunk), and the last chunk's fold is final. One unit after another: the build v3
-    // measured; with four units' loads issued together (v4, 1.33x the instructions) the g = 4 / 8
-    // rows ran 3-6% further from auto (docs/perf-log.md "Batch-invariant v5"). Same bits either way.
-    auto fold_chunk_units = [&](const float* combine, int mi, int tile_rows, bool last) {
-      for (int i = tid; i < tile_rows * (D / 2); i += S::threads) {
-        const int r16 = i / (D / 2), d = (i % (D / 2)) * 2, r = mi * 16 + r16;
-        float m = -INFINITY;
-#pragma unroll
-        for (int w = 0; w < NUM_WARPS; ++w) m = fmaxf(m, combine[(w * 16 + r16) * (D + 2) + D]);
-        const float base = m == -INFINITY ? 0.f : m;
-        float l = 0.f, o0 = 0.f, o1 = 0.f;
-#pragma unroll
-        for (int w = 0; w < NUM_WARPS; ++w) {
-          const float* src = combine + (w * 16 + r16) * (D + 2);
-          const float f = Variant::use_softmax ? fast_exp2(src[D] - base) : 1.f;
-          l += f * src[D + 1];
-          o0 += f * src[d];
-          o1 += f * src[d + 1];
-        }
-        const int t = r / heads, qo_head = first_qo_head + r % heads;
-        if (partial_row >= 0) {
-          const int64_t prow = int64_t(partial_row + chunk * q_tokens + t) * p.num_qo_heads + qo_head;
-          *reinterpret_cast<float2*>(p.partial_o + prow * D + d) = make_float2(o0, o1);
-          if (d == 0) reinterpret_cast<float2*>(p.partial_lse)[prow] = make_float2(m, l);
-          continue;
-        }
-        float2* fo = reinterpret_cast<float2*>(fold_o + r * D + d);
-        float2 run = make_float2(o0, o1), run_ml = make_float2(m, l);
-        if (chunk > 0) {
-          const float2 prev = *fo, prev_ml = fold_ml[((chunk - 1) & 1) * S::rows + r];
-          const FoldWeights fw = fold_weights(prev_ml.x, m);
-          run_ml = make_float2(fw.m, fold_acc(prev_ml.y, l, fw));
-          run = make_float2(fold_acc(prev.x, o0, fw), fold_acc(prev.y, o1, fw));
-        }
-        if (!last) {
-          *fo = run;
-          if (d == 0) fold_ml[(chunk & 1) * S::rows + r] = run_ml;
-          continue;
-        }
-        const float out[2] = {run.x, run.y};
-        write_folded<Variant, P, 2>(p, var, q_row0 + t, qo_head, d, out, run_ml.x, run_ml.y);
-      }
-    };
-
 #ifdef RTATTN_INV_PAIR_UNITS
     // Experimental, for an A/B in one run (bench_decode --rt-modes batch-invariant
     // batch-invariant+DRTATTN_INV_PAIR_UNITS): d <= 128 with one row tile folds a thread's units two
@@ -603,71 +556,94 @@ __device__ __forceinline__ void decode_persistent(const P& p, char* smem) {
         __syncthreads();
 
         const int tile_rows = min(16, rows_valid - mi * 16);
-        if constexpr (INVARIANT) {
 #ifdef RTATTN_INV_PAIR_UNITS
-          if constexpr (M_TILES == 1 && D <= 128) fold_unit_pairs(combine, mi, tile_rows, last);
-          else fold_chunk_units(combine, mi, tile_rows, last);
-#else
-          fold_chunk_units(combine, mi, tile_rows, last);
+        if constexpr (INVARIANT && M_TILES == 1 && D <= 128) fold_unit_pairs(combine, mi, tile_rows, last); else
 #endif
-        } else {
-          for (int i = tid; i < tile_rows * (D / 2); i += S::threads) {
-            const int r16 = i / (D / 2), d = (i % (D / 2)) * 2;
-            float m_max = -INFINITY;
+        for (int i = tid; i < tile_rows * (D / 2); i += S::threads) {
+          const int r16 = i / (D / 2), d = (i % (D / 2)) * 2;
+          float m_max = -INFINITY;
 #pragma unroll
-            for (int w = 0; w < NUM_WARPS; ++w) m_max = fmaxf(m_max, combine[(w * 16 + r16) * (D + 2) + D]);
-            const float base = m_max == -INFINITY ? 0.f : m_max;
-            float l = 0.f, o0 = 0.f, o1 = 0.f;
+          for (int w = 0; w < NUM_WARPS; ++w) m_max = fmaxf(m_max, combine[(w * 16 + r16) * (D + 2) + D]);
+          const float base = m_max == -INFINITY ? 0.f : m_max;
+          float l = 0.f, o0 = 0.f, o1 = 0.f;
 #pragma unroll
-            for (int w = 0; w < NUM_WARPS; ++w) {
-              const float* src = combine + (w * 16 + r16) * (D + 2);
-              const float f = Variant::use_softmax ? fast_exp2(src[D] - base) : 1.f;
-              l += f * src[D + 1];
-              o0 += f * src[d];
-              o1 += f * src[d + 1];
+          for (int w = 0; w < NUM_WARPS; ++w) {
+            const float* src = combine + (w * 16 + r16) * (D + 2);
+            const float f = Variant::use_softmax ? fast_exp2(src[D] - base) : 1.f;
+            l += f * src[D + 1];
+            o0 += f * src[d];
+            o1 += f * src[d + 1];
+          }
+          const int r = mi * 16 + r16;
+          const int t = r / heads, qo_head = first_qo_head + r % heads;
+          if constexpr (INVARIANT) {
+            // The chunk's unnormalized state (m, l, o) (state_fold.cuh; sigmoid: m = 0): a split
+            // item writes it as the chunk's partial row, a writethrough item folds it into the
+            // item's state (fold_o, fold_ml: this thread's units are the same at every chunk), and
+            // the last chunk's fold is final.
+            const float m = m_max;
+            if (partial_row >= 0) {
+              const int64_t prow = int64_t(partial_row + chunk * q_tokens + t) * p.num_qo_heads + qo_head;
+              *reinterpret_cast<float2*>(p.partial_o + prow * D + d) = make_float2(o0, o1);
+              if (d == 0) reinterpret_cast<float2*>(p.partial_lse)[prow] = make_float2(m, l);
+              continue;
             }
-            const int r = mi * 16 + r16;
-            const int t = r / heads, qo_head = first_qo_head + r % heads;
-            float top = base;
-            if constexpr (Variant::has_sink) {
-              if (partial_row < 0) {  // the row's final state: its sink joins once, here (split rows: the merge)
-                const SinkJoin j = join_sink(base, l, var.SinkLogit(p, qo_head) * kLog2e);
-                top = j.top;
-                l = j.l;
-                o0 *= j.scale;
-                o1 *= j.scale;
-              }
+            float2* fo = reinterpret_cast<float2*>(fold_o + r * D + d);
+            float2 run = make_float2(o0, o1), run_ml = make_float2(m, l);
+            if (chunk > 0) {
+              const float2 prev = *fo, prev_ml = fold_ml[((chunk - 1) & 1) * S::rows + r];
+              const FoldWeights w = fold_weights(prev_ml.x, m);
+              run_ml = make_float2(w.m, fold_acc(prev_ml.y, l, w));
+              run = make_float2(fold_acc(prev.x, o0, w), fold_acc(prev.y, o1, w));
             }
-            // Natural-log LSE of the total weight; softmax O is normalized, sigmoid O is a plain sum.
-            const float lse = l > 0.f ? (top + __log2f(l)) * kLn2 : -INFINITY;
-            if (Variant::use_softmax) {
-              const float inv = l > 0.f ? 1.f / l : 0.f;
-              o0 *= inv;
-              o1 *= inv;
+            if (!last) {
+              *fo = run;
+              if (d == 0) fold_ml[(chunk & 1) * S::rows + r] = run_ml;
+              continue;
             }
+            const float out[2] = {run.x, run.y};
+            write_folded<Variant, P, 2>(p, var, q_row0 + t, qo_head, d, out, run_ml.x, run_ml.y);
+            continue;
+          }
+          float top = base;
+          if constexpr (Variant::has_sink) {
+            if (partial_row < 0) {  // the row's final state: its sink joins once, here (split rows: the merge)
+              const SinkJoin j = join_sink(base, l, var.SinkLogit(p, qo_head) * kLog2e);
+              top = j.top;
+              l = j.l;
+              o0 *= j.scale;
+              o1 *= j.scale;
+            }
+          }
+          // Natural-log LSE of the total weight; softmax O is normalized, sigmoid O is a plain sum.
+          const float lse = l > 0.f ? (top + __log2f(l)) * kLn2 : -INFINITY;
+          if (Variant::use_softmax) {
+            const float inv = l > 0.f ? 1.f / l : 0.f;
+            o0 *= inv;
+            o1 *= inv;
+          }
 #ifdef RTATTN_LEVEL_JOIN
-            float lse_row = lse;  // a writethrough row of the last level: the earlier levels' states join
-            if (partial_row < 0 && merge_entry >= 0) join_levels<Variant::use_softmax>(p, merge_entry + t, qo_head, d,
-                                                                                       o0, o1, lse_row);
+          float lse_row = lse;  // a writethrough row of the last level: the earlier levels' states join
+          if (partial_row < 0 && merge_entry >= 0) join_levels<Variant::use_softmax>(p, merge_entry + t, qo_head, d,
+                                                                                     o0, o1, lse_row);
 #else
-            const float lse_row = lse;
+          const float lse_row = lse;
 #endif
-            if (partial_row < 0) {
-              if constexpr (Variant::has_output_transform) {
-                o0 = var.OutputTransform(p, o0, qo_head, d);
-                o1 = var.OutputTransform(p, o1, qo_head, d + 1);
-              }
-              using O = typename P::OType;
-              O* op = p.o + int64_t(q_row0 + t) * p.o_stride_tok + int64_t(qo_head) * p.o_stride_head + d;
-              op[0] = from_float<O>(o0);
-              op[1] = from_float<O>(o1);
-              if (p.lse != nullptr && d == 0) p.lse[int64_t(q_row0 + t) * p.num_qo_heads + qo_head] =lse_row;
-            } else {
-              const int64_t prow = int64_t(partial_row + t) * p.num_qo_heads + qo_head;
-              p.partial_o[prow * D + d] = o0;
-              p.partial_o[prow * D + d + 1] = o1;
-              if (d == 0) p.partial_lse[prow] = lse;
+          if (partial_row < 0) {
+            if constexpr (Variant::has_output_transform) {
+              o0 = var.OutputTransform(p, o0, qo_head, d);
+              o1 = var.OutputTransform(p, o1, qo_head, d + 1);
             }
+            using O = typename P::OType;
+            O* op = p.o + int64_t(q_row0 + t) * p.o_stride_tok + int64_t(qo_head) * p.o_stride_head + d;
+            op[0] = from_float<O>(o0);
+            op[1] = from_float<O>(o1);
+            if (p.lse != nullptr && d == 0) p.lse[int64_t(q_row0 + t) * p.num_qo_heads + qo_head] = lse_row;
+          } else {
+            const int64_t prow = int64_t(partial_row + t) * p.num_qo_heads + qo_head;
+            p.partial_o[prow * D + d] = o0;
+            p.partial_o[prow * D + d + 1] = o1;
+            if (d == 0) p.partial_lse[prow] = lse;
           }
         }
         // The combine area is refilled by the loader (or the next tile's combine). Batch-invariant
