@@ -30,6 +30,16 @@ def test_head_dims_and_dtypes_compile(head_dim, dtype, isolated_cache):
     assert cubin[:4] == b"\x7fELF"
 
 
+def test_invariant_pair_units_experiment_compiles(isolated_cache, monkeypatch):
+    """The experimental batch-invariant combine (-DRTATTN_INV_PAIR_UNITS: bench_decode's
+    'batch-invariant+DRTATTN_INV_PAIR_UNITS' A/B) still builds: it is off in every shipped kernel."""
+    from rtattn.families import decode as decode_family
+    monkeypatch.setenv("RTATTN_DEV_DEFINES", "-DRTATTN_INV_PAIR_UNITS")
+    spec = decode_family.invariant_build(S.standard(soft_cap=True), "sm_90")
+    assert spec.invariant and spec.m_tiles == 1 and spec.head_dim == 128
+    assert compile_spec(spec, "sm_90", quiet=True)[1][:4] == b"\x7fELF"
+
+
 def test_kernel_names_spell_the_specialization():
     s = S.standard(causal=True, soft_cap=True, dtype="float16", head_dim=64)
     assert s.uri == "causal_softcap_float16_d64_m1_w4_s3"
