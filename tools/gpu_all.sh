@@ -12,6 +12,7 @@
 #   ONLY="gpu-tier bench-decode" BENCH_DECODE_ARGS="--rows *" bash tools/gpu_all.sh   # a subset
 #   KCACHE=.kcache.tgz bash tools/gpu_all.sh   # a CUBIN cache built here (rtattn-compile), carried packed
 #   OVERHEAD_BATCHES=1,4,16,64,256 ...        # bench_overhead's batches (4: where auto weighs both partitions)
+#   INVARIANT_MODES="auto batch-invariant batch-invariant+c256" ...   # bench-invariant's --rt-modes
 #   CASCADE_LIBS=rt-casc,rt-wg,fi-casc PREFILL_TILES="default x" ...   # bench_cascade's libs (CASCADE_ARGS=--breakdown), bench_prefill's tile A/B
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -79,7 +80,7 @@ stage demo-tp 100 env NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSH
 
 stage bench-decode "$T_BENCH" "$PY" tools/bench_decode.py "${BD_ARGS[@]}" --deadline "$((T_BENCH - 20))"
 stage bench-invariant "$T_BENCH" "$PY" tools/bench_decode.py --quick --new --no-flashinfer --samples 20 --warm 1 \
-    --deadline "$((T_BENCH - 20))" --rt-modes auto batch-invariant
+    --deadline "$((T_BENCH - 20))" --rt-modes ${INVARIANT_MODES:-auto batch-invariant}
 stage bench-overhead "$T_BENCH" "$PY" tools/bench_overhead.py --batches "${OVERHEAD_BATCHES:-1,16,64,256}" --reps "${OVERHEAD_REPS:-5}"
 stage bench-cascade "$T_BENCH" "$PY" tools/bench_cascade.py --deadline "$((T_BENCH / 2))" --samples 15 \
     --libs "${CASCADE_LIBS:-rt-casc,rt-dec,rt-single,fi-casc,fi-cc}" ${CASCADE_ARGS:-}
