@@ -21,6 +21,12 @@
 // once its products are done with them), so an item starts with its pipeline full and the
 // epilogue's stores overlap the next item's loads. The same products in the same order: the
 // outputs are bitwise those of the per-item stream.
+//
+// PINGPONG (two warpgroups; "_pp" in the tag): the warpgroups take turns on the tensor cores
+// within a block, QK^T of warpgroup 0, then of 1, then PV of 0, then of 1 (named barriers order
+// the issues), so each one's softmax runs under the other's products instead of both softmaxes
+// at once with the tensor cores idle. The same products on the same operands: bitwise the same
+// outputs.
 #pragma once
 #include "paged_loader.cuh"
 #include "prefill_item.cuh"
@@ -46,8 +52,26 @@ struct PrefillSm90Shape {
 // Warpgroup u's 128 threads meet (named barrier 1 + u; 0 is __syncthreads).
 __device__ __forceinline__ void warpgroup_sync(int u) { asm volatile("bar.sync %0, 128;\n" ::"r"(1 + u) : "memory"); }
 
-template <class Variant, class P, int WGS, int TILE_KV, int STAGES, bool PAGED, bool CROSS = false>
+// PINGPONG's turns, between the two warpgroups (256 threads): one warpgroup arrives once its
+// products are issued, the other waits there before issuing its own. Barriers 3-5 (1, 2 are
+// warpgroup_sync's), each used once per block between the block's __syncthreads.
+struct WarpgroupTurns {
+  enum : int { kQK1 = 3, kPV0 = 4, kPV1 = 5 };  // the turn of: QK^T of 1, PV of 0, PV of 1
+  template <int ID>
+  static __device__ __forceinline__ void wait() { asm volatile("bar.sync %0, 256;\n" ::"n"(ID) : "memory"); }
+  template <int ID>
+  static __device__ __forceinline__ void pass() { asm volatile("bar.arrive %0, 256;\n" ::"n"(ID) : "memory"); }
+  // Before / after this warpgroup's (wg: 0 or 1) QK^T and PV issues.
+  static __device__ __forceinline__ void before_qk(int wg) { if (wg == 1) wait<kQK1>(); }
+  static __device__ __forceinline__ void after_qk(int wg) { wg == 0 ? pass<kQK1>() : pass<kPV0>(); }
+  static __device__ __forceinline__ void before_pv(int wg) { wg == 0 ? wait<kPV0>() : wait<kPV1>(); }
+  static __device__ __forceinline__ void after_pv(int wg) { if (wg == 0) pass<kPV1>(); }
+};
+
+template <class Variant, class P, int WGS, int TILE_KV, int STAGES, bool PAGED, bool CROSS = false,
+          bool PINGPONG = false>
 __device__ __forceinline__ void prefill_sm90_persistent(const P& p, char* smem) {
+  static_assert(!PINGPONG || WGS == 2, "turns are taken between two warpgroups");
   using T = typename P::DType;
   constexpr int D = P::head_dim;
   using S = PrefillSm90Shape<D, WGS, TILE_KV, STAGES, sizeof(T)>;
@@ -64,6 +88,7 @@ __device__ __forceinline__ void prefill_sm90_persistent(const P& p, char* smem) 
   const int heads = p.group_size;
   const int first_qo_head = kv_head * heads;
   const int warp_row0 = warp * 16;
+  const int wg = warp / 4;
 
   T* q_smem = reinterpret_cast<T*>(smem);
   auto k_stage = [&](int s) { return reinterpret_cast<T*>(smem + S::q_bytes + s * S::stage_bytes); };
@@ -74,7 +99,7 @@ __device__ __forceinline__ void prefill_sm90_persistent(const P& p, char* smem) 
   auto kmajor_desc = [](uint32_t base, int slab_bytes, int kk) {
     return sw128_desc(base + (kk / 4) * slab_bytes + (kk % 4) * 32, 16, 1024);
   };
-  const uint32_t q_base = smem_addr(q_smem) + (warp / 4) * 64 * 128;  // this warpgroup's 64 rows
+  const uint32_t q_base = smem_addr(q_smem) + wg * 64 * 128;  // this warpgroup's 64 rows
 
   PrefillQueue queue;
   queue.init(p);
@@ -159,12 +184,14 @@ __device__ __forceinline__ void prefill_sm90_persistent(const P& p, char* smem) 
       float s[NT][4];
       bias.start(s, pos0);  // wgmma adds q.k to it from the first k-step on
       const uint32_t k_base = smem_addr(ks);
+      if constexpr (PINGPONG) WarpgroupTurns::before_qk(wg);
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < KT; ++kk)
         WgmmaSS<T, TILE_KV>::run(s, kmajor_desc(q_base, QTile::slab_bytes, kk),
                                  kmajor_desc(k_base, KVTile::slab_bytes, kk), kk > 0 || Variant::has_linear_bias);
       wgmma_commit();
+      if constexpr (PINGPONG) WarpgroupTurns::after_qk(wg);
       if constexpr (CROSS) {
         const int ns = (blocks_done + blk + STAGES - 1) % STAGES;  // the stage block n - 1 used
         stream.issue(ld, p, queue, heads, k_stage(ns), v_stage(ns));
@@ -178,10 +205,10 @@ __device__ __forceinline__ void prefill_sm90_persistent(const P& p, char* smem) 
         // this block's group (which the next item's first block waits for).
         if constexpr (!Variant::has_query_transform) {
           if (blk == num_blocks - 1 && k + 1 < queue.size) {
-            warpgroup_sync(warp / 4);
+            warpgroup_sync(wg);
             QueryRows next;
             next.load(p, queue.item(k + 1), heads);
-            copy_q_rows<QTile, 64, 128>(p, q_smem, next, heads, first_qo_head, tid % 128, 64 * (warp / 4));
+            copy_q_rows<QTile, 64, 128>(p, q_smem, next, heads, first_qo_head, tid % 128, 64 * wg);
             q_copied = true;
           }
         }
@@ -195,11 +222,13 @@ __device__ __forceinline__ void prefill_sm90_persistent(const P& p, char* smem) 
       // ---- O += P V
       const uint32_t v_base = smem_addr(v_stage(st));
       fence_accumulators(o);
+      if constexpr (PINGPONG) WarpgroupTurns::before_pv(wg);
       wgmma_fence();
 #pragma unroll
       for (int j = 0; j < KS; ++j)
         WgmmaRS<T, D>::run(o, pa[j], sw128_desc(v_base + j * 2048, KVTile::slab_bytes, 1024));
       wgmma_commit();
+      if constexpr (PINGPONG) WarpgroupTurns::after_pv(wg);
       wgmma_wait<0>();
       fence_accumulators(o);
     };

@@ -125,6 +125,44 @@ def test_cross_item_stream_compiles_without_spills(mma, head_dim, rows, isolated
     assert re.search(fn + r"<.*, true, false>\(p, smem\)", per_item)
 
 
+def test_pingpong_and_three_ctas_per_sm_are_tile_fields():
+    """The 128-row wgmma tile's turns ('_pp'; off unless WGMMA_PINGPONG) and one warpgroup with
+    32-token KV tiles at 3 CTAs per SM (168 registers); refused where they do not apply."""
+    long = P.choose_tile(H200, 128, 4, 1024, avg_kv_len=P.WGMMA_LONG_KV)
+    assert long.pingpong == P.WGMMA_PINGPONG
+    pp = P.choose_tile(H200, 128, 4, 1024, rows=128, mma="wgmma", pingpong=True, tile_kv=64, stages=3)
+    assert (pp.pingpong, pp.tag) == (True, "wg_q128_kv64_w8_s3_pp_b1")
+    assert not P.choose_tile(H200, 128, 4, 1024).pingpong                       # 64 rows: one warpgroup
+    b3 = P.choose_tile(H200, 128, 4, 1024, mma="wgmma", tile_kv=32, ctas_per_sm=3)
+    assert (b3.min_blocks, b3.tag) == (3, "wg_q64_kv32_w4_s3_b3")                # 3 x 64 KiB
+    assert P.choose_tile(H200, 128, 4, 1024, mma="wgmma", tile_kv=32, stages=4, ctas_per_sm=3).min_blocks == 2
+    assert P.choose_tile(H200, 128, 4, 1024, tile_kv=32).min_blocks == 2       # 3 only when asked
+    with pytest.raises(ValueError, match="two warpgroups"):
+        P.choose_tile(H200, 128, 4, 1024, mma="wgmma", pingpong=True)          # 64 rows
+    with pytest.raises(ValueError, match="two warpgroups"):
+        P.choose_tile(H200, 128, 4, 1024, mma="sync", rows=128, pingpong=True)
+    with pytest.raises(ValueError, match="ctas_per_sm=3"):
+        P.choose_tile(H200, 128, 4, 1024, mma="wgmma", tile_kv=64, ctas_per_sm=3)
+
+
+@pytest.mark.parametrize("tile", [dict(rows=128, pingpong=True), dict(tile_kv=32, ctas_per_sm=3)])
+def test_pingpong_and_three_ctas_compile_without_spills(tile, isolated_cache):
+    """ptxas (sm_90a) keeps both new tiles out of local memory with the hook taking the most
+    registers (ALiBi); the 3-CTA tile within its 168 registers."""
+    from rtattn.codegen.render import render_prefill
+    from rtattn.codegen.spec import BUILTINS
+    from rtattn.runtime import compile_to_cubin
+    t = P.choose_tile(H200, 128, 4, 1024, mma="wgmma", **tile)
+    spec = BUILTINS["alibi"](dtype="bfloat16", head_dim=128)
+    src = render_prefill(spec, t).source
+    assert re.search(r"prefill_sm90_persistent<.*, %s>\(p, smem\)" % ("true" if t.pingpong else "false"), src)
+    cubin = compile_to_cubin(src, name=P.instance_name(spec, t), arch=t.arch("sm_90"),
+                             options=P.PREFILL_OPTIONS + ("--ptxas-options=-v",), quiet=True)
+    log = cubin.log.split("Compiling entry function 'rtattn_prefill_" + spec.variant)[1]
+    assert re.search(r"\b0 bytes spill stores, 0 bytes spill loads", log.split("Used")[0]), log[:400]
+    assert int(re.search(r"Used (\d+) registers", log).group(1)) <= 65536 // (128 * t.min_blocks) // 8 * 8
+
+
 def test_head_dim_256_caps_rows_and_the_resource_model_reads_the_device():
     t = P.choose_tile(H200, 256, 4, 4096, mma="sync")
     assert t.rows == 64 and t.tile_kv == 32
@@ -440,6 +478,55 @@ def test_cross_item_stream_matches_the_reference_and_the_per_item_bits(name):
     eo, el = errors(case, o, lse, var)
     assert eo < TOL[dtype] and el < 2e-2, (eo, el)
     assert np.array_equal(o, o0) and np.array_equal(lse, lse0)
+
+
+# Tiles of the prefill v5 A/B (docs/perf-log.md): the 128-row tile's warpgroups taking turns
+# (pingpong: bitwise the default 128-row tile's output) and one warpgroup at 3 CTAs per SM (32-token
+# KV tiles, 168 registers; against the reference).
+NEW_TILE_CASES = {  # name: (kv_lens, qo_lens, (H, Hk), head_dim, page, variant, dtype, tile, num_ctas)
+    "pp-causal-page1": ([300, 1024, 77, 5, 1], None, (32, 8), 128, 1, "causal", "bfloat16",
+                        {"rows": 128, "pingpong": True}, 2),
+    "pp-alibi-cached": ([900, 300, 1500], [900, 100, 37], (16, 4), 128, 16, "alibi", "bfloat16",
+                        {"rows": 128, "pingpong": True, "tile_kv": 64, "stages": 3}, 4),
+    "pp-window-g16": ([900, 300, 1200], None, (32, 2), 128, 64, "sliding_window", "bfloat16",
+                      {"rows": 128, "pingpong": True}, 3),
+    "pp-soft-cap-fp16": ([900, 300], None, (16, 4), 128, 16, "soft_cap", "float16",
+                         {"rows": 128, "pingpong": True, "tile_kv": 64, "stages": 4}, 3),
+    "pp-sinks-split-cross": ([2000, 300], [64, 300], (16, 4), 128, 16, "sinks", "bfloat16",
+                             {"rows": 128, "pingpong": True, "cross": True}, 5),
+    "pp-rope-d64": ([900, 300], [300, 300], (16, 4), 64, 16, "rope", "bfloat16", {"rows": 128, "pingpong": True}, 3),
+    "b3-causal": ([300, 1024, 77, 5, 1], None, (32, 8), 128, 16, "causal", "bfloat16",
+                  {"tile_kv": 32, "ctas_per_sm": 3}, 3),
+    "b3-soft-cap-split": ([3000, 200], [3000, 10], (8, 2), 128, 16, "soft_cap", "bfloat16",
+                          {"tile_kv": 32, "ctas_per_sm": 3}, 3),
+    "b3-custom-mask-d64-ragged": ([200, 300, 33], [50, 300, 33], (16, 4), 64, 1, "custom_mask", "float16",
+                                  {"tile_kv": 32, "ctas_per_sm": 3}, 2),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(NEW_TILE_CASES))
+def test_pingpong_and_three_ctas_per_sm_match_the_reference(name):
+    """The v5 tiles against the float64 reference (poisoned outputs); pingpong also bitwise the same
+    tile without turns (the same products on the same operands)."""
+    from prefill_cases import TOL, errors, make_case, run_prefill, variant_args
+    from rtattn.runtime import Device
+    if Device().arch != "sm_90":
+        pytest.skip("the wgmma kernel needs a cc 9.0 device")
+    kv, qo, (H, Hk), D, ps, variant, dtype, tile, num_ctas = NEW_TILE_CASES[name]
+    qo = kv if qo is None else qo
+    case = make_case(kv, H, Hk, D, ps, dtype=dtype, qo_lens=qo, seed=len(name))
+    params, var = variant_args(variant, H, qo, kv, np.random.default_rng(len(name)))
+    ragged = name.endswith("ragged")
+    o, lse, w = run_prefill(case, variant, dtype, params, ragged=ragged, num_ctas=num_ctas,
+                            tile={"mma": "wgmma", **tile})
+    assert w.tile.pingpong == bool(tile.get("pingpong")) and w.tile.min_blocks == tile.get("ctas_per_sm", 1)
+    eo, el = errors(case, o, lse, var)
+    assert eo < TOL[dtype] and el < 2e-2, (eo, el)
+    if tile.get("pingpong"):
+        o0, lse0, _ = run_prefill(case, variant, dtype, params, ragged=ragged, num_ctas=num_ctas,
+                                  tile={"mma": "wgmma", **tile, "pingpong": False})
+        assert np.array_equal(o, o0) and np.array_equal(lse, lse0)
 
 
 @pytest.mark.gpu

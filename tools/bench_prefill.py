@@ -238,13 +238,16 @@ def rt_params(x: Inputs) -> dict | None:
 def parse_tile(tag: str) -> dict:
     """'q128_kv64_w4_s2' (optionally '_b3': CTAs per SM compiled for) -> tile overrides; a part
     'wg' or 'sync' picks the kernel ('sync' alone: the mma.sync kernel under its own policy); a part
-    'x' the KV stream across items ('x' alone: the policy's tile with it)."""
+    'x' the KV stream across items ('x' alone: the policy's tile with it); a part 'pp' the two
+    warpgroups' turns (wgmma, 128 rows)."""
     out = {}
     for part in tag.split("_"):
         if part in ("wg", "sync"):
             out["mma"] = "wgmma" if part == "wg" else "sync"
         if part == "x":
             out["cross"] = True
+        if part == "pp":
+            out["pingpong"] = True
         for key, name in (("kv", "tile_kv"), ("q", "rows"), ("w", "num_warps"), ("s", "stages"),
                           ("b", "ctas_per_sm")):
             if part.startswith(key) and part[len(key):].isdigit():

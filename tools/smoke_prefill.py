@@ -1,9 +1,11 @@
 """Isolated first check of the prefill kernel on a GPU: a few shapes against the float64
 reference, each case reported (error or exception) without stopping, so one bad case does not
-hide the others. Run before the GPU tier: python tools/smoke_prefill.py [--mma sync|wgmma] [--cross] [case ...]
+hide the others. Run before the GPU tier:
+python tools/smoke_prefill.py [--mma sync|wgmma] [--cross] [--tile TAG] [case ...]
 (--mma forces the kernel for every case; by default the family picks, and each line names the tile;
 --cross: the KV stream across items, tile cross=True (with --mma sync too), on every case whose tile
-has it; the others are skipped, naming why)."""
+has it; the others are skipped, naming why; --tile: bench_prefill's tile tag on every case, e.g.
+wg_q128_pp (the policy refusing a case's shape skips it, naming why))."""
 from __future__ import annotations
 
 import sys
@@ -64,6 +66,12 @@ def main(argv=None) -> int:
     cross = "--cross" in args
     if cross:
         args.remove("--cross")
+    forced = {}
+    if "--tile" in args:   # a bench_prefill tile tag, e.g. wg_q128_pp or wg_q64_kv32_b3
+        i = args.index("--tile")
+        from bench_prefill import parse_tile
+        forced = parse_tile(args[i + 1])
+        del args[i:i + 2]
     picked = [int(a) for a in args]
     cases = [c for i, c in enumerate(CASES) if not picked or i in picked]
     bad = skipped = 0
@@ -74,6 +82,8 @@ def main(argv=None) -> int:
             extra["tile"] = {**extra.get("tile", {}), "mma": mma}
         if cross:
             extra["tile"] = {**extra.get("tile", {}), "cross": True}
+        if forced:
+            extra["tile"] = {**extra.get("tile", {}), **forced}
         rng = np.random.default_rng(len(name))
         qo = kv if qo is None else qo
         t0 = time.perf_counter()
@@ -88,7 +98,7 @@ def main(argv=None) -> int:
             print(f"{'ok ' if ok else 'BAD'} {name:24s} O err {eo:.2e} LSE err {el:.2e} tile {w.tile.tag} "
                   f"items {w.info.num_items} merges {w.info.num_merge_rows} ({time.perf_counter() - t0:.1f} s)", flush=True)
         except Exception as e:
-            if cross and isinstance(e, ValueError) and "cross=True" in str(e):
+            if (cross or forced) and isinstance(e, ValueError) and ("cross=True" in str(e) or forced):
                 skipped += 1   # a tile the stream across items is not built for (the policy's refusal)
                 print(f"--  {name:24s} skipped: {e}", flush=True)
             else:

@@ -47,6 +47,10 @@ WGMMA_LONG_KV = 2048
 # most 4 warps (q16-q64; d64 to d256, ALiBi, sinks, custom masks). Its q128 tiles spill there: w4
 # (two groups per warp, 255 registers) with ALiBi, sinks, custom masks; w8 (128 registers) always.
 CROSS_HEAD_DIMS = (64, 128)
+# The 128-row wgmma tile's warpgroups take turns on the tensor cores (PrefillTile.pingpong): an A/B
+# path until measured.
+WGMMA_PINGPONG = False
+WGMMA_3CTA_KV = 32    # the largest KV tile with which one warpgroup fits 3 CTAs per SM's registers
 
 
 @dataclass(frozen=True)
@@ -59,6 +63,7 @@ class PrefillTile:
     min_blocks: int = 1  # CTAs per SM the kernel is compiled for (resource model)
     mma: str = "sync"    # the kernel: "sync" (mma.sync) or "wgmma" (sm_90a warpgroup MMA)
     cross: bool = False  # the KV stream (and q) runs across items (template CROSS of either kernel)
+    pingpong: bool = False  # two warpgroups take turns on the tensor cores (wgmma, 128 rows; PINGPONG)
 
     def __post_init__(self):
         if self.mma not in MMAS:
@@ -66,6 +71,9 @@ class PrefillTile:
         if self.mma == "wgmma" and (self.rows not in (64, 128) or self.num_warps != self.rows // 16):
             raise ValueError(f"the wgmma prefill kernel runs warpgroups of 64 rows: rows 64 or 128 with "
                              f"num_warps = rows / 16 (got rows={self.rows}, num_warps={self.num_warps})")
+        if self.pingpong and (self.mma != "wgmma" or self.rows != 128):
+            raise ValueError(f"prefill pingpong=True takes turns between two warpgroups: the wgmma kernel at "
+                             f"128 rows (got mma={self.mma!r}, rows={self.rows})")
         if self.rows not in ROWS:
             raise ValueError(f"prefill rows={self.rows}: use one of {ROWS}")
         if self.tile_kv not in TILE_KV:
@@ -91,7 +99,7 @@ class PrefillTile:
     @property
     def tag(self) -> str:
         return (f"{'wg_' if self.mma == 'wgmma' else ''}q{self.rows}_kv{self.tile_kv}_w{self.num_warps}"
-                f"_s{self.stages}{'' if self.paged else '_ragged'}{'_x' if self.cross else ''}_b{self.min_blocks}")
+                f"_s{self.stages}{'' if self.paged else '_ragged'}{'_x' if self.cross else ''}{'_pp' if self.pingpong else ''}_b{self.min_blocks}")
 
     def arch(self, device_arch: str) -> str:
         """The CUBIN target: the wgmma kernel needs sm_90a (cc 9.0 only)."""
@@ -110,7 +118,7 @@ def spec_for(variant, dtype: str, head_dim: int) -> AttentionSpec:
 def choose_tile(device, head_dim: int, group: int, avg_qo_len: float = 1024, *, paged: bool = True,
                 rows: int | None = None, tile_kv: int | None = None, num_warps: int | None = None,
                 stages: int | None = None, ctas_per_sm: int | None = None, mma: str | None = None,
-                avg_kv_len: float | None = None, cross: bool = False) -> PrefillTile:
+                avg_kv_len: float | None = None, cross: bool = False, pingpong: bool | None = None) -> PrefillTile:
     """The tile for a workload: the smallest ROWS covering the average fused rows (avg query length
     x g), at least the head group; head_dim 256 at most 64 rows (O alone is 128 registers per
     thread there). KV tile and stages: the largest that keep MAX_CTAS_PER_SM resident where the
@@ -120,7 +128,8 @@ def choose_tile(device, head_dim: int, group: int, avg_qo_len: float = 1024, *, 
     WGMMA_MIN_QO tokens or more on average unless the caller fixes another shape (rows, num_warps)
     or more than 2 CTAs per SM, else "sync"; its rows: 128 at head_dim 128 where avg_kv_len
     (average KV tokens per request; None: unknown) reaches WGMMA_LONG_KV, else 64. cross: the KV
-    stream across items (an A/B path, off by default) on whichever kernel the rest picks."""
+    stream across items (an A/B path, off by default) on whichever kernel the rest picks.
+    pingpong: the two warpgroups of a 128-row wgmma tile take turns (None: WGMMA_PINGPONG there)."""
     dev = plan_devices.get_device(device)
     if group > ROWS[-1]:
         raise ValueError(f"head group {group} exceeds the prefill kernel's {ROWS[-1]} rows")
@@ -137,7 +146,10 @@ def choose_tile(device, head_dim: int, group: int, avg_qo_len: float = 1024, *, 
         if cross and head_dim not in CROSS_HEAD_DIMS:
             raise ValueError(f"prefill cross=True at head_dim {head_dim}: the KV stream across items is built for "
                              f"head dims {CROSS_HEAD_DIMS} (at 256 its cursor's registers spill in the KV loop)")
-        return replace(_wgmma_tile(dev, head_dim, rows, paged, tile_kv, stages, ctas_per_sm), cross=bool(cross))
+        if pingpong is None:
+            pingpong = WGMMA_PINGPONG and rows == 128
+        return replace(_wgmma_tile(dev, head_dim, rows, paged, tile_kv, stages, ctas_per_sm), cross=bool(cross),
+                       pingpong=bool(pingpong))
     if rows is None:
         need = max(group, avg_qo_len * group)
         rows = next((r for r in ROWS if r >= need), ROWS[-1])
@@ -152,7 +164,7 @@ def choose_tile(device, head_dim: int, group: int, avg_qo_len: float = 1024, *, 
         tile_kv = {64: 64, 128: 32, 256: 32}[head_dim]
     if stages is None:
         stages = 2 if head_dim > 128 else 3
-    tile = PrefillTile(rows, tile_kv, num_warps, stages, paged, cross=bool(cross))
+    tile = PrefillTile(rows, tile_kv, num_warps, stages, paged, cross=bool(cross), pingpong=bool(pingpong))
     if cross and (tile.mma_q != 1 or num_warps > 4):
         raise ValueError(f"prefill cross=True with the mma.sync tile {tile.tag}: the stream's cursor spills in its KV "
                          f"loop; it takes tiles of one 16-row group per warp and at most 4 warps (rows <= 64)")
@@ -186,13 +198,24 @@ def _wgmma_tile(dev, head_dim: int, rows: int, paged: bool, tile_kv, stages, cta
                          f"got ({rows}, {head_dim})")
     kv, st = WGMMA_TILES[rows, head_dim]
     tile = PrefillTile(rows, tile_kv or kv, rows // 16, stages or st, paged, mma="wgmma")
-    cap = MAX_CTAS_PER_SM * 64 // rows   # 255 registers per thread: 2 x 128 or 1 x 256 threads
+    cap = wgmma_ctas_cap(rows, tile.tile_kv)
     smem = _smem_checked(dev, tile, head_dim)
     if ctas_per_sm is not None and not 1 <= ctas_per_sm <= cap:
-        raise ValueError(f"prefill ctas_per_sm={ctas_per_sm} for the wgmma kernel at {rows} rows: use 1 to {cap} "
-                         f"(255 registers per thread)")
-    blocks = resources.blocks_by_smem(dev, smem, ctas_per_sm or cap)
+        raise ValueError(f"prefill ctas_per_sm={ctas_per_sm} for the wgmma kernel at {rows} rows, tile_kv "
+                         f"{tile.tile_kv}: use 1 to {cap} (the register file: {65536 // (cap * tile.threads)} "
+                         f"registers per thread at {cap})")
+    blocks = resources.blocks_by_smem(dev, smem, ctas_per_sm or min(cap, MAX_CTAS_PER_SM))
     return replace(tile, min_blocks=blocks)
+
+
+def wgmma_ctas_cap(rows: int, tile_kv: int) -> int:
+    """CTAs per SM the wgmma kernel may be compiled for (__launch_bounds__), from the register
+    file (64K per SM): 255 registers per thread at 2 x 128 or 1 x 256 threads; one warpgroup with
+    32-token KV tiles also at 3 per SM (168 registers: O 64 + S 16 + P 8 per thread, ptxas: no
+    spill), which its shared memory allows at d <= 128 (d128, 3 stages: 64 KiB per CTA)."""
+    if rows == 64 and tile_kv <= WGMMA_3CTA_KV:
+        return 3
+    return MAX_CTAS_PER_SM * 64 // rows
 
 
 def tile_config(tile: PrefillTile, head_dim: int, group: int, ctas_per_sm: int | None = None) -> TileConfig:
