@@ -27,6 +27,9 @@
 // the issues), so each one's softmax runs under the other's products instead of both softmaxes
 // at once with the tensor cores idle. The same products on the same operands: bitwise the same
 // outputs.
+//
+// FMA_EXP2 ("_fe"): half of the softmax's exp2 on the FMA pipe (fma_exp2), the other half and a
+// soft cap's tanh on the MUFU, whose 16 lanes per clock otherwise bound a soft-capped block.
 #pragma once
 #include "paged_loader.cuh"
 #include "prefill_item.cuh"
@@ -69,7 +72,7 @@ struct WarpgroupTurns {
 };
 
 template <class Variant, class P, int WGS, int TILE_KV, int STAGES, bool PAGED, bool CROSS = false,
-          bool PINGPONG = false>
+          bool PINGPONG = false, bool FMA_EXP2 = false>
 __device__ __forceinline__ void prefill_sm90_persistent(const P& p, char* smem) {
   static_assert(!PINGPONG || WGS == 2, "turns are taken between two warpgroups");
   using T = typename P::DType;
@@ -162,7 +165,7 @@ __device__ __forceinline__ void prefill_sm90_persistent(const P& p, char* smem) 
     bias.init(p, var, row_qo_idx, row_qo_head, lane);
 
     float o[DT][4];
-    RowSoftmax<Variant::use_softmax, NT, DT> sm;
+    RowSoftmax<Variant::use_softmax, NT, DT, FMA_EXP2> sm;
     sm.reset();
 #pragma unroll
     for (int dn = 0; dn < DT; ++dn)

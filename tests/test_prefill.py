@@ -115,14 +115,14 @@ def test_cross_item_stream_compiles_without_spills(mma, head_dim, rows, isolated
     for name in ("alibi",):
         spec = BUILTINS[name](dtype="bfloat16", head_dim=head_dim)
         src = render_prefill(spec, tile).source
-        assert re.search(fn + r"<.*, true, true>\(p, smem\)", src)
+        assert re.search(fn + r"<.*, true, true(, false)*>\(p, smem\)", src)   # (wgmma: pingpong, fma_exp2 off)
         cubin = compile_to_cubin(src, name=P.instance_name(spec, tile), arch=tile.arch("sm_90"),
                                  options=P.PREFILL_OPTIONS + ("--ptxas-options=-v",), quiet=True)
         log = cubin.log.split("Compiling entry function 'rtattn_prefill_" + spec.variant)[1]
         assert re.search(r"\b0 bytes spill stores, 0 bytes spill loads", log.split("Used")[0]), log[:400]
     per_item = render_prefill(BUILTINS["causal"](dtype="bfloat16", head_dim=head_dim),
                               P.choose_tile(H200, head_dim, 4, 1024, rows=rows, mma=mma)).source
-    assert re.search(fn + r"<.*, true, false>\(p, smem\)", per_item)
+    assert re.search(fn + r"<.*, true, false(, false)*>\(p, smem\)", per_item)
 
 
 def test_pingpong_and_three_ctas_per_sm_are_tile_fields():
@@ -143,9 +143,13 @@ def test_pingpong_and_three_ctas_per_sm_are_tile_fields():
         P.choose_tile(H200, 128, 4, 1024, mma="sync", rows=128, pingpong=True)
     with pytest.raises(ValueError, match="ctas_per_sm=3"):
         P.choose_tile(H200, 128, 4, 1024, mma="wgmma", tile_kv=64, ctas_per_sm=3)
+    fe = P.choose_tile(H200, 128, 4, 1024, fma_exp2=True)
+    assert (fe.fma_exp2, fe.tag) == (True, "wg_q64_kv64_w4_s3_fe_b2")
+    with pytest.raises(ValueError, match="fma_exp2"):
+        P.choose_tile(H200, 128, 4, 1024, mma="sync", fma_exp2=True)
 
 
-@pytest.mark.parametrize("tile", [dict(rows=128, pingpong=True), dict(tile_kv=32, ctas_per_sm=3)])
+@pytest.mark.parametrize("tile", [dict(rows=128, pingpong=True, fma_exp2=True), dict(tile_kv=32, ctas_per_sm=3)])
 def test_pingpong_and_three_ctas_compile_without_spills(tile, isolated_cache):
     """ptxas (sm_90a) keeps both new tiles out of local memory with the hook taking the most
     registers (ALiBi); the 3-CTA tile within its 168 registers."""
@@ -155,7 +159,8 @@ def test_pingpong_and_three_ctas_compile_without_spills(tile, isolated_cache):
     t = P.choose_tile(H200, 128, 4, 1024, mma="wgmma", **tile)
     spec = BUILTINS["alibi"](dtype="bfloat16", head_dim=128)
     src = render_prefill(spec, t).source
-    assert re.search(r"prefill_sm90_persistent<.*, %s>\(p, smem\)" % ("true" if t.pingpong else "false"), src)
+    flags = ", ".join("true" if f else "false" for f in (t.pingpong, t.fma_exp2))
+    assert re.search(r"prefill_sm90_persistent<.*, %s>\(p, smem\)" % flags, src)
     cubin = compile_to_cubin(src, name=P.instance_name(spec, t), arch=t.arch("sm_90"),
                              options=P.PREFILL_OPTIONS + ("--ptxas-options=-v",), quiet=True)
     log = cubin.log.split("Compiling entry function 'rtattn_prefill_" + spec.variant)[1]
@@ -481,8 +486,8 @@ def test_cross_item_stream_matches_the_reference_and_the_per_item_bits(name):
 
 
 # Tiles of the prefill v5 A/B (docs/perf-log.md): the 128-row tile's warpgroups taking turns
-# (pingpong: bitwise the default 128-row tile's output) and one warpgroup at 3 CTAs per SM (32-token
-# KV tiles, 168 registers; against the reference).
+# (pingpong: bitwise the default 128-row tile's output), half the exp2 on the FMA pipe (fma_exp2)
+# and one warpgroup at 3 CTAs per SM (32-token KV tiles, 168 registers); against the reference.
 NEW_TILE_CASES = {  # name: (kv_lens, qo_lens, (H, Hk), head_dim, page, variant, dtype, tile, num_ctas)
     "pp-causal-page1": ([300, 1024, 77, 5, 1], None, (32, 8), 128, 1, "causal", "bfloat16",
                         {"rows": 128, "pingpong": True}, 2),
@@ -495,6 +500,10 @@ NEW_TILE_CASES = {  # name: (kv_lens, qo_lens, (H, Hk), head_dim, page, variant,
     "pp-sinks-split-cross": ([2000, 300], [64, 300], (16, 4), 128, 16, "sinks", "bfloat16",
                              {"rows": 128, "pingpong": True, "cross": True}, 5),
     "pp-rope-d64": ([900, 300], [300, 300], (16, 4), 64, 16, "rope", "bfloat16", {"rows": 128, "pingpong": True}, 3),
+    "fe-causal-cached": ([513, 1500, 64], [1, 700, 64], (32, 8), 128, 16, "causal", "bfloat16", {"fma_exp2": True}, 3),
+    "pp-fe-soft-cap": ([900, 300, 1500], [900, 100, 37], (32, 8), 128, 16, "soft_cap", "float16",
+                       {"rows": 128, "pingpong": True, "fma_exp2": True}, 4),
+    "fe-window-d64": ([900, 300], None, (16, 4), 64, 16, "sliding_window", "float16", {"fma_exp2": True}, 2),
     "b3-causal": ([300, 1024, 77, 5, 1], None, (32, 8), 128, 16, "causal", "bfloat16",
                   {"tile_kv": 32, "ctas_per_sm": 3}, 3),
     "b3-soft-cap-split": ([3000, 200], [3000, 10], (8, 2), 128, 16, "soft_cap", "bfloat16",
@@ -523,7 +532,7 @@ def test_pingpong_and_three_ctas_per_sm_match_the_reference(name):
     assert w.tile.pingpong == bool(tile.get("pingpong")) and w.tile.min_blocks == tile.get("ctas_per_sm", 1)
     eo, el = errors(case, o, lse, var)
     assert eo < TOL[dtype] and el < 2e-2, (eo, el)
-    if tile.get("pingpong"):
+    if tile.get("pingpong") and not tile.get("fma_exp2"):
         o0, lse0, _ = run_prefill(case, variant, dtype, params, ragged=ragged, num_ctas=num_ctas,
                                   tile={"mma": "wgmma", **tile, "pingpong": False})
         assert np.array_equal(o, o0) and np.array_equal(lse, lse0)

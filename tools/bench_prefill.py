@@ -239,7 +239,7 @@ def parse_tile(tag: str) -> dict:
     """'q128_kv64_w4_s2' (optionally '_b3': CTAs per SM compiled for) -> tile overrides; a part
     'wg' or 'sync' picks the kernel ('sync' alone: the mma.sync kernel under its own policy); a part
     'x' the KV stream across items ('x' alone: the policy's tile with it); a part 'pp' the two
-    warpgroups' turns (wgmma, 128 rows)."""
+    warpgroups' turns (wgmma, 128 rows); 'fe' half the softmax's exp2 on the FMA pipe."""
     out = {}
     for part in tag.split("_"):
         if part in ("wg", "sync"):
@@ -248,6 +248,8 @@ def parse_tile(tag: str) -> dict:
             out["cross"] = True
         if part == "pp":
             out["pingpong"] = True
+        if part == "fe":
+            out["fma_exp2"] = True
         for key, name in (("kv", "tile_kv"), ("q", "rows"), ("w", "num_warps"), ("s", "stages"),
                           ("b", "ctas_per_sm")):
             if part.startswith(key) and part[len(key):].isdigit():

@@ -64,6 +64,7 @@ class PrefillTile:
     mma: str = "sync"    # the kernel: "sync" (mma.sync) or "wgmma" (sm_90a warpgroup MMA)
     cross: bool = False  # the KV stream (and q) runs across items (template CROSS of either kernel)
     pingpong: bool = False  # two warpgroups take turns on the tensor cores (wgmma, 128 rows; PINGPONG)
+    fma_exp2: bool = False  # half the softmax's exp2 on the FMA pipe (wgmma; FMA_EXP2)
 
     def __post_init__(self):
         if self.mma not in MMAS:
@@ -74,6 +75,8 @@ class PrefillTile:
         if self.pingpong and (self.mma != "wgmma" or self.rows != 128):
             raise ValueError(f"prefill pingpong=True takes turns between two warpgroups: the wgmma kernel at "
                              f"128 rows (got mma={self.mma!r}, rows={self.rows})")
+        if self.fma_exp2 and self.mma != "wgmma":
+            raise ValueError(f"prefill fma_exp2=True is built for the wgmma kernel (got mma={self.mma!r})")
         if self.rows not in ROWS:
             raise ValueError(f"prefill rows={self.rows}: use one of {ROWS}")
         if self.tile_kv not in TILE_KV:
@@ -99,7 +102,7 @@ class PrefillTile:
     @property
     def tag(self) -> str:
         return (f"{'wg_' if self.mma == 'wgmma' else ''}q{self.rows}_kv{self.tile_kv}_w{self.num_warps}"
-                f"_s{self.stages}{'' if self.paged else '_ragged'}{'_x' if self.cross else ''}{'_pp' if self.pingpong else ''}_b{self.min_blocks}")
+                f"_s{self.stages}{'' if self.paged else '_ragged'}{'_x' if self.cross else ''}{'_pp' if self.pingpong else ''}{'_fe' if self.fma_exp2 else ''}_b{self.min_blocks}")
 
     def arch(self, device_arch: str) -> str:
         """The CUBIN target: the wgmma kernel needs sm_90a (cc 9.0 only)."""
@@ -118,7 +121,8 @@ def spec_for(variant, dtype: str, head_dim: int) -> AttentionSpec:
 def choose_tile(device, head_dim: int, group: int, avg_qo_len: float = 1024, *, paged: bool = True,
                 rows: int | None = None, tile_kv: int | None = None, num_warps: int | None = None,
                 stages: int | None = None, ctas_per_sm: int | None = None, mma: str | None = None,
-                avg_kv_len: float | None = None, cross: bool = False, pingpong: bool | None = None) -> PrefillTile:
+                avg_kv_len: float | None = None, cross: bool = False, pingpong: bool | None = None,
+                fma_exp2: bool = False) -> PrefillTile:
     """The tile for a workload: the smallest ROWS covering the average fused rows (avg query length
     x g), at least the head group; head_dim 256 at most 64 rows (O alone is 128 registers per
     thread there). KV tile and stages: the largest that keep MAX_CTAS_PER_SM resident where the
@@ -129,7 +133,8 @@ def choose_tile(device, head_dim: int, group: int, avg_qo_len: float = 1024, *, 
     or more than 2 CTAs per SM, else "sync"; its rows: 128 at head_dim 128 where avg_kv_len
     (average KV tokens per request; None: unknown) reaches WGMMA_LONG_KV, else 64. cross: the KV
     stream across items (an A/B path, off by default) on whichever kernel the rest picks.
-    pingpong: the two warpgroups of a 128-row wgmma tile take turns (None: WGMMA_PINGPONG there)."""
+    pingpong: the two warpgroups of a 128-row wgmma tile take turns (None: WGMMA_PINGPONG there).
+    fma_exp2: half the softmax's exp2 on the FMA pipe (the wgmma kernel; an A/B path)."""
     dev = plan_devices.get_device(device)
     if group > ROWS[-1]:
         raise ValueError(f"head group {group} exceeds the prefill kernel's {ROWS[-1]} rows")
@@ -149,7 +154,7 @@ def choose_tile(device, head_dim: int, group: int, avg_qo_len: float = 1024, *, 
         if pingpong is None:
             pingpong = WGMMA_PINGPONG and rows == 128
         return replace(_wgmma_tile(dev, head_dim, rows, paged, tile_kv, stages, ctas_per_sm), cross=bool(cross),
-                       pingpong=bool(pingpong))
+                       pingpong=bool(pingpong), fma_exp2=bool(fma_exp2))
     if rows is None:
         need = max(group, avg_qo_len * group)
         rows = next((r for r in ROWS if r >= need), ROWS[-1])
@@ -164,7 +169,8 @@ def choose_tile(device, head_dim: int, group: int, avg_qo_len: float = 1024, *, 
         tile_kv = {64: 64, 128: 32, 256: 32}[head_dim]
     if stages is None:
         stages = 2 if head_dim > 128 else 3
-    tile = PrefillTile(rows, tile_kv, num_warps, stages, paged, cross=bool(cross), pingpong=bool(pingpong))
+    tile = PrefillTile(rows, tile_kv, num_warps, stages, paged, cross=bool(cross), pingpong=bool(pingpong),
+                       fma_exp2=bool(fma_exp2))
     if cross and (tile.mma_q != 1 or num_warps > 4):
         raise ValueError(f"prefill cross=True with the mma.sync tile {tile.tag}: the stream's cursor spills in its KV "
                          f"loop; it takes tiles of one 16-row group per warp and at most 4 warps (rows <= 64)")
