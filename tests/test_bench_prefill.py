@@ -37,6 +37,8 @@ def test_tile_tags_and_shapes():
     assert bench.parse_tile("sync") == {"mma": "sync"}   # the kernel choice: A/B against the family's
     assert bench.parse_tile("wg_q128_kv64_s4") == {"mma": "wgmma", "rows": 128, "tile_kv": 64, "stages": 4}
     assert bench.parse_tile("x") == {"cross": True}   # the policy's tile, KV stream across items
+    assert bench.parse_tile("wg_q128_kv64_s3_pp_fe") == {"mma": "wgmma", "rows": 128, "tile_kv": 64, "stages": 3,
+                                                         "pingpong": True, "fma_exp2": True}
     assert bench.parse_tile("wg_q64_kv64_w4_s3_x_b2") == {"mma": "wgmma", "rows": 64, "tile_kv": 64, "num_warps": 4,
                                                           "stages": 3, "cross": True, "ctas_per_sm": 2}
     shape = (bench.HQ, bench.HKV, bench.D, bench.PAGE)
@@ -75,3 +77,19 @@ def test_variant_costs_read_each_variant_against_its_causal_twin():
     results = {"8x2048": {"rt": ok(200.0)}, "8x2048-alibi": {"rt": ok(190.0)},
                "8x2048-window": {"rt": {"ok": False}}, "2x8192-softcap": {"rt": ok(100.0)}}
     assert bench.variant_costs(results) == [("8x2048-alibi", 0.95)]
+
+
+def test_prebuild_compiles_what_the_wrapper_would_load(monkeypatch, capsys):
+    """--prebuild (no GPU) builds each row's instance per tile, the tile the wrapper's policy picks
+    with the tag's overrides: 8x2048 at 128 rows by default (its KV bound reaches WGMMA_LONG_KV),
+    the pingpong and 3-CTA tags as named; a row and tile pair once."""
+    from rtattn.families import prefill as family
+    built = []
+    monkeypatch.setattr(family, "compile_prefill", lambda spec, tile, arch, quiet=None: built.append(
+        (spec.variant, tile.tag, arch)))
+    assert bench.main(["--prebuild", "sm_90", "--rows", "8x2048", "8x2048-softcap", "--rt-tiles", "default",
+                       "wg_q128_pp", "wg_q64_kv32_s3_b3", "wg_q128_kv128_w8_s2"]) == 0
+    assert "prebuilt 6 rtattn prefill instances for sm_90" in capsys.readouterr().out
+    tags = [t for v, t, a in built if v == "causal"]
+    assert tags == ["wg_q128_kv128_w8_s2_b1", "wg_q128_kv128_w8_s2_pp_b1", "wg_q64_kv32_w4_s3_b3"]
+    assert {a for *_, a in built} == {"sm_90"} and len({v for v, *_ in built}) == 2

@@ -278,6 +278,28 @@ def bench_rtattn(ctx, x: Inputs, tile: str | None) -> dict:
     return res
 
 
+def prebuild(rows, tiles, arch: str) -> int:
+    """Compile, without a GPU, the rtattn instances a run of these rows and tiles loads, into the
+    CUBIN cache (RTATTN_CACHE_DIR) a device call then carries: each tile as BatchPrefillWrapper
+    picks it (average query length min(longest, 1024), KV bound pages x page / batch) with the
+    tag's overrides. A tile picked differently on the device only compiles there."""
+    from rtattn.families import prefill as family
+    from rtattn.families import resources
+    dev = resources.device_for_arch(arch)
+    built = set()
+    for row in rows:
+        qo = row.lengths()
+        pages = int(((qo + row.cached + PAGE - 1) // PAGE).sum())
+        for tag in tiles:
+            tile = family.choose_tile(dev, D, HQ // HKV, float(min(int(qo.max()), 1024)), avg_kv_len=pages * PAGE / len(qo),
+                                      **(parse_tile(tag) if tag not in (None, "default") else {}))
+            if (row.variant, tile) not in built:
+                built.add((row.variant, tile))
+                family.compile_prefill(rt_spec(row.variant), tile, arch, quiet=True)
+    print(f"prebuilt {len(built)} rtattn prefill instances for {arch}", flush=True)
+    return 0
+
+
 def bench_rt_decode(ctx, x: Inputs) -> dict:
     """The decode family on the same batch (multi-token decode: its tile holds 16 or 32 fused
     rows; longer queries are split into tiles that each read the KV)."""
@@ -387,9 +409,12 @@ def main(argv=None) -> int:
     ap.add_argument("--heads", default=f"{HQ}:{HKV}", help="query:KV heads (the neighbourhood: 32:32, 32:4 ...)")
     ap.add_argument("--head-dim", type=int, default=D, help="64, 128 or 256")
     ap.add_argument("--page", type=int, default=PAGE, help="page size (1 to 128, a power of two)")
+    ap.add_argument("--prebuild", metavar="ARCH", help="only compile rtattn's instances for ARCH (sm_90), no GPU")
     args = ap.parse_args(argv)
     set_shape(args.heads, args.head_dim, args.page)
     rows = select_rows(args.rows)
+    if args.prebuild:
+        return prebuild(rows, args.rt_tiles, args.prebuild)
     import torch
     t0 = time.perf_counter()
     print(f"shape: {HQ}/{HKV} heads, D = {D}, page {PAGE}; clocks: {bc.warm_clocks(3.0):.0f} TFLOP/s bf16 matmul",
