@@ -57,7 +57,8 @@ def test_long_kv_takes_two_warpgroups_at_head_dim_128():
     assert P.choose_tile(H200, 128, 4, 1024, avg_kv_len=P.WGMMA_LONG_KV - 1).rows == 64
     assert P.choose_tile(H200, 128, 4, 1024).rows == 64          # KV unknown
     assert P.choose_tile(H200, 64, 4, 1024, avg_kv_len=1e5).rows == 64   # only d128 measured
-    assert P.choose_tile(H200, 128, 4, 1024, avg_kv_len=1e5, tile_kv=64, stages=4).tag == "wg_q128_kv64_w8_s4_b1"
+    assert P.choose_tile(H200, 128, 4, 1024, avg_kv_len=1e5, tile_kv=64, stages=4,
+                         pingpong=False).tag == "wg_q128_kv64_w8_s4_b1"
 
 
 def test_wgmma_refusals_name_the_cause():
@@ -87,7 +88,7 @@ def test_cross_item_stream_is_a_tile_field():
     assert not P.choose_tile(H200, 128, 4, 1024).cross
     t = P.choose_tile(H200, 128, 4, 1024, cross=True)
     assert (t.mma, t.rows, t.cross, t.tag) == ("wgmma", 64, True, "wg_q64_kv64_w4_s3_x_b2")
-    long = P.choose_tile(H200, 128, 4, 1024, avg_kv_len=P.WGMMA_LONG_KV, cross=True)
+    long = P.choose_tile(H200, 128, 4, 1024, avg_kv_len=P.WGMMA_LONG_KV, cross=True, pingpong=False)
     assert (long.rows, long.min_blocks, long.tag) == (128, 1, "wg_q128_kv128_w8_s2_x_b1")
     assert P.choose_tile(H200, 128, 4, 4, cross=True).tag == "q16_kv32_w1_s3_x_b2"   # the policy's kernel
     assert P.choose_tile(H200, 128, 4, 1024, paged=False, cross=True).tag == "wg_q64_kv64_w4_s3_ragged_x_b2"
