@@ -101,8 +101,10 @@ class PrefillTile:
 
     @property
     def tag(self) -> str:
+        flags = "".join(part for part, on in (("_ragged", not self.paged), ("_x", self.cross),
+                                              ("_pp", self.pingpong), ("_fe", self.fma_exp2)) if on)
         return (f"{'wg_' if self.mma == 'wgmma' else ''}q{self.rows}_kv{self.tile_kv}_w{self.num_warps}"
-                f"_s{self.stages}{'' if self.paged else '_ragged'}{'_x' if self.cross else ''}{'_pp' if self.pingpong else ''}{'_fe' if self.fma_exp2 else ''}_b{self.min_blocks}")
+                f"_s{self.stages}{flags}_b{self.min_blocks}")
 
     def arch(self, device_arch: str) -> str:
         """The CUBIN target: the wgmma kernel needs sm_90a (cc 9.0 only)."""
