@@ -138,6 +138,11 @@ def test_pingpong_and_three_ctas_per_sm_are_tile_fields():
     assert (b3.min_blocks, b3.tag) == (3, "wg_q64_kv32_w4_s3_b3")                # 3 x 64 KiB
     assert P.choose_tile(H200, 128, 4, 1024, mma="wgmma", tile_kv=32, stages=4, ctas_per_sm=3).min_blocks == 2
     assert P.choose_tile(H200, 128, 4, 1024, tile_kv=32).min_blocks == 2       # 3 only when asked
+    two = P.choose_tile(H200, 128, 4, 1024, mma="wgmma", rows=128, tile_kv=32, stages=3, ctas_per_sm=2, pingpong=True)
+    assert two.tag == "wg_q128_kv32_w8_s3_pp_b2"                                 # 2 x 80 KiB, 128 registers
+    assert P.choose_tile(H200, 128, 4, 1024, mma="wgmma", rows=128, tile_kv=32, stages=3).min_blocks == 1
+    with pytest.raises(ValueError, match="ctas_per_sm=2"):
+        P.choose_tile(H200, 128, 4, 1024, mma="wgmma", rows=128, ctas_per_sm=2)   # kv128: 255 registers
     with pytest.raises(ValueError, match="two warpgroups"):
         P.choose_tile(H200, 128, 4, 1024, mma="wgmma", pingpong=True)          # 64 rows
     with pytest.raises(ValueError, match="two warpgroups"):
@@ -150,15 +155,18 @@ def test_pingpong_and_three_ctas_per_sm_are_tile_fields():
         P.choose_tile(H200, 128, 4, 1024, mma="sync", fma_exp2=True)
 
 
-@pytest.mark.parametrize("tile", [dict(rows=128, pingpong=True, fma_exp2=True), dict(tile_kv=32, ctas_per_sm=3)])
+@pytest.mark.parametrize("tile", [dict(rows=128, pingpong=True, fma_exp2=True), dict(tile_kv=32, ctas_per_sm=3),
+                                  dict(rows=128, tile_kv=32, stages=3, ctas_per_sm=2, pingpong=True)])
 def test_pingpong_and_three_ctas_compile_without_spills(tile, isolated_cache):
-    """ptxas (sm_90a) keeps both new tiles out of local memory with the hook taking the most
-    registers (ALiBi); the 3-CTA tile within its 168 registers."""
+    """ptxas (sm_90a) keeps the new tiles out of local memory with the hook taking the most
+    registers (ALiBi; causal for two warpgroups at 2 CTAs/SM, where ALiBi and the built-in soft_cap
+    spill a few bytes per item), within the registers their CTAs per SM leave (168 at 3 x 128
+    threads, 128 at 2 x 256)."""
     from rtattn.codegen.render import render_prefill
     from rtattn.codegen.spec import BUILTINS
     from rtattn.runtime import compile_to_cubin
     t = P.choose_tile(H200, 128, 4, 1024, mma="wgmma", **tile)
-    spec = BUILTINS["alibi"](dtype="bfloat16", head_dim=128)
+    spec = BUILTINS["causal" if t.rows == 128 and t.min_blocks == 2 else "alibi"](dtype="bfloat16", head_dim=128)
     src = render_prefill(spec, t).source
     flags = ", ".join("true" if f else "false" for f in (t.pingpong, t.fma_exp2))
     assert re.search(r"prefill_sm90_persistent<.*, %s>\(p, smem\)" % flags, src)
@@ -166,7 +174,7 @@ def test_pingpong_and_three_ctas_compile_without_spills(tile, isolated_cache):
                              options=P.PREFILL_OPTIONS + ("--ptxas-options=-v",), quiet=True)
     log = cubin.log.split("Compiling entry function 'rtattn_prefill_" + spec.variant)[1]
     assert re.search(r"\b0 bytes spill stores, 0 bytes spill loads", log.split("Used")[0]), log[:400]
-    assert int(re.search(r"Used (\d+) registers", log).group(1)) <= 65536 // (128 * t.min_blocks) // 8 * 8
+    assert int(re.search(r"Used (\d+) registers", log).group(1)) <= 65536 // (t.threads * t.min_blocks) // 8 * 8
 
 
 def test_head_dim_256_caps_rows_and_the_resource_model_reads_the_device():
@@ -505,6 +513,10 @@ NEW_TILE_CASES = {  # name: (kv_lens, qo_lens, (H, Hk), head_dim, page, variant,
     "pp-fe-soft-cap": ([900, 300, 1500], [900, 100, 37], (32, 8), 128, 16, "soft_cap", "float16",
                        {"rows": 128, "pingpong": True, "fma_exp2": True}, 4),
     "fe-window-d64": ([900, 300], None, (16, 4), 64, 16, "sliding_window", "float16", {"fma_exp2": True}, 2),
+    "pp-b2-kv32-causal": ([300, 1024, 77, 5, 1], None, (32, 8), 128, 16, "causal", "bfloat16",
+                          {"rows": 128, "tile_kv": 32, "stages": 3, "ctas_per_sm": 2, "pingpong": True}, 4),
+    "pp-b2-kv32-alibi-cached": ([900, 300, 1500], [900, 100, 37], (16, 4), 128, 16, "alibi", "bfloat16",
+                                {"rows": 128, "tile_kv": 32, "stages": 3, "ctas_per_sm": 2, "pingpong": True}, 4),
     "b3-causal": ([300, 1024, 77, 5, 1], None, (32, 8), 128, 16, "causal", "bfloat16",
                   {"tile_kv": 32, "ctas_per_sm": 3}, 3),
     "b3-soft-cap-split": ([3000, 200], [3000, 10], (8, 2), 128, 16, "soft_cap", "bfloat16",

@@ -50,7 +50,7 @@ CROSS_HEAD_DIMS = (64, 128)
 # The 128-row wgmma tile's warpgroups take turns on the tensor cores (PrefillTile.pingpong): an A/B
 # path until measured.
 WGMMA_PINGPONG = False
-WGMMA_3CTA_KV = 32    # the largest KV tile with which one warpgroup fits 3 CTAs per SM's registers
+WGMMA_3CTA_KV = 32    # the largest KV tile with which one more CTA fits the registers (wgmma_ctas_cap)
 
 
 @dataclass(frozen=True)
@@ -212,17 +212,18 @@ def _wgmma_tile(dev, head_dim: int, rows: int, paged: bool, tile_kv, stages, cta
         raise ValueError(f"prefill ctas_per_sm={ctas_per_sm} for the wgmma kernel at {rows} rows, tile_kv "
                          f"{tile.tile_kv}: use 1 to {cap} (the register file: {65536 // (cap * tile.threads)} "
                          f"registers per thread at {cap})")
-    blocks = resources.blocks_by_smem(dev, smem, ctas_per_sm or min(cap, MAX_CTAS_PER_SM))
+    blocks = resources.blocks_by_smem(dev, smem, ctas_per_sm or MAX_CTAS_PER_SM * 64 // rows)   # more: on request
     return replace(tile, min_blocks=blocks)
 
 
 def wgmma_ctas_cap(rows: int, tile_kv: int) -> int:
     """CTAs per SM the wgmma kernel may be compiled for (__launch_bounds__), from the register
-    file (64K per SM): 255 registers per thread at 2 x 128 or 1 x 256 threads; one warpgroup with
-    32-token KV tiles also at 3 per SM (168 registers: O 64 + S 16 + P 8 per thread, ptxas: no
-    spill), which its shared memory allows at d <= 128 (d128, 3 stages: 64 KiB per CTA)."""
-    if rows == 64 and tile_kv <= WGMMA_3CTA_KV:
-        return 3
+    file (64K per SM): 255 registers per thread at 2 x 128 or 1 x 256 threads. With 32-token KV
+    tiles (S 16 + P 8 registers per thread beside O's 64) one more CTA fits: one warpgroup at 3 per
+    SM (168 registers), two at 2 (128 registers); ptxas (d64/d128): no spill, but at 2 x 256 ALiBi
+    (12/20 B) and the built-in soft_cap (8/4 B) spill outside the block loop; the shared memory allows them at d <= 128 (d128, 3 stages: 64 / 80 KiB)."""
+    if tile_kv <= WGMMA_3CTA_KV:
+        return 3 if rows == 64 else 2
     return MAX_CTAS_PER_SM * 64 // rows
 
 
