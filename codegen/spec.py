@@ -18,6 +18,11 @@ _SHORT = {"float8_e4m3fn": "e4m3", "float8_e5m2": "e5m2"}         # as spelled i
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
+def max_m_tiles(head_dim: int) -> int:
+    """16-row query tiles the decode kernel's registers hold per CTA: 2 up to head_dim 128, 1 beyond."""
+    return 2 if head_dim <= 128 else 1
+
+
 @dataclass(frozen=True)
 class Param:
     """An extra kernel parameter: `name` as the hooks read it (p.extra.name), its C type."""
@@ -68,7 +73,7 @@ class AttentionSpec:
         self._resolve_dtypes()
         if self.head_dim not in HEAD_DIMS:
             raise ValueError(f"head_dim {self.head_dim} not supported; use one of {HEAD_DIMS}")
-        if self.m_tiles not in (1, 2) or (self.m_tiles == 2 and self.head_dim > 128):
+        if self.m_tiles not in (1, 2) or self.m_tiles > max_m_tiles(self.head_dim):
             raise ValueError(f"m_tiles={self.m_tiles} with head_dim={self.head_dim}: use 1, or 2 for "
                              f"head_dim <= 128 (32 fused rows do not fit the registers at 256)")
         if self.level_join and not self.independent:

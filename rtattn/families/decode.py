@@ -12,7 +12,7 @@ then merge).
 from __future__ import annotations
 
 from rtattn.codegen.render import Rendered, render_decode
-from rtattn.codegen.spec import BUILTINS, DTYPES, FP8_DTYPES, HEAD_DIMS, AttentionSpec
+from rtattn.codegen.spec import BUILTINS, DTYPES, FP8_DTYPES, HEAD_DIMS, AttentionSpec, max_m_tiles
 from rtattn.plan import devices as plan_devices
 
 from . import resources
@@ -30,10 +30,14 @@ def m_tiles_for(rows: int) -> int:
     return 1 if rows <= 16 else 2
 
 
+def rows_m_tiles(rows: int, head_dim: int) -> int:
+    """16-row tiles a CTA holds for `rows` fused rows: two only where the registers hold them."""
+    return min(m_tiles_for(rows), max_m_tiles(head_dim))
+
+
 def tile_m_tiles(group: int, rows: int, head_dim: int) -> int:
-    """16-row tiles a CTA holds for queries of `rows` fused rows: at least the group's, two only
-    where the registers hold them (head_dim <= 128)."""
-    return max(m_tiles_for(group), m_tiles_for(rows) if head_dim <= 128 else 1)
+    """16-row tiles a CTA holds for queries of `rows` fused rows: at least the group's."""
+    return max(m_tiles_for(group), rows_m_tiles(rows, head_dim))
 
 
 def smem_bytes(spec: AttentionSpec) -> int:
@@ -111,7 +115,7 @@ def shipped(arch: str = "sm_90") -> list[AttentionSpec]:
     for make in BUILTINS.values():
         for dtype in DTYPES:
             for head_dim in HEAD_DIMS:
-                for m_tiles in ((1, 2) if head_dim <= 128 else (1,)):
+                for m_tiles in range(1, max_m_tiles(head_dim) + 1):
                     spec = builtin(make, arch, dtype=dtype, head_dim=head_dim, m_tiles=m_tiles)
                     out += [spec, invariant_build(spec, arch)] if dtype == "bfloat16" else [spec]
         for kv_dtype in FP8_DTYPES if make is BUILTINS["plain"] else ("float8_e4m3fn",):
@@ -131,11 +135,9 @@ def tile_config(device, group: int, head_dim: int, max_qo_len: int = 1, max_rows
         max_rows = 16 * m_tiles_for(group)
     if group > max_rows:
         raise ValueError(f"head group g={group} exceeds max_rows={max_rows} of the decode kernel")
-    m_tiles = m_tiles_for(max_rows)
-    if head_dim > 128:
-        m_tiles = 1   # (the spec refuses two tiles at d256; the planner still takes max_rows)
-    spec = AttentionSpec("plain", "plain", head_dim=head_dim, m_tiles=m_tiles, num_warps=NUM_WARPS,
-                         invariant=invariant)   # (the batch-invariant build: its fold state too)
+    # (at d256 one 16-row tile even where max_rows is 32: the planner still takes max_rows)
+    spec = AttentionSpec("plain", "plain", head_dim=head_dim, m_tiles=rows_m_tiles(max_rows, head_dim),
+                         num_warps=NUM_WARPS, invariant=invariant)   # (the batch-invariant build: its fold state too)
     spec = spec.with_(stages=stages_for(spec, dev))
     smem, threads, regs = smem_bytes(spec), 32 * NUM_WARPS, REGISTERS[head_dim]
     occ = occupancy(dev, threads, regs, smem)
