@@ -170,11 +170,10 @@ class TensorImports:
         for prod in self._reused:
             theirs = prod.current_stream(self.device_id)
             if theirs != stream_handle:
-                from rtattn.runtime import Event, Stream
                 if self._event is None:
+                    from rtattn.runtime import Event
                     self._event = Event(timing=False, device=self.device_id)
-                self._event.record(theirs)
-                Stream(self.device_id, _handle=stream_handle).wait(self._event)
+                self._event.link(theirs, stream_handle)
         self._reused.clear()
 
     def __len__(self) -> int:

@@ -78,6 +78,17 @@ def test_runtime_objects_run_in_their_devices_context_and_restore_the_callers(dr
     assert drv.errors == [] and driver.get_current_context() == _ctx(0)
 
 
+def test_event_link_records_then_waits_in_one_context_entry_of_its_device(drv, monkeypatch):
+    driver.set_current_context(_ctx(0))
+    producer, consumer, ev = Stream(device=1), Stream(device=1), Event(timing=False, device=1)
+    enters, enter = [], Device.enter
+    monkeypatch.setattr(Device, "enter", lambda self: enters.append(self.ordinal) or enter(self))
+    n = len(drv.calls)
+    ev.link(producer.handle, consumer.handle)
+    assert drv.calls[n:] == [("cuEventRecord", _ctx(1)), ("cuStreamWaitEvent", _ctx(1))] and enters == [1]
+    assert drv.errors == [] and driver.get_current_context() == _ctx(0)
+
+
 def test_the_default_device_is_the_threads_current_one_and_nothing_is_left_current(drv):
     assert _in_thread(lambda: current_device().ordinal) == 0        # no context current: device 0
     driver.set_current_context(_ctx(2))

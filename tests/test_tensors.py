@@ -46,7 +46,7 @@ class Tensor:
 
 @pytest.fixture
 def fake_torch(monkeypatch):
-    """sys.modules['torch'] with a current stream, and Event/Stream that record what order() does."""
+    """sys.modules['torch'] with a current stream, and an Event that records what order() does."""
     state = SimpleNamespace(current=0, events=[], waits=[])
     torch = SimpleNamespace(_C=SimpleNamespace(_cuda_getCurrentRawStream=lambda dev: state.current))
     monkeypatch.setitem(sys.modules, "torch", torch)
@@ -55,17 +55,10 @@ def fake_torch(monkeypatch):
         def __init__(self, timing=True, device=None):
             pass
 
-        def record(self, stream):
-            state.events.append(stream)
-
-    class Stream:
-        def __init__(self, device=None, *, _handle):
-            self.h = _handle
-
-        def wait(self, ev):
-            state.waits.append(self.h)
+        def link(self, producer, consumer):   # recorded on producer, waited for by consumer
+            state.events.append(producer)
+            state.waits.append(consumer)
     monkeypatch.setattr(R, "Event", Event)
-    monkeypatch.setattr(R, "Stream", Stream)
     return state
 
 

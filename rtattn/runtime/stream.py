@@ -199,6 +199,14 @@ class Event:
             libcuda.record_event(self._ev, h)
         return self
 
+    def link(self, producer: int, consumer: int) -> None:
+        """Record on stream `producer` and make stream `consumer` wait for it (raw handles, both
+        of this event's device), in one context entry: consumer's later work follows producer's
+        work queued so far."""
+        with self._device.active():
+            libcuda.record_event(self._ev, producer)
+            check(cu.cuStreamWaitEvent(consumer, self._ev, 0), "cuStreamWaitEvent")
+
     def synchronize(self) -> None:
         with self._device.active():
             libcuda.wait_event(self._ev)
