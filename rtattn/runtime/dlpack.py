@@ -355,13 +355,11 @@ def _stream_handshake(producer, consumer, device_type: str, device_id: int = 0) 
     of the tensor's device."""
     if producer is None or consumer is None or consumer == -1 or device_type != "cuda":
         return
-    from .stream import Event, Stream, as_stream
+    from .stream import Event, as_stream
     prod = as_stream(producer).handle
     cons = {1: 0}.get(consumer, consumer)  # 1 = legacy default; 2 = per-thread (a valid handle)
     if prod != cons:
-        ev = Event(timing=False, device=device_id)
-        ev.record(prod)
-        Stream(device_id, _handle=cons).wait(ev)
+        Event(timing=False, device=device_id).link(prod, cons)
 
 
 _live_lock = threading.Lock()
