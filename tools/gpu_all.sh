@@ -38,9 +38,7 @@ stage() {   # stage NAME LIMIT_S COMMAND...: run it, log it, remember its exit s
     tar czf "$OUT/logs.tgz" -C "$LOGS" . 2>/dev/null   # after every stage: a killed call still brings them back
 }
 
-if [ -n "${KCACHE:-}" ] && [ -f "$KCACHE" ]; then   # NVRTC output is host-independent: skip the device's compiles
-    mkdir -p /tmp/rtattn_kcache && tar xzf "$KCACHE" -C /tmp/rtattn_kcache && export RTATTN_CACHE_DIR=/tmp/rtattn_kcache
-fi
+source tools/kcache.sh   # KCACHE: a carried CUBIN cache, so the device compiles nothing
 "$PY" -m pip install -q --no-deps --no-build-isolation -e . > "$LOGS/pip.log" 2>&1 \
     || { cat "$LOGS/pip.log"; echo "gpu_all: install FAILED"; exit 2; }
 PEER_DIR=${PEER_DIR:-$PWD/.peer} source tools/peer_setup.sh > "$LOGS/peer.log" 2>&1

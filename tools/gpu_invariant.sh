@@ -15,9 +15,7 @@ PY=${PYTHON:-python}
 T0=$SECONDS
 stage() { echo "== $1 (at $((SECONDS - T0)) s)"; }
 
-if [ -n "${KCACHE:-}" ] && [ -f "$KCACHE" ]; then   # NVRTC output is host-independent: skip the device's compiles
-    mkdir -p /tmp/rtattn_kcache && tar xzf "$KCACHE" -C /tmp/rtattn_kcache && export RTATTN_CACHE_DIR=/tmp/rtattn_kcache
-fi
+source tools/kcache.sh   # KCACHE: a carried CUBIN cache, so the device compiles nothing
 
 stage install
 if ! "$PY" -m pip install -q --no-deps --no-build-isolation -e . > "$OUT/pip.log" 2>&1; then
