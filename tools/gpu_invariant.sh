@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One GPU call for batch-invariant mode (issue 14), bounded stage by stage; logs under $OUT:
 #   KCACHE=.kcache.tgz bash tools/gpu_invariant.sh   # a CUBIN cache built here (rtattn-compile), carried packed
-# install; warm the bf16 decode kernels (auto and batch-invariant) in parallel, ~40 s on 16 cores (a carried
-# cache makes this a read); smoke: each decode_cases.INVARIANT_CASES entry in its own process (error
+# install; warm the bf16 decode kernels (auto and batch-invariant) with rtattn-compile, ~40 s on 16 cores (a
+# carried cache makes this a read); smoke: each decode_cases.INVARIANT_CASES entry in its own process (error
 # vs float64, request 0's bits alone / among short / among all requests); the invariance GPU tests;
 # bench_decode (--quick --new, auto vs batch-invariant at the default chunk and at 256);
 # bench_overhead (batch 1/16/64/256, KV ~1024). Compact results last.
@@ -22,26 +22,8 @@ if ! "$PY" -m pip install -q --no-deps --no-build-isolation -e . > "$OUT/pip.log
     cat "$OUT/pip.log"; exit 2
 fi
 
-stage "warm kernels"
-timeout "${WARM_S:-120}" "$PY" - <<'PY' 2>&1 | tail -n 3
-import os, time
-from concurrent.futures import ProcessPoolExecutor
-from rtattn.families.decode import shipped as shipped_specs
-from rtattn.runtime.nvrtc import _toolchain_id
-
-def one(uri):
-    from rtattn.kernels import compile_spec
-    t = time.perf_counter()
-    compile_spec(next(s for s in shipped_specs("sm_90") if s.uri == uri), "sm_90", quiet=True)
-    return time.perf_counter() - t
-
-uris = [s.uri for s in shipped_specs("sm_90") if "bfloat16_d" in s.uri]
-t = time.perf_counter()
-with ProcessPoolExecutor(os.cpu_count()) as pool:
-    took = list(pool.map(one, uris))
-print(f"{len(uris)} decode instances in {time.perf_counter() - t:.1f} s (slowest {max(took):.1f} s); "
-      f"toolchain {_toolchain_id()}")
-PY
+stage "warm kernels"   # (the filter takes the bf16 prefill instances too: a read with a carried cache)
+timeout "${WARM_S:-120}" "$PY" -m rtattn.cli.compile --arch sm_90 --filter bfloat16_d 2>&1 | tail -n 1
 
 stage "smoke --invariant"
 timeout "${SMOKE_S:-90}" "$PY" tools/smoke_decode.py --invariant > "$OUT/smoke_invariant.log" 2>&1
