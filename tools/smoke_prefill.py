@@ -8,6 +8,7 @@ has it; the others are skipped, naming why; --tile: bench_prefill's tile tag on 
 wg_q128_pp (the policy refusing a case's shape skips it, naming why))."""
 from __future__ import annotations
 
+import argparse
 import sys
 import time
 import traceback
@@ -57,23 +58,18 @@ def main(argv=None) -> int:
     """Every case, or only the cases whose index is given (one process per case keeps a faulting
     kernel from poisoning the others: `for i in $(seq 0 27); do python tools/smoke_prefill.py $i & done`,
     one per case of CASES)."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    mma = None
-    if "--mma" in args:
-        i = args.index("--mma")
-        mma = args[i + 1]
-        del args[i:i + 2]
-    cross = "--cross" in args
-    if cross:
-        args.remove("--cross")
+    ap = argparse.ArgumentParser(description="the prefill kernel against float64 on CASES, case by case")
+    ap.add_argument("--mma", choices=("sync", "wgmma"), help="this kernel for every case (default: the family's)")
+    ap.add_argument("--cross", action="store_true", help="the KV stream across items (tile cross=True)")
+    ap.add_argument("--tile", help="a bench_prefill tile tag on every case, e.g. wg_q128_pp or wg_q64_kv32_b3")
+    ap.add_argument("case", type=int, nargs="*", help="indices into CASES (default: every case)")
+    args = ap.parse_args(argv)
+    mma, cross = args.mma, args.cross
     forced = {}
-    if "--tile" in args:   # a bench_prefill tile tag, e.g. wg_q128_pp or wg_q64_kv32_b3
-        i = args.index("--tile")
+    if args.tile:
         from bench_prefill import parse_tile
-        forced = parse_tile(args[i + 1])
-        del args[i:i + 2]
-    picked = [int(a) for a in args]
-    cases = [c for i, c in enumerate(CASES) if not picked or i in picked]
+        forced = parse_tile(args.tile)
+    cases = [c for i, c in enumerate(CASES) if not args.case or i in args.case]
     bad = skipped = 0
     for name, kv, qo, (H, Hk), D, ps, variant, dtype, extra in cases:
         extra = dict(extra)
