@@ -2,6 +2,7 @@
 on a GPU: load -> launch end to end."""
 import ctypes
 import hashlib
+import json
 import multiprocessing as mp
 import os
 import struct
@@ -180,6 +181,14 @@ def test_concurrent_writers(isolated_cache):
     assert hashlib.sha256(cubin).hexdigest() == results[0][0] and cache_stats()["disk_hits"] == 1
 
 
+def _stats_of_a_fresh_process(code: str, cache, timeout: int) -> dict:
+    """Run `code` (it prints cache_stats() as JSON last) in a new interpreter on the cache `cache`."""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout,
+                       env={**os.environ, "RTATTN_CACHE_DIR": str(cache)}, cwd=cache.parent)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
 def test_second_process_hits_the_disk_cache(isolated_cache):
     compile_to_cubin(MMA_SRC, name="mma_test", arch="sm_90", quiet=True)
     code = textwrap.dedent("""
@@ -188,10 +197,7 @@ def test_second_process_hits_the_disk_cache(isolated_cache):
         compile_to_cubin(%r, name="mma_test", arch="sm_90", quiet=True)
         print(json.dumps(cache_stats()))
     """ % MMA_SRC)
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                       env={**os.environ, "RTATTN_CACHE_DIR": str(isolated_cache)}, cwd=isolated_cache.parent)
-    assert r.returncode == 0, r.stderr
-    stats = __import__("json").loads(r.stdout.strip().splitlines()[-1])
+    stats = _stats_of_a_fresh_process(code, isolated_cache, timeout=120)
     assert stats["disk_hits"] == 1 and stats["compiles"] == 0
 
 
@@ -345,10 +351,7 @@ def test_cache_reuse_across_processes_and_launch(device, isolated_cache):
         assert (out.copy_to_host(np.empty(64, np.float32)) == 3.0).all()
         print(json.dumps(cache_stats()))
     """ % MMA_SRC)
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                       env={**os.environ, "RTATTN_CACHE_DIR": str(isolated_cache)}, cwd=isolated_cache.parent)
-    assert r.returncode == 0, r.stderr
-    stats = __import__("json").loads(r.stdout.strip().splitlines()[-1])
+    stats = _stats_of_a_fresh_process(code, isolated_cache, timeout=300)
     assert stats["disk_hits"] == 1 and stats["compiles"] == 0
 
 
