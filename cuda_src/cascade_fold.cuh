@@ -13,23 +13,6 @@
 
 namespace rtattn {
 
-// W columns of a state row through L2 (another kernel's writes: nothing stale from L1).
-template <int W>
-__device__ __forceinline__ void load_cols_cg(float (&v)[W], const float* p) {
-  if constexpr (W == 1) {
-    v[0] = __ldcg(p);
-  } else if constexpr (W == 2) {
-    const float2 x = __ldcg(reinterpret_cast<const float2*>(p));
-    v[0] = x.x, v[1] = x.y;
-  } else {
-#pragma unroll
-    for (int j = 0; j < W; j += 4) {
-      const float4 x = __ldcg(reinterpret_cast<const float4*>(p + j));
-      v[j] = x.x, v[j + 1] = x.y, v[j + 2] = x.z, v[j + 3] = x.w;
-    }
-  }
-}
-
 // Every job of `rows` query rows with W columns per lane (32 W per job), KU states per round trip.
 template <typename T, bool SOFTMAX, int D, int W, int KU, class P>
 __device__ __forceinline__ void fold_jobs(const P& p, int rows, int warp, int num_warps, int lane) {
@@ -49,7 +32,7 @@ __device__ __forceinline__ void fold_jobs(const P& p, int rows, int warp, int nu
         const int64_t srow = ok ? int64_t(p.fold_rows[first + k0 + k]) * H + head : 0;
         l[k] = ok ? __ldcg(p.state_lse + srow) : -INFINITY;
         if (ok) {
-          load_cols_cg<W>(v[k], p.state_o + srow * D + d);
+          load_cols<W, true>(v[k], p.state_o + srow * D + d);  // (another kernel's writes)
         } else {
 #pragma unroll
           for (int j = 0; j < W; ++j) v[k][j] = 0.f;

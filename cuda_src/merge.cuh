@@ -10,23 +10,6 @@
 
 namespace rtattn {
 
-// W consecutive floats at p (W = 1, 2, 4 or 8; p aligned to min(W, 4) floats), through L2.
-template <int W>
-__device__ __forceinline__ void load_cols(float (&v)[W], const float* p) {
-  if constexpr (W == 1) {
-    v[0] = *p;
-  } else if constexpr (W == 2) {
-    const float2 x = *reinterpret_cast<const float2*>(p);
-    v[0] = x.x, v[1] = x.y;
-  } else {
-#pragma unroll
-    for (int j = 0; j < W; j += 4) {
-      const float4 x = *reinterpret_cast<const float4*>(p + j);
-      v[j] = x.x, v[j + 1] = x.y, v[j + 2] = x.z, v[j + 3] = x.w;
-    }
-  }
-}
-
 // Batch-invariant: KU unnormalized partial states k0 .. k0 + KU - 1 of a merge entry (its rows
 // start + j * step): (m, l) as a float2 per row at partial_lse, W columns of o at `col` of query
 // head `head`; states past n are not read. CG: through L2 (the decode kernel's fused merge reads

@@ -9,6 +9,31 @@
 
 namespace rtattn {
 
+// *p, or with CG through L2 only (__ldcg: nothing stale from L1 where another CTA or kernel wrote it).
+template <bool CG, class T>
+__device__ __forceinline__ T load_global(const T* p) {
+  if constexpr (CG) return __ldcg(p);
+  else return *p;
+}
+
+// W consecutive floats of a state row at p (W = 1, 2, 4 or 8; p aligned to min(W, 4) floats), in
+// the widest loads they allow: the columns a fold round takes of one state.
+template <int W, bool CG = false>
+__device__ __forceinline__ void load_cols(float (&v)[W], const float* p) {
+  if constexpr (W == 1) {
+    v[0] = load_global<CG>(p);
+  } else if constexpr (W == 2) {
+    const float2 x = load_global<CG>(reinterpret_cast<const float2*>(p));
+    v[0] = x.x, v[1] = x.y;
+  } else {
+#pragma unroll
+    for (int j = 0; j < W; j += 4) {
+      const float4 x = load_global<CG>(reinterpret_cast<const float4*>(p + j));
+      v[j] = x.x, v[j + 1] = x.y, v[j + 2] = x.z, v[j + 3] = x.w;
+    }
+  }
+}
+
 template <bool SOFTMAX, int W>  // W columns per state
 struct StateFold {
   float m = -INFINITY, w_sum = 0.f, acc[W] = {};
