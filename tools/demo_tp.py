@@ -224,6 +224,15 @@ def run_model(torch, ranks, reduce, cfg: Config, tables: PageTables, inputs, str
     return torch.stack(outs), times
 
 
+def unsplit_run(torch, cfg: Config, device, inputs, stream):
+    """The reference: the same steps (page tables from cfg.seed, `inputs`) by one rank holding
+    every head, on `device`. Returns run_model's (outputs, times)."""
+    tables = PageTables(init_lengths(cfg), cfg.steps, cfg.page_size, cfg.seed)
+    ref = RankModel(torch, cfg, 0, 1, device, tables)
+    return run_model(torch, [ref], lambda p: p[0], cfg, tables, inputs, stream,
+                     lambda table: ref.wrapper.plan(*table, stream=stream))
+
+
 def rel_err(torch, a, b) -> float:
     a, b = a.float(), b.float()
     return float((a - b).norm() / b.norm().clamp_min(1e-30))
@@ -304,10 +313,7 @@ def rank_main(rank: int, world: int, cfg: Config, rdzv: str, result_path: str) -
         gathered = [torch.empty_like(mine) for _ in range(world)]
         dist.all_gather(gathered, mine)
         if rank == 0:
-            ref_tables = PageTables(init_lengths(cfg), cfg.steps, cfg.page_size, cfg.seed)
-            ref = RankModel(torch, cfg, 0, 1, device, ref_tables)
-            ref_outs, _ = run_model(torch, [ref], lambda p: p[0], cfg, ref_tables, inputs, stream,
-                                    lambda table: ref.wrapper.plan(*table, stream=stream))
+            ref_outs, _ = unsplit_run(torch, cfg, device, inputs, stream)
             err = max(rel_err(torch, outs[t], ref_outs[t]) for t in range(cfg.steps))
             bitwise = torch.equal(outs, ref_outs)   # expected at world 1 (reported, not required)
             ok = err < TOL
@@ -365,10 +371,7 @@ def run_simulated(cfg: Config, world: int) -> bool:
         inputs = step_inputs(torch, cfg, cfg.steps, device)
         outs, times = run_model(torch, ranks, lambda p: torch.stack(p).sum(0), cfg, tables, inputs, stream,
                                 lambda table: shared.plan(*table, streams=[stream] * world))
-        ref_tables = PageTables(init_lengths(cfg), cfg.steps, cfg.page_size, cfg.seed)
-        ref = RankModel(torch, cfg, 0, 1, device, ref_tables)
-        ref_outs, ref_times = run_model(torch, [ref], lambda p: p[0], cfg, ref_tables, inputs, stream,
-                                        lambda table: ref.wrapper.plan(*table, stream=stream))
+        ref_outs, ref_times = unsplit_run(torch, cfg, device, inputs, stream)
     err = max(rel_err(torch, outs[t], ref_outs[t]) for t in range(cfg.steps))
     good = err < TOL
     steady = times[1:] or times
