@@ -55,6 +55,7 @@ class AttentionSpec:
     causal: bool = False         # query token i sees KV positions <= q_pos(i): plans clip each tile there
     window: bool = False         # sliding window p.extra.window_left, given to plan(): plans read only it
     sinks: bool = False          # a per-query-head logit p.extra.sinks[h] joins each row's softmax once
+    linear_bias: bool = False    # logits start at a per-row linear bias (ALiBi; has_linear_bias): more registers
     q_dtype: str | None = None   # q: bfloat16 | float16
     kv_dtype: str | None = None  # K and V caches: q's type, float8_e4m3fn or float8_e5m2
     o_dtype: str | None = None   # output: bfloat16 | float16 (default q's)
@@ -156,7 +157,7 @@ def standard(causal=False, window=False, soft_cap=False, alibi=False, sinks=Fals
     return AttentionSpec(
         variant="_".join(t for t, on in flags if on) or "plain",
         variant_type=f"rtattn::StandardAttention<{', '.join(_b(on) for _, on in flags)}>",
-        params=tuple(params), causal=causal, window=window, sinks=sinks, **kw)
+        params=tuple(params), causal=causal, window=window, sinks=sinks, linear_bias=alibi, **kw)
 
 
 def sigmoid(**kw) -> AttentionSpec:

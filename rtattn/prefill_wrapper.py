@@ -68,7 +68,7 @@ class BatchPrefillWrapper(PlannedWrapper):
         avg = float(avg_qo_len) if avg_qo_len is not None else float(min(mql, 1024))
         avg_kv = max_pages * page_size / max(1, int(max_batch))   # the step's KV bound per request
         self.tile = family.choose_tile(dev, head_dim, self.group, avg, paged=not self.ragged, avg_kv_len=avg_kv,
-                                       **(tile or {}))
+                                       linear_bias=self.spec.linear_bias, **(tile or {}))
         self.kernels = family.prefill_kernels(self.spec, self.tile, self.device.ordinal)
         self.pdl, self.fused_merge = pdl, False   # split KV: always the merge kernel
         self.num_ctas = int(num_ctas) if num_ctas is not None else self.kernels.num_ctas(num_kv_heads)

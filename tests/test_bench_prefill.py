@@ -81,7 +81,8 @@ def test_variant_costs_read_each_variant_against_its_causal_twin():
 
 def test_prebuild_compiles_what_the_wrapper_would_load(monkeypatch, capsys):
     """--prebuild (no GPU) builds each row's instance per tile, the tile the wrapper's policy picks
-    with the tag's overrides: 8x2048 at 128 rows by default (its KV bound reaches WGMMA_LONG_KV),
+    with the tag's overrides: 8x2048 at 128 rows in two CTAs per SM by default (its KV bound is under
+    WGMMA_LONG_KV),
     the pingpong and 3-CTA tags as named; a row and tile pair once."""
     from rtattn.families import prefill as family
     built = []
@@ -89,7 +90,7 @@ def test_prebuild_compiles_what_the_wrapper_would_load(monkeypatch, capsys):
         (spec.variant, tile.tag, arch)))
     assert bench.main(["--prebuild", "sm_90", "--rows", "8x2048", "8x2048-softcap", "--rt-tiles", "default",
                        "wg_q128_pp", "wg_q64_kv32_s3_b3"]) == 0
-    default = "wg_q128_kv128_w8_s2_pp_b1" if family.WGMMA_PINGPONG else "wg_q128_kv128_w8_s2_b1"
+    default = "wg_q128_kv32_w8_s3_pp_b2" if family.WGMMA_PINGPONG else "wg_q128_kv32_w8_s3_b2"
     want = list(dict.fromkeys([default, "wg_q128_kv128_w8_s2_pp_b1", "wg_q64_kv32_w4_s3_b3"]))
     assert f"prebuilt {2 * len(want)} rtattn prefill instances for sm_90" in capsys.readouterr().out
     assert [t for v, t, a in built if v == "causal"] == want

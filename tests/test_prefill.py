@@ -32,30 +32,33 @@ def test_rows_cover_the_fused_rows(avg, group, rows):
                                            (4, 16, "sync"), (128, 1, "wgmma"), (200, 64, "wgmma"), (200, 128, "sync")])
 def test_hopper_takes_the_wgmma_kernel_for_prompts_of_128_tokens(avg, group, mma):
     t = P.choose_tile(H200, 128, group, avg)
-    assert t.mma == mma and (t.rows == 64 if mma == "wgmma" else t.rows == P.choose_tile(A100, 128, group, avg).rows)
+    assert t.mma == mma and (t.rows == 128 if mma == "wgmma" else t.rows == P.choose_tile(A100, 128, group, avg).rows)
     assert P.choose_tile(A100, 128, group, avg).mma == "sync"
 
 
-@pytest.mark.parametrize("head_dim,tile_kv,stages", [(64, 128, 3), (128, 64, 3), (256, 32, 2)])
-def test_wgmma_tiles_keep_two_ctas_per_sm_and_compile_for_sm90a(head_dim, tile_kv, stages):
+@pytest.mark.parametrize("head_dim,rows,tile_kv,stages", [(64, 64, 128, 3), (128, 128, 32, 3), (256, 64, 32, 2)])
+def test_wgmma_tiles_keep_two_ctas_per_sm_and_compile_for_sm90a(head_dim, rows, tile_kv, stages):
     t = P.choose_tile(H200, head_dim, 8, 512)
-    assert (t.rows, t.num_warps, t.tile_kv, t.stages, t.min_blocks) == (64, 4, tile_kv, stages, 2)
-    assert t.tag.startswith("wg_q64") and t.arch("sm_90") == "sm_90a"
-    assert t.smem_bytes(head_dim) == (64 + 2 * stages * tile_kv) * head_dim * 2
+    assert (t.rows, t.num_warps, t.tile_kv, t.stages, t.min_blocks) == (rows, rows // 16, tile_kv, stages, 2)
+    assert t.tag.startswith(f"wg_q{rows}") and t.arch("sm_90") == "sm_90a"
+    assert t.smem_bytes(head_dim) == (rows + 2 * stages * tile_kv) * head_dim * 2
     assert P.choose_tile(H200, 128, 8, 512, tile_kv=128, stages=2).min_blocks == 1   # 144 KiB
     # a shape the caller fixes keeps the mma.sync kernel; the override picks either
     assert P.choose_tile(H200, 128, 8, 512, rows=128).mma == "sync"
     assert P.choose_tile(H200, 128, 8, 512, mma="sync").mma == "sync"
-    assert P.choose_tile(H200, 128, 8, 1, mma="wgmma").rows == 64
+    assert P.choose_tile(H200, 128, 8, 1, mma="wgmma").rows == 128
+    assert P.choose_tile(H200, 64, 8, 1, mma="wgmma").rows == 64
     two = P.choose_tile(H200, head_dim, 8, 512, rows=128, mma="wgmma")   # two warpgroups, one CTA per SM
     assert (two.num_warps, two.min_blocks, two.tag[:7]) == (8, 1, "wg_q128")
 
 
-def test_long_kv_takes_two_warpgroups_at_head_dim_128():
+def test_head_dim_128_takes_two_warpgroups_and_long_kv_128_token_tiles():
     long = P.choose_tile(H200, 128, 4, 1024, avg_kv_len=P.WGMMA_LONG_KV)
     assert (long.mma, long.rows, long.tile_kv, long.stages, long.min_blocks) == ("wgmma", 128, 128, 2, 1)
-    assert P.choose_tile(H200, 128, 4, 1024, avg_kv_len=P.WGMMA_LONG_KV - 1).rows == 64
-    assert P.choose_tile(H200, 128, 4, 1024).rows == 64          # KV unknown
+    short = P.choose_tile(H200, 128, 4, 1024, avg_kv_len=P.WGMMA_LONG_KV - 1)
+    assert short.tag == "wg_q128_kv32_w8_s3_pp_b2"                 # two CTAs per SM, taking turns
+    assert P.choose_tile(H200, 128, 4, 1024) == short              # KV unknown
+    assert P.choose_tile(H200, 128, 4, 1024, linear_bias=True) == long   # ALiBi's registers: one CTA per SM
     assert P.choose_tile(H200, 64, 4, 1024, avg_kv_len=1e5).rows == 64   # only d128 measured
     assert P.choose_tile(H200, 128, 4, 1024, avg_kv_len=1e5, tile_kv=64, stages=4,
                          pingpong=False).tag == "wg_q128_kv64_w8_s4_b1"
@@ -86,12 +89,12 @@ def test_cross_item_stream_is_a_tile_field():
     """The KV stream across items (template CROSS of both kernels): off by default, picked by
     cross=True on the policy's kernel, named '_x' in the tag, refused where its cursor would spill."""
     assert not P.choose_tile(H200, 128, 4, 1024).cross
-    t = P.choose_tile(H200, 128, 4, 1024, cross=True)
+    t = P.choose_tile(H200, 128, 4, 1024, rows=64, cross=True)
     assert (t.mma, t.rows, t.cross, t.tag) == ("wgmma", 64, True, "wg_q64_kv64_w4_s3_x_b2")
     long = P.choose_tile(H200, 128, 4, 1024, avg_kv_len=P.WGMMA_LONG_KV, cross=True, pingpong=False)
     assert (long.rows, long.min_blocks, long.tag) == (128, 1, "wg_q128_kv128_w8_s2_x_b1")
     assert P.choose_tile(H200, 128, 4, 4, cross=True).tag == "q16_kv32_w1_s3_x_b2"   # the policy's kernel
-    assert P.choose_tile(H200, 128, 4, 1024, paged=False, cross=True).tag == "wg_q64_kv64_w4_s3_ragged_x_b2"
+    assert P.choose_tile(H200, 128, 4, 1024, rows=64, paged=False, cross=True).tag == "wg_q64_kv64_w4_s3_ragged_x_b2"
     sync = P.choose_tile(H200, 128, 4, 16, mma="sync", cross=True)
     assert (sync.rows, sync.cross, sync.tag) == (64, True, "q64_kv32_w4_s3_x_b2")
     assert P.choose_tile(A100, 64, 4, 4, cross=True).tag == "q16_kv64_w1_s3_x_b2"
@@ -133,29 +136,29 @@ def test_pingpong_and_three_ctas_per_sm_are_tile_fields():
     assert long.pingpong == P.WGMMA_PINGPONG
     pp = P.choose_tile(H200, 128, 4, 1024, rows=128, mma="wgmma", pingpong=True, tile_kv=64, stages=3)
     assert (pp.pingpong, pp.tag) == (True, "wg_q128_kv64_w8_s3_pp_b1")
-    assert not P.choose_tile(H200, 128, 4, 1024).pingpong                       # 64 rows: one warpgroup
-    b3 = P.choose_tile(H200, 128, 4, 1024, mma="wgmma", tile_kv=32, ctas_per_sm=3)
+    assert not P.choose_tile(H200, 128, 4, 1024, rows=64).pingpong              # 64 rows: one warpgroup
+    b3 = P.choose_tile(H200, 128, 4, 1024, mma="wgmma", rows=64, tile_kv=32, ctas_per_sm=3)
     assert (b3.min_blocks, b3.tag) == (3, "wg_q64_kv32_w4_s3_b3")                # 3 x 64 KiB
-    assert P.choose_tile(H200, 128, 4, 1024, mma="wgmma", tile_kv=32, stages=4, ctas_per_sm=3).min_blocks == 2
-    assert P.choose_tile(H200, 128, 4, 1024, tile_kv=32).min_blocks == 2       # 3 only when asked
+    assert P.choose_tile(H200, 128, 4, 1024, mma="wgmma", rows=64, tile_kv=32, stages=4, ctas_per_sm=3).min_blocks == 2
+    assert P.choose_tile(H200, 128, 4, 1024, rows=64, tile_kv=32).min_blocks == 2   # 3 only when asked
     two = P.choose_tile(H200, 128, 4, 1024, mma="wgmma", rows=128, tile_kv=32, stages=3, ctas_per_sm=2, pingpong=True)
     assert two.tag == "wg_q128_kv32_w8_s3_pp_b2"                                 # 2 x 80 KiB, 128 registers
     assert P.choose_tile(H200, 128, 4, 1024, mma="wgmma", rows=128, tile_kv=32, stages=3).min_blocks == 1
     with pytest.raises(ValueError, match="ctas_per_sm=2"):
         P.choose_tile(H200, 128, 4, 1024, mma="wgmma", rows=128, ctas_per_sm=2)   # kv128: 255 registers
     with pytest.raises(ValueError, match="two warpgroups"):
-        P.choose_tile(H200, 128, 4, 1024, mma="wgmma", pingpong=True)          # 64 rows
+        P.choose_tile(H200, 128, 4, 1024, mma="wgmma", rows=64, pingpong=True)   # 64 rows
     with pytest.raises(ValueError, match="two warpgroups"):
         P.choose_tile(H200, 128, 4, 1024, mma="sync", rows=128, pingpong=True)
     with pytest.raises(ValueError, match="ctas_per_sm=3"):
-        P.choose_tile(H200, 128, 4, 1024, mma="wgmma", tile_kv=64, ctas_per_sm=3)
-    fe = P.choose_tile(H200, 128, 4, 1024, fma_exp2=True)
+        P.choose_tile(H200, 128, 4, 1024, mma="wgmma", rows=64, tile_kv=64, ctas_per_sm=3)
+    fe = P.choose_tile(H200, 128, 4, 1024, rows=64, fma_exp2=True)
     assert (fe.fma_exp2, fe.tag) == (True, "wg_q64_kv64_w4_s3_fe_b2")
     with pytest.raises(ValueError, match="fma_exp2"):
         P.choose_tile(H200, 128, 4, 1024, mma="sync", fma_exp2=True)
 
 
-@pytest.mark.parametrize("tile", [dict(rows=128, pingpong=True, fma_exp2=True), dict(tile_kv=32, ctas_per_sm=3),
+@pytest.mark.parametrize("tile", [dict(rows=128, pingpong=True, fma_exp2=True), dict(rows=64, tile_kv=32, ctas_per_sm=3),
                                   dict(rows=128, tile_kv=32, stages=3, ctas_per_sm=2, pingpong=True)])
 def test_pingpong_and_three_ctas_compile_without_spills(tile, isolated_cache):
     """ptxas (sm_90a) keeps the new tiles out of local memory with the hook taking the most
@@ -214,7 +217,7 @@ def test_prefill_instance_compiles(arch, isolated_cache):
     rendered, cubin = P.compile_prefill(spec, tile, arch, quiet=True)
     assert cubin[:4] == b"\x7fELF" and "prefill" in rendered.attention_name
     if arch == "sm_90":   # the wgmma kernel, an sm_90a CUBIN
-        assert tile.mma == "wgmma" and f"PrefillSm90Shape<128, 1, {tile.tile_kv}, {tile.stages}" in rendered.source
+        assert tile.mma == "wgmma" and f"PrefillSm90Shape<128, {tile.rows // 64}, {tile.tile_kv}, {tile.stages}" in rendered.source
         assert "prefill_sm90_persistent" in rendered.source and "prefill_persistent<" not in rendered.source
     else:
         assert f"PrefillShape<128, {tile.num_warps}, {tile.mma_q}, {tile.tile_kv}" in rendered.source
@@ -222,18 +225,21 @@ def test_prefill_instance_compiles(arch, isolated_cache):
 
 @pytest.mark.parametrize("head_dim", [128, 256])
 def test_wgmma_tiles_fit_their_registers(head_dim, isolated_cache):
-    """The resource model's promise for the wgmma kernel (2 CTAs/SM at 128 threads: 255 registers)
-    holds with no spill, for the heaviest hooks (ALiBi, sinks); d256 is the tight one."""
+    """The resource model's promise for the policy's wgmma tiles, with the heaviest hooks (ALiBi,
+    which keeps one CTA per SM at d128, and sinks): no spill, except the d128 tile of two 128-row CTAs
+    per SM (128 registers), where ptxas parks at most a few words outside the KV loop (8 B for
+    sinks; docs/perf-log.md prefill v5); d256 is the tight one."""
     from rtattn.codegen.render import render_prefill
     from rtattn.codegen.spec import BUILTINS
     from rtattn.runtime import compile_to_cubin
-    tile = P.choose_tile(H200, head_dim, 4, 1024)
     for name in ("alibi", "sinks"):
         spec = BUILTINS[name](dtype="bfloat16", head_dim=head_dim)
+        tile = P.choose_tile(H200, head_dim, 4, 1024, linear_bias=spec.linear_bias)   # the wrapper's choice
         cubin = compile_to_cubin(render_prefill(spec, tile).source, name=P.instance_name(spec, tile), arch="sm_90a",
                                  options=P.PREFILL_OPTIONS + ("--ptxas-options=-v",), quiet=True)
-        log = cubin.log.split("Compiling entry function 'rtattn_prefill_" + spec.variant)[1]
-        assert re.search(r"\b0 bytes spill stores, 0 bytes spill loads", log.split("Used")[0]), log[:400]
+        log = cubin.log.split("Compiling entry function 'rtattn_prefill_" + spec.variant)[1].split("Used")[0]
+        spilled = int(re.search(r"(\d+) bytes spill stores", log).group(1))
+        assert spilled <= (16 if tile.rows == 128 and tile.min_blocks == 2 else 0), (tile.tag, log[:400])
 
 
 def test_user_linear_bias_and_transform_compile(isolated_cache):
@@ -301,13 +307,15 @@ def test_causal_plans_skip_hidden_blocks():
 
 
 # ----------------------------------------------------------------------------- GPU tier
-KERNELS = {"sync": {"mma": "sync"}, "wgmma": {"mma": "wgmma"}, "wgmma128": {"mma": "wgmma", "rows": 128}}
+KERNELS = {"sync": {"mma": "sync"}, "wgmma": {"mma": "wgmma"}, "wgmma64": {"mma": "wgmma", "rows": 64},
+           "wgmma128": {"mma": "wgmma", "rows": 128}}
 
 
 @pytest.fixture(params=list(KERNELS))
 def kernel(request):
-    """Each GPU case on the family's kernels: mma.sync, and wgmma with one and two warpgroups
-    (the tile override; wgmma needs a cc 9.0 device)."""
+    """Each GPU case on the family's kernels: mma.sync, and wgmma as the policy picks it (d128: two
+    128-row CTAs per SM with 32-token KV tiles), with one warpgroup and with 128 rows of 128-token KV
+    tiles (the tile override; wgmma needs a cc 9.0 device)."""
     from rtattn.runtime import Device
     if request.param != "sync" and Device().arch != "sm_90":
         pytest.skip("the wgmma kernel needs a cc 9.0 device")

@@ -35,11 +35,15 @@ WGMMA_ROWS = 64       # one warpgroup's m64 products: the default wgmma tile
 WGMMA_TILES = {(64, 64): (128, 3), (64, 128): (64, 3), (64, 256): (32, 2),
                (128, 64): (128, 3), (128, 128): (128, 2), (128, 256): (32, 3)}
 WGMMA_MIN_QO = 128    # average query tokens from which the policy takes the wgmma kernel
-# Average KV tokens per request from which d128 takes two warpgroups (128 rows, one CTA per SM):
-# H200 (docs/perf-log.md, prefill v3) 128 rows won at KV 2048 and more (4x4096 343 vs 321 TFLOP/s,
-# chunked 16 x (4096 + 512) 341 vs 291, 1x16384 388 vs 353), 64 rows below (16x1024 253 vs 241,
-# 32x512 190 vs 170). d64 / d256 keep 64 rows (their 128-row tiles have not run on a GPU).
-WGMMA_LONG_KV = 2048
+# d128 takes two warpgroups (128 rows) taking turns on the tensor cores (PrefillTile.pingpong),
+# two CTAs per SM with 32-token KV tiles in 3 stages, below WGMMA_LONG_KV average KV tokens per
+# request (None: unknown), and 128-token tiles in 2 stages at one CTA per SM from there. H200
+# (docs/perf-log.md, v12; TFLOP/s, 64-row tile / kv32 pp b2 / kv128 pp b1): 16x1024 240 / 297 / 259,
+# 32x512 189 / 230 / 186, 8x2048 305 (kv128, no turns) / 331 / 322, 4x4096 347 / 359 / 365,
+# chunked 16 x (4096 + 512) 348 / 350 / 356, 1x16384 391 / 381 / 412. d64 / d256 keep 64 rows
+# (their 128-row tiles have not run on a GPU).
+WGMMA_LONG_KV = 4096
+WGMMA_SHORT_KV_TILE = (32, 3, 2)   # (tile_kv, stages, CTAs per SM) of the 128-row tile below WGMMA_LONG_KV
 # The KV stream across items (PrefillTile.cross; template CROSS of both kernels), an A/B path until
 # measured. ptxas (sm_90a / sm_90) holds its cursor (4 registers) with no spill in the KV loop for
 # the wgmma kernel at head dims 64 and 128 (d128 64 rows 244 registers, 128 rows 254; d256, at 252
@@ -47,9 +51,10 @@ WGMMA_LONG_KV = 2048
 # most 4 warps (q16-q64; d64 to d256, ALiBi, sinks, custom masks). Its q128 tiles spill there: w4
 # (two groups per warp, 255 registers) with ALiBi, sinks, custom masks; w8 (128 registers) always.
 CROSS_HEAD_DIMS = (64, 128)
-# The 128-row wgmma tile's warpgroups take turns on the tensor cores (PrefillTile.pingpong): an A/B
-# path until measured.
-WGMMA_PINGPONG = False
+# The 128-row wgmma tile's warpgroups take turns on the tensor cores (PrefillTile.pingpong): the
+# same products in another order (bitwise the same outputs), +3-9 % on every 128-row row measured
+# (v12).
+WGMMA_PINGPONG = True
 WGMMA_3CTA_KV = 32    # the largest KV tile with which one more CTA fits the registers (wgmma_ctas_cap)
 
 
@@ -124,7 +129,7 @@ def choose_tile(device, head_dim: int, group: int, avg_qo_len: float = 1024, *, 
                 rows: int | None = None, tile_kv: int | None = None, num_warps: int | None = None,
                 stages: int | None = None, ctas_per_sm: int | None = None, mma: str | None = None,
                 avg_kv_len: float | None = None, cross: bool = False, pingpong: bool | None = None,
-                fma_exp2: bool = False) -> PrefillTile:
+                fma_exp2: bool = False, linear_bias: bool = False) -> PrefillTile:
     """The tile for a workload: the smallest ROWS covering the average fused rows (avg query length
     x g), at least the head group; head_dim 256 at most 64 rows (O alone is 128 registers per
     thread there). KV tile and stages: the largest that keep MAX_CTAS_PER_SM resident where the
@@ -132,11 +137,14 @@ def choose_tile(device, head_dim: int, group: int, avg_qo_len: float = 1024, *, 
     ctas_per_sm is the register budget the kernel is compiled for (__launch_bounds__), capped by
     the shared memory. mma: the kernel (MMAS); by default "wgmma" on cc 9.0 for queries of
     WGMMA_MIN_QO tokens or more on average unless the caller fixes another shape (rows, num_warps)
-    or more than 2 CTAs per SM, else "sync"; its rows: 128 at head_dim 128 where avg_kv_len
-    (average KV tokens per request; None: unknown) reaches WGMMA_LONG_KV, else 64. cross: the KV
+    or more than 2 CTAs per SM, else "sync"; its rows: 128 at head_dim 128 (WGMMA_SHORT_KV_TILE's
+    KV tile and CTAs per SM below WGMMA_LONG_KV average KV tokens per request, avg_kv_len; None:
+    unknown), else 64. cross: the KV
     stream across items (an A/B path, off by default) on whichever kernel the rest picks.
     pingpong: the two warpgroups of a 128-row wgmma tile take turns (None: WGMMA_PINGPONG there).
-    fma_exp2: half the softmax's exp2 on the FMA pipe (the wgmma kernel; an A/B path)."""
+    fma_exp2: half the softmax's exp2 on the FMA pipe (the wgmma kernel; an A/B path). linear_bias:
+    the variant's (AttentionSpec.linear_bias): its 128-row tile keeps 128-token KV tiles at one CTA
+    per SM, where its registers fit (at two CTAs per SM ptxas spills 8-20 B)."""
     dev = plan_devices.get_device(device)
     if group > ROWS[-1]:
         raise ValueError(f"head group {group} exceeds the prefill kernel's {ROWS[-1]} rows")
@@ -149,7 +157,11 @@ def choose_tile(device, head_dim: int, group: int, avg_qo_len: float = 1024, *, 
         if tuple(dev.cc) != (9, 0):
             raise ValueError(f"prefill mma='wgmma' needs a cc 9.0 (sm_90a) device, not {dev.name} (cc {dev.cc})")
         if rows is None:
-            rows = 128 if head_dim == 128 and (avg_kv_len or 0) >= WGMMA_LONG_KV else WGMMA_ROWS
+            rows = 128 if head_dim == 128 else WGMMA_ROWS
+            short_kv = (avg_kv_len or 0) < WGMMA_LONG_KV and not linear_bias   # (a linear bias spills there)
+            if rows == 128 and short_kv and tile_kv is None and stages is None:
+                tile_kv, stages, ctas = WGMMA_SHORT_KV_TILE
+                ctas_per_sm = ctas if ctas_per_sm is None else ctas_per_sm
         if cross and head_dim not in CROSS_HEAD_DIMS:
             raise ValueError(f"prefill cross=True at head_dim {head_dim}: the KV stream across items is built for "
                              f"head dims {CROSS_HEAD_DIMS} (at 256 its cursor's registers spill in the KV loop)")
@@ -236,8 +248,8 @@ def tile_config(tile: PrefillTile, head_dim: int, group: int, ctas_per_sm: int |
 
 def shipped(arch: str = "sm_90") -> list[tuple[AttentionSpec, PrefillTile]]:
     """The prefill instances rtattn-compile warms: every built-in variant at head_dim 128 in both
-    dtypes with the long-prompt tile (paged; on sm_90 the wgmma kernel's, on sm_80 128 rows of
-    mma.sync), plus plain and causal at head_dims 64 and 256, and on sm_90 plain and causal at
+    dtypes with the long-prompt tile of an unknown KV length (paged; on sm_90 the wgmma kernel's,
+    on sm_80 128 rows of mma.sync), plus plain and causal at head_dims 64 and 256, and on sm_90 plain and causal at
     head_dim 128 with the long-KV tile (two warpgroups). Other tiles compile on first use (about
     2-3 s each)."""
     dev = resources.device_for_arch(arch)
@@ -245,7 +257,8 @@ def shipped(arch: str = "sm_90") -> list[tuple[AttentionSpec, PrefillTile]]:
     for dtype in DTYPES:
         base, long = choose_tile(dev, 128, 4), choose_tile(dev, 128, 4, avg_kv_len=WGMMA_LONG_KV)
         for make in BUILTINS.values():
-            out.append((make(dtype=dtype, head_dim=128), base))
+            spec = make(dtype=dtype, head_dim=128)
+            out.append((spec, choose_tile(dev, 128, 4, linear_bias=spec.linear_bias)))
         if long != base:
             out += [(BUILTINS[name](dtype=dtype, head_dim=128), long) for name in ("plain", "causal")]
         for d in (64, 256):
