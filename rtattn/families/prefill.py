@@ -165,8 +165,8 @@ def choose_tile(device, head_dim: int, group: int, avg_qo_len: float = 1024, *, 
         if cross and head_dim not in CROSS_HEAD_DIMS:
             raise ValueError(f"prefill cross=True at head_dim {head_dim}: the KV stream across items is built for "
                              f"head dims {CROSS_HEAD_DIMS} (at 256 its cursor's registers spill in the KV loop)")
-        if pingpong is None:
-            pingpong = WGMMA_PINGPONG and rows == 128
+        if pingpong is None:   # (the cross-item stream, an A/B path, keeps the turn-less tile it was measured on)
+            pingpong = WGMMA_PINGPONG and rows == 128 and not cross
         return replace(_wgmma_tile(dev, head_dim, rows, paged, tile_kv, stages, ctas_per_sm), cross=bool(cross),
                        pingpong=bool(pingpong), fma_exp2=bool(fma_exp2))
     if rows is None:
