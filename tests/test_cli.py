@@ -135,11 +135,11 @@ def test_inspect_prefill_shows_its_tile_and_the_blocks_its_mask_skips(capsys):
     assert inspect_cli.main(argv + ["--json"]) == 0
     r = json.loads(capsys.readouterr().out)
     assert r["kernel"] == "prefill" and r["family_choice"].startswith("prefill: forced")
-    assert r["tile"]["rows"] == 64 and r["tile"]["q"] == 16 and r["tile"]["kv"] == 64   # the sm_90 wgmma tile
+    assert r["tile"]["rows"] == 128 and r["tile"]["q"] == 32 and r["tile"]["kv"] == 32   # the sm_90 wgmma tile
     assert r["planned_kv_tokens"] < r["unmasked_kv_tokens"]   # causal: the hidden blocks are not planned
     assert inspect_cli.main(argv) == 0
     out = capsys.readouterr().out
-    assert "prefill kernel" in out and "mask skip" in out and "T_q 16 tokens = 64 rows" in out
+    assert "prefill kernel" in out and "mask skip" in out and "T_q 32 tokens = 128 rows" in out
 
 
 @pytest.mark.parametrize("qo, want", [("1", "decode"), ("512", "prefill")])
