@@ -20,6 +20,14 @@ H200 = device_for_arch("sm_90")
 A100 = device_for_arch("sm_80")
 
 
+def _ptxas_log(spec, tile, source):
+    """ptxas -v's report of this instance's entry function (its spills, then 'Used N registers')."""
+    from rtattn.runtime import compile_to_cubin
+    cubin = compile_to_cubin(source, name=P.instance_name(spec, tile), arch=tile.arch("sm_90"),
+                             options=P.PREFILL_OPTIONS + ("--ptxas-options=-v",), quiet=True)
+    return cubin.log.split("Compiling entry function 'rtattn_prefill_" + spec.variant)[1]
+
+
 # ----------------------------------------------------------------------------- CPU tier
 @pytest.mark.parametrize("avg,group,rows", [(1024, 4, 128), (4, 4, 16), (8, 4, 32), (1, 16, 16), (3, 16, 64),
                                             (1, 32, 32), (2000, 1, 128)])
@@ -113,16 +121,13 @@ def test_cross_item_stream_compiles_without_spills(mma, head_dim, rows, isolated
     per-item path is unchanged by the flag (the template's CROSS = false)."""
     from rtattn.codegen.render import render_prefill
     from rtattn.codegen.spec import BUILTINS
-    from rtattn.runtime import compile_to_cubin
     fn = "prefill_sm90_persistent" if mma == "wgmma" else "prefill_persistent"
     tile = P.choose_tile(H200, head_dim, 4, 1024, rows=rows, mma=mma, cross=True)
     for name in ("alibi",):
         spec = BUILTINS[name](dtype="bfloat16", head_dim=head_dim)
         src = render_prefill(spec, tile).source
         assert re.search(fn + r"<.*, true, true(, false)*>\(p, smem\)", src)   # (wgmma: pingpong, fma_exp2 off)
-        cubin = compile_to_cubin(src, name=P.instance_name(spec, tile), arch=tile.arch("sm_90"),
-                                 options=P.PREFILL_OPTIONS + ("--ptxas-options=-v",), quiet=True)
-        log = cubin.log.split("Compiling entry function 'rtattn_prefill_" + spec.variant)[1]
+        log = _ptxas_log(spec, tile, src)
         assert re.search(r"\b0 bytes spill stores, 0 bytes spill loads", log.split("Used")[0]), log[:400]
     per_item = render_prefill(BUILTINS["causal"](dtype="bfloat16", head_dim=head_dim),
                               P.choose_tile(H200, head_dim, 4, 1024, rows=rows, mma=mma)).source
@@ -167,15 +172,12 @@ def test_pingpong_and_three_ctas_compile_without_spills(tile, isolated_cache):
     threads, 128 at 2 x 256)."""
     from rtattn.codegen.render import render_prefill
     from rtattn.codegen.spec import BUILTINS
-    from rtattn.runtime import compile_to_cubin
     t = P.choose_tile(H200, 128, 4, 1024, mma="wgmma", **tile)
     spec = BUILTINS["causal" if t.rows == 128 and t.min_blocks == 2 else "alibi"](dtype="bfloat16", head_dim=128)
     src = render_prefill(spec, t).source
     flags = ", ".join("true" if f else "false" for f in (t.pingpong, t.fma_exp2))
     assert re.search(r"prefill_sm90_persistent<.*, %s>\(p, smem\)" % flags, src)
-    cubin = compile_to_cubin(src, name=P.instance_name(spec, t), arch=t.arch("sm_90"),
-                             options=P.PREFILL_OPTIONS + ("--ptxas-options=-v",), quiet=True)
-    log = cubin.log.split("Compiling entry function 'rtattn_prefill_" + spec.variant)[1]
+    log = _ptxas_log(spec, t, src)
     assert re.search(r"\b0 bytes spill stores, 0 bytes spill loads", log.split("Used")[0]), log[:400]
     assert int(re.search(r"Used (\d+) registers", log).group(1)) <= 65536 // (t.threads * t.min_blocks) // 8 * 8
 
@@ -231,13 +233,10 @@ def test_wgmma_tiles_fit_their_registers(head_dim, isolated_cache):
     sinks; docs/perf-log.md prefill v5); d256 is the tight one."""
     from rtattn.codegen.render import render_prefill
     from rtattn.codegen.spec import BUILTINS
-    from rtattn.runtime import compile_to_cubin
     for name in ("alibi", "sinks"):
         spec = BUILTINS[name](dtype="bfloat16", head_dim=head_dim)
         tile = P.choose_tile(H200, head_dim, 4, 1024, linear_bias=spec.linear_bias)   # the wrapper's choice
-        cubin = compile_to_cubin(render_prefill(spec, tile).source, name=P.instance_name(spec, tile), arch="sm_90a",
-                                 options=P.PREFILL_OPTIONS + ("--ptxas-options=-v",), quiet=True)
-        log = cubin.log.split("Compiling entry function 'rtattn_prefill_" + spec.variant)[1].split("Used")[0]
+        log = _ptxas_log(spec, tile, render_prefill(spec, tile).source).split("Used")[0]
         spilled = int(re.search(r"(\d+) bytes spill stores", log).group(1))
         assert spilled <= (16 if tile.rows == 128 and tile.min_blocks == 2 else 0), (tile.tag, log[:400])
 
