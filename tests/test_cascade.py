@@ -375,9 +375,8 @@ def test_smoke_cases_plan_on_the_families_they_name(fake_gpu):
         B = len(kv_indptr) - 1
         qo = np.arange(B + 1, dtype=np.int32) * qo_len
         _, on_prefill, flat, joined = smoke.PLANS[plan]
-        w = C.CascadeWrapper(levels, H, Hk, D, ps, max_batch=B + 2, max_pages=max(pool, int(kv_indptr[-1])) + 2,
-                             max_qo_tokens=int(qo[-1]) + 2, variant=variant, dtype=dtype,
-                             **smoke.wrapper_kw(plan, mma))
+        case = SimpleNamespace(kv_indptr=kv_indptr, qo=qo, ps=ps, pool=pool, B=B, H=H, Hk=Hk, D=D, dtype=dtype)
+        w = gpu_wrapper(case, levels, variant, **smoke.wrapper_kw(plan, mma))   # (as the smoke builds it)
         info = w.plan(qo, kv_indptr, idx, last, share_prefixes=True)
         assert bool(info.level_prefill_items.any()) == on_prefill and info.flat == flat, name
         assert info.joined == joined, name

@@ -65,13 +65,20 @@ PLANS = {True: (dict(prefill=True, join_levels=False), True, False, False),
          False: (dict(prefill=False), False, False, False),
          "flat": (dict(prefill=False, flat=True), False, True, False),
          "join": (dict(prefill=True, join_levels=True), True, False, True),
-         "auto-join": ({}, True, False, True),        # the defaults: prefill="auto", join_levels=True
-         "auto-decode": ({}, False, False, False)}
+         "auto-join": (None, True, False, True),      # None: the wrapper's defaults (prefill="auto", join_levels=True)
+         "auto-decode": (None, False, False, False)}
 
 
 def wrapper_kw(plan, mma: str = "auto") -> dict:
-    """The CascadeWrapper arguments of a case's plan (PLANS), on the prefill kernel `mma`."""
-    return dict(PLANS[plan][0], prefill_mma=mma, flat=PLANS[plan][0].get("flat", False))
+    """The CascadeWrapper arguments of a case's plan (PLANS), on the prefill kernel `mma`: for the
+    defaults' plans, CascadeWrapper's own defaults of what gpu_wrapper would otherwise set for tests."""
+    kw = PLANS[plan][0]
+    if kw is None:
+        import inspect
+        from rtattn.cascade import CascadeWrapper
+        own = inspect.signature(CascadeWrapper).parameters
+        kw = {k: own[k].default for k in ("prefill", "flat", "join_levels")}
+    return dict(kw, prefill_mma=mma)
 
 
 def check(name, make, heads, D, ps, levels, variant, dtype, qo_len, plan, mma="auto") -> tuple[bool, str]:
