@@ -190,8 +190,8 @@ class Bench:
         err = float((o[0].float() - ref).norm() / ref.norm())
         res["plan_busy_us"] = med(self.plan_while_busy(sg.replay, plan))
         sg.close()
-        for name, execs in (("layer_graph", None), ("layer_graph1", 1)):
-            dg = DecodeGraphs(w) if execs is None else DecodeGraphs(w, max_execs=execs)
+        for name, pool in (("layer_graph", {}), ("layer_graph1", {"max_execs": 1})):   # the default pool; one exec
+            dg = DecodeGraphs(w, **pool)
 
             def per_layer():
                 for l in range(L):
