@@ -3,17 +3,11 @@ verdict (a wrong output is marked FAIL and fails the run), and, where torch is i
 reference against rtattn's float64 reference and the float64 executor's cascade output."""
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
-_tools = Path(__file__).parent.parent / "tools"
-sys.path.insert(0, str(_tools))
-_spec = importlib.util.spec_from_file_location("bench_cascade", _tools / "bench_cascade.py")
-bench_cascade = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench_cascade)
+import tool_module
+
+bench_cascade = tool_module.load("bench_cascade")
 
 
 def test_tables_and_verdict():

@@ -2,15 +2,9 @@
 FlashInfer): short enough to survive a log's tail, every target's figure in it."""
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
+import tool_module
 
-_tools = Path(__file__).parent.parent / "tools"
-_spec = importlib.util.spec_from_file_location("bench_overhead", _tools / "bench_overhead.py")
-bench = importlib.util.module_from_spec(_spec)
-sys.modules["bench_overhead"] = bench
-_spec.loader.exec_module(bench)
+bench = tool_module.load("bench_overhead")
 
 
 def _row(batch, with_fi=True):

@@ -2,19 +2,12 @@
 shape options (the timed runs need a GPU and FlashInfer)."""
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 
-_tools = Path(__file__).parent.parent / "tools"
-sys.path.insert(0, str(_tools))
-_spec = importlib.util.spec_from_file_location("bench_prefill", _tools / "bench_prefill.py")
-bench = importlib.util.module_from_spec(_spec)
-sys.modules["bench_prefill"] = bench   # its dataclasses look their module up
-_spec.loader.exec_module(bench)
+import tool_module
+
+bench = tool_module.load("bench_prefill")
 
 
 def test_attended_pairs_match_a_dense_mask():

@@ -363,12 +363,8 @@ def test_bad_input_is_refused_before_any_launch(fake_gpu):
 def test_smoke_cases_plan_on_the_families_they_name(fake_gpu):
     """tools/smoke_cascade.py's cases, planned by the wrapper on the fake GPU: each uses the
     prefill family exactly when it says so (the GPU run checks the same)."""
-    import importlib.util
-    from pathlib import Path
-    path = Path(__file__).parent.parent / "tools" / "smoke_cascade.py"
-    spec = importlib.util.spec_from_file_location("smoke_cascade", path)
-    smoke = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(smoke)
+    import tool_module
+    smoke = tool_module.load("smoke_cascade")
     for (name, make, (H, Hk), D, ps, levels, variant, dtype, qo_len, plan), mma in itertools.product(
             smoke.CASES, ("auto", "sync")):
         kv_indptr, idx, last, pool = make(np.random.default_rng(len(name)), ps)

@@ -3,21 +3,18 @@ stand-ins for CUDA and rtattn (where torch is installed); the demo itself on the
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from rtattn.plan.layout import validate_batch
 
-_TOOLS = Path(__file__).resolve().parent.parent / "tools"
-_spec = importlib.util.spec_from_file_location("demo_tp", _TOOLS / "demo_tp.py")
-demo_tp = importlib.util.module_from_spec(_spec)
-sys.modules["demo_tp"] = demo_tp   # its dataclass (and rank processes) find the module by name
-_spec.loader.exec_module(demo_tp)
+import tool_module
+
+_TOOLS = tool_module.TOOLS
+demo_tp = tool_module.load("demo_tp")
 
 
 def test_heads_split_into_whole_kv_groups():

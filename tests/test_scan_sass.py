@@ -2,12 +2,9 @@
 fp8 miscompile) are found; copies whose registers are written are not."""
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
+import tool_module
 
-_spec = importlib.util.spec_from_file_location("scan_sass", Path(__file__).parent.parent / "tools" / "scan_sass.py")
-scan_sass = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(scan_sass)
+scan_sass = tool_module.load("scan_sass")
 
 _GOOD = """
 		Function : good_kernel
