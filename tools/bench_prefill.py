@@ -235,6 +235,11 @@ def rt_params(x: Inputs) -> dict | None:
         {"window_left": WINDOW} if v == "window" else None
 
 
+# tag parts that set one tile field to a fixed value (parse_tile)
+TAG_FLAGS = {"wg": ("mma", "wgmma"), "sync": ("mma", "sync"), "x": ("cross", True), "pp": ("pingpong", True),
+             "fe": ("fma_exp2", True)}
+
+
 def parse_tile(tag: str) -> dict:
     """'q128_kv64_w4_s2' (optionally '_b3': CTAs per SM compiled for) -> tile overrides; a part
     'wg' or 'sync' picks the kernel ('sync' alone: the mma.sync kernel under its own policy); a part
@@ -242,14 +247,9 @@ def parse_tile(tag: str) -> dict:
     warpgroups' turns (wgmma, 128 rows); 'fe' half the softmax's exp2 on the FMA pipe."""
     out = {}
     for part in tag.split("_"):
-        if part in ("wg", "sync"):
-            out["mma"] = "wgmma" if part == "wg" else "sync"
-        if part == "x":
-            out["cross"] = True
-        if part == "pp":
-            out["pingpong"] = True
-        if part == "fe":
-            out["fma_exp2"] = True
+        if part in TAG_FLAGS:
+            field, value = TAG_FLAGS[part]
+            out[field] = value
         for key, name in (("kv", "tile_kv"), ("q", "rows"), ("w", "num_warps"), ("s", "stages"),
                           ("b", "ctas_per_sm")):
             if part.startswith(key) and part[len(key):].isdigit():
