@@ -357,8 +357,7 @@ class Planner:
         None: no window, every tile reads from KV 0."""
         window_left = check_window(window_left)
         # (small.plan's quick checks decide which batches it takes: None for the rest)
-        fast = small.plan(self, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, window_left,
-                          lambda: self._buffer(out))
+        fast = small.plan(self, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, window_left, out)
         if fast is not None:
             items, B, num_qo, (buf, views) = fast
         else:
