@@ -171,6 +171,21 @@ def _shift(res: dict, t_k0) -> dict:
     return res
 
 
+def _item_partials(it, T, st, pbase_st, entry_st, i_tile, row_off) -> None:
+    """Items' partial row and merge entry (it[5:7]) from each split tile `st`'s first partial row
+    and first merge entry; an item's partial row is its tile's plus `row_off`. -1 for unsplit
+    tiles: their only item has chunk 0 (row_off 0), so its partial index comes out as -1
+    (writethrough) with no extra select."""
+    tile_pm = np.empty((2, T), dtype=np.int64)
+    tile_pm.fill(-1)
+    pbase, entry = tile_pm[0], tile_pm[1]   # 1-D rows: their fancy assignments are ~3x cheaper
+    pbase[st] = pbase_st
+    entry[st] = entry_st
+    pm = tile_pm.take(i_tile, axis=1)
+    pm[0] += row_off
+    it[5:7] = pm
+
+
 def lpt_assign(cost_sorted: np.ndarray, num_ctas: int, ar: np.ndarray) -> np.ndarray:
     """Longest-processing-time assignment of costs sorted descending (int64).
     Least-loaded CTA first, ties by CTA id.  Returns the CTA of each item
@@ -692,16 +707,7 @@ class Planner:
             P = m_indptr.item(M)
             self._check_partial(P)
             self._check_merge(M)
-            # rows: pbase, merge entry of each tile; -1 for unsplit tiles: their only
-            # item has chunk 0, so the item's partial index comes out as -1 (writethrough).
-            tile_pm = np.empty((2, T), dtype=np.int64)
-            tile_pm.fill(-1)
-            pbase, entry = tile_pm[0], tile_pm[1]   # 1-D rows: their fancy assignments are ~3x cheaper
-            pbase[st] = m_indptr[:M]
-            entry[st] = self._ar[:M]
-            pm = tile_pm.take(i_tile, axis=1)
-            pm[0] += i_chunk
-            it[5:7] = pm
+            _item_partials(it, T, st, m_indptr[:M], self._ar[:M], i_tile, i_chunk)
             res.update(m_indptr=m_indptr, m_row=st, m_start=m_indptr[:M], m_stride=1,
                        merge_rows=M, partial_rows=P, split_tiles=M)
             return
@@ -713,17 +719,8 @@ class Planner:
         e_end = _ACC(qst, dtype=np.int64)   # each split tile's merge entries end here
         M = e_end.item(-1) if e_end.shape[0] else 0
         self._check_merge(M)
-        # rows: pbase, first merge entry of each tile; -1 for unsplit tiles: their only item has
-        # chunk 0, so the item's partial index comes out as -1 (writethrough) with no extra select.
-        tile_pm = np.empty((2, T), dtype=np.int64)
-        tile_pm.fill(-1)
-        pbase, entry = tile_pm[0], tile_pm[1]
         pb_st = (pend - rows_t)[st]
-        pbase[st] = pb_st
-        entry[st] = e_end - qst
-        pm = tile_pm.take(i_tile, axis=1)
-        pm[0] += i_chunk * it[2]
-        it[5:7] = pm
+        _item_partials(it, T, st, pb_st, e_end - qst, i_tile, i_chunk * it[2])
         e_tile_i, e_r = _repeat_index(qst, self._ar, e_end)
         e_tile = st[e_tile_i]
         cnt = nchunk[e_tile]
