@@ -10,7 +10,3 @@ COST_GAMMA = 64
 AUTO_IMBALANCE = 1.06  # mode "auto": slowest CTA / mean load above which contiguous is tried
 MIN_CHUNK_TOKENS = 128
 TAIL_FRACTION = 8      # a tile's last chunk of <= L / TAIL_FRACTION tokens joins the one before
-
-
-def item_cost(qo_len, kv_len):
-    return COST_ALPHA * qo_len + COST_BETA * kv_len + COST_GAMMA

@@ -52,8 +52,7 @@ import numpy as np
 
 from . import fields as F
 from . import small
-from .costs import (AUTO_IMBALANCE, COST_ALPHA, COST_BETA, COST_GAMMA, MIN_CHUNK_TOKENS, TAIL_FRACTION,  # noqa: F401
-                    item_cost)
+from .costs import AUTO_IMBALANCE, COST_ALPHA, COST_BETA, COST_GAMMA, MIN_CHUNK_TOKENS, TAIL_FRACTION
 from .devices import get_device
 from .layout import Batch, check_config, check_int, indptr_from_lengths, validate_batch
 from .tiles import TileConfig, num_ctas_for, select_tile
