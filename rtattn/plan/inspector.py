@@ -408,14 +408,11 @@ class Planner:
         tq, C, mode, B = self._tq, self.num_ctas, self.mode, bt.batch
         qo_len, kv_len, qo_indptr = bt.qo_len, bt.kv_len, bt.qo_indptr
         decode = qo_indptr.item(-1) == B and (B == 0 or bt.qo_max == 1)
-        if decode:   # every request is one 1-token tile (so qo_indptr is 0, 1, ..., B)
-            t_req = self._ar[:B]
-            t_qlen = qo_len
-            t_qs = qo_indptr[:B]
-            t_kv = kv_len
-        elif bt.qo_max <= tq and qo_len.item(qo_len.argmin()) >= 1:   # every request one tile: its own
-            t_req, t_off = self._ar[:B], 0                        # (causal: its last row's horizon
-            t_qlen, t_qs, t_kv = qo_len, qo_indptr[:B], kv_len    # is its KV)
+        if decode or (bt.qo_max <= tq and qo_len.item(qo_len.argmin()) >= 1):
+            # every request is one tile, its own (decode: a 1-token tile, so qo_indptr is 0, 1, ...,
+            # B; causal: the tile's last row's horizon is its request's KV)
+            t_req, t_off = self._ar[:B], 0
+            t_qlen, t_qs, t_kv = qo_len, qo_indptr[:B], kv_len
         else:
             t_req, tj = _repeat_index(np.floor_divide(qo_len + (tq - 1), tq), self._ar)
             t_off = tj * tq
