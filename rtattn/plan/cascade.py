@@ -437,7 +437,7 @@ class CascadePlanner:
             if len(self._tiles_memo) >= PREFILL_MEMO:
                 self._tiles_memo.clear()
             hit = self._tiles_memo[("join", B, P)] = (p_it[5].copy(), rows, (start, self._ar[:B + 1] * c))
-        p_it[5], p_it[6] = hit[0], -1
+        p_it[5] = hit[0]   # (item_merge is -1 already: _prefill_items' _state_rows)
         return hit[1], hit[2]
 
     def _one_prefix_tiles(self, B: int, T0: int):
@@ -586,7 +586,6 @@ def _join_rows(it: np.ndarray, tile_q: int) -> int:
     decode kernel's join: chunk k of tile T writes state rows (T * c + k) * tile_q + j, so row
     r's states are start + k * tile_q. Returns the rows spanned (tiles * c * tile_q)."""
     it[5][_tile_kv_order(it)] = np.arange(it.shape[1]) * tile_q
-    it[6] = -1
     return it.shape[1] * tile_q
 
 
