@@ -168,12 +168,9 @@ class _LevelsKernel(BatchDecodeWrapper):
 
     folds_chunks = False   # one state per item: the cascade's state rows (fixed batch-invariant chunks)
 
-    def __init__(self, *args, max_batch, max_qo_tokens, num_levels, prefill_planner=None, prefill_saving_us=None,
-                 prefill_min_saving_us=None, flat_saving_us=None, **kw):
-        self._cascade_bounds = (max_batch, max_qo_tokens, num_levels)
-        self._prefill_planner, self._prefill_saving_us = prefill_planner, prefill_saving_us
-        self._prefill_min_saving_us = prefill_min_saving_us
-        self._flat_saving_us = flat_saving_us
+    def __init__(self, *args, max_batch, max_qo_tokens, num_levels, cascade_kw: dict, **kw):
+        # cascade_kw: CascadePlanner's keyword arguments (its prefill planner and rules)
+        self._cascade_bounds, self._cascade_kw = (max_batch, max_qo_tokens, num_levels), cascade_kw
         super().__init__(*args, max_batch=max_batch * num_levels, max_qo_tokens=max_qo_tokens * num_levels, **kw)
         self._may_split = False   # its launch is the decode kernel alone: the cascade's fold merges
 
@@ -181,9 +178,7 @@ class _LevelsKernel(BatchDecodeWrapper):
         # Called by BatchDecodeWrapper.__init__ once its planner exists: the cascade planner
         # wraps it (and the prefill family's planner), and the workspace holds
         # [plan set | state O | state LSE].
-        self.cascade = CascadePlanner(self.planner, *self._cascade_bounds, prefill=self._prefill_planner,
-                                      prefill_saving_us=self._prefill_saving_us, flat_saving_us=self._flat_saving_us,
-                                      prefill_min_saving_us=self._prefill_min_saving_us)
+        self.cascade = CascadePlanner(self.planner, *self._cascade_bounds, **self._cascade_kw)
         rows, H, D = self.cascade.max_state_rows, self.num_qo_heads, self.head_dim
         self.state_o_offset = align_up(self.cascade.planset.plan_bytes)
         self.state_lse_offset = align_up(self.state_o_offset + rows * H * D * 4)
@@ -194,7 +189,7 @@ class _LevelsKernel(BatchDecodeWrapper):
 
     def _cache_fields(self, name, t):
         fields = super()._cache_fields(name, t)   # (pages, name, shape, ptr, page, token, head strides)
-        if self._prefill_planner is not None:      # the prefill kernel reads these caches too
+        if self.cascade.prefill is not None:      # the prefill kernel reads these caches too
             check_kv_strides(name, fields[4], fields[5], t.itemsize)
         return fields
 
@@ -310,12 +305,12 @@ class CascadeWrapper:
                                     max_pages=max_pages, max_qo_tokens=self.max_qo_tokens, num_levels=num_levels,
                                     variant=spec.with_(independent=self.concurrent_levels), dtype=dtype,
                                     kv_layout=kv_layout, mode=mode, pdl=pdl, num_ctas=num_ctas,
-                                    num_pages_pool=num_pages_pool, device=device, prefill_planner=pp,
-                                    prefill_saving_us=shared_group_rule(num_qo_heads, num_kv_heads, head_dim,
-                                                                        tile.rows if tile else None)
-                                    if prefill == "auto" else None,
-                                    prefill_min_saving_us=PREFILL_MIN_SAVING_US[tile.mma if tile else "sync"],
-                                    flat_saving_us=flat_rule(flat, num_qo_heads, num_kv_heads, head_dim))
+                                    num_pages_pool=num_pages_pool, device=device, cascade_kw=dict(
+                                        prefill=pp, prefill_saving_us=shared_group_rule(
+                                            num_qo_heads, num_kv_heads, head_dim, tile.rows if tile else None)
+                                        if prefill == "auto" else None,
+                                        prefill_min_saving_us=PREFILL_MIN_SAVING_US[tile.mma if tile else "sync"],
+                                        flat_saving_us=flat_rule(flat, num_qo_heads, num_kv_heads, head_dim)))
         k = self.kernel
         if (k.cascade.prefill is None) != (pp is None):
             raise AssertionError("CascadePlanner and CascadeWrapper disagree on the prefill kernel")
