@@ -143,14 +143,15 @@ def shared_level_kw(device: plan_devices.Device, num_qo_heads: int, num_kv_heads
                     page_size: int, max_queries: int, mma: str = "auto") -> dict:
     """CascadePlanner.create's prefill arguments as CascadeWrapper(prefill="auto") plans with
     them (the tools that plan without a GPU: rtattn-inspect, bench_cascade --plan): the shared
-    tile, the cost rule and its kernel's PREFILL_MIN_SAVING_US; {} where the family cannot serve."""
+    tile, the cost rule, its kernel's PREFILL_MIN_SAVING_US and join_levels (the wrapper's
+    default); {} where the family cannot serve."""
     group = num_qo_heads // num_kv_heads
     tile = shared_prefill_tile(device, head_dim, group, page_size, max_queries, mma)
     if tile is None:
         return {}
     return dict(prefill_tile=tile_config(tile, head_dim, group),
                 prefill_saving_us=shared_group_rule(num_qo_heads, num_kv_heads, head_dim, tile.rows),
-                prefill_min_saving_us=PREFILL_MIN_SAVING_US[tile.mma])
+                prefill_min_saving_us=PREFILL_MIN_SAVING_US[tile.mma], join_levels=True)
 
 
 def flat_rule(flat, num_qo_heads: int, num_kv_heads: int, head_dim: int):
@@ -310,7 +311,8 @@ class CascadeWrapper:
                                             num_qo_heads, num_kv_heads, head_dim, tile.rows if tile else None)
                                         if prefill == "auto" else None,
                                         prefill_min_saving_us=PREFILL_MIN_SAVING_US[tile.mma if tile else "sync"],
-                                        flat_saving_us=flat_rule(flat, num_qo_heads, num_kv_heads, head_dim)))
+                                        flat_saving_us=flat_rule(flat, num_qo_heads, num_kv_heads, head_dim),
+                                        join_levels=join_levels and self.concurrent_levels))
         k = self.kernel
         if (k.cascade.prefill is None) != (pp is None):
             raise AssertionError("CascadePlanner and CascadeWrapper disagree on the prefill kernel")
@@ -348,11 +350,10 @@ class CascadeWrapper:
         # need no fold kernel: the decode kernel's level_join build joins the prefix's states
         # into each row before writing it (the planner numbers the states for it).
         self._join = None
-        if join_levels and self.concurrent_levels:
+        if self.planner.join_levels:
             self._join = W.decode_kernels(k.spec.with_(level_join=True), self.device.ordinal)
             if self._join.rendered.params.c_source() != k.kernels.rendered.params.c_source():
                 raise AssertionError("the joining and independent decode builds disagree on the Params struct")
-            self.planner.join_levels = True
         self._eager: CascadeLaunch | None = None
         # The plan set in two pinned buffers, used in turn (as BatchDecodeWrapper's plans).
         nbytes = self.planner.planset.plan_bytes

@@ -60,7 +60,6 @@ def analyze_cascade(a, own, hq: int, hk: int) -> dict:
     shared = {} if a.kernel == "decode" else shared_level_kw(get_device(a.device), hq, hk, a.head_dim, a.page_size, B)
     cp = CascadePlanner.create(B, B, pool, hq, hk, a.head_dim, a.page_size, num_levels=a.levels, device=a.device,
                                mode=a.mode, max_rows=rows, **shared)
-    cp.join_levels = bool(shared)   # (as CascadeWrapper's default join_levels=True)
     buf = cp.planset.allocate()
     info = cp.plan_shared(None, kv_indptr, idx, last, out=buf)
     ts = []

@@ -145,7 +145,7 @@ class CascadePlanner:
 
     def __init__(self, planner: Planner, max_batch: int, max_qo_tokens: int, num_levels: int = 2,
                  prefill: Planner | None = None, prefill_saving_us=None, flat_saving_us=None,
-                 prefill_min_saving_us: float = PREFILL_MIN_SAVING_US["sync"]):
+                 prefill_min_saving_us: float = PREFILL_MIN_SAVING_US["sync"], join_levels: bool = False):
         b = planner.bounds
         if num_levels < 1:
             raise ValueError(f"num_levels must be >= 1, got {num_levels}")
@@ -164,9 +164,9 @@ class CascadePlanner:
         self.prefill_min_saving_us = prefill_min_saving_us   # what it must beat (the kernel's PREFILL_MIN_SAVING_US)
         self.flat_saving_us = flat_saving_us         # (batch, prefix tokens, decode tile_q) -> us: flat_plan's
         # The decode kernel can join the prefill level's states into its suffix rows (a
-        # level_join build: CascadeWrapper sets this where it has one): _plan_one_prefix's
+        # level_join build: CascadeWrapper passes True where it builds one): _plan_one_prefix's
         # prefill-tile plans then need no fold.
-        self.join_levels = False
+        self.join_levels = join_levels
         self.max_state_rows = b.max_partial_rows + b.max_qo_tokens
         parts = {"plan": planner.layout}
         if prefill is not None:
@@ -208,12 +208,14 @@ class CascadePlanner:
     def create(cls, max_batch: int, max_qo_tokens: int, max_pages: int, num_qo_heads: int, num_kv_heads: int,
                head_dim: int, page_size: int, *, num_levels: int = 2, prefill_tile: TileConfig | None = None,
                prefill_ctas: int | None = None, prefill_saving_us=None, flat_saving_us=None,
-               prefill_min_saving_us: float = PREFILL_MIN_SAVING_US["sync"], **planner_kw) -> "CascadePlanner":
+               prefill_min_saving_us: float = PREFILL_MIN_SAVING_US["sync"], join_levels: bool = False,
+               **planner_kw) -> "CascadePlanner":
         """`prefill_tile` (the prefill family's TileConfig) and `prefill_ctas` (its grid):
         plan the groups the family rule picks on prefill tiles (None: all on decode);
         `prefill_saving_us`: the rule's cost test (prefill_groups), which must beat
         `prefill_min_saving_us` (PREFILL_MIN_SAVING_US of the tile's kernel); `flat_saving_us`:
-        plan_shared's flat-or-levels test (flat_plan; None: always levels)."""
+        plan_shared's flat-or-levels test (flat_plan; None: always levels); `join_levels`: the
+        decode kernel has its level_join build (the one-prefix plans it allows skip the fold)."""
         if num_levels < 1:
             raise ValueError(f"num_levels must be >= 1, got {num_levels}")
         bounds = (max_batch * num_levels, max_qo_tokens * num_levels, max_pages, num_qo_heads, num_kv_heads,
@@ -224,7 +226,7 @@ class CascadePlanner:
             kw = {k: v for k, v in planner_kw.items() if k not in ("num_ctas", "max_rows", "tile", "kernel")}
             prefill = Planner(*bounds, max_qo_len=max_qo_tokens, tile=prefill_tile, num_ctas=prefill_ctas, **kw)
         return cls(planner, max_batch, max_qo_tokens, num_levels, prefill, prefill_saving_us, flat_saving_us,
-                   prefill_min_saving_us)
+                   prefill_min_saving_us, join_levels)
 
     @property
     def num_ctas(self) -> int:
