@@ -426,13 +426,13 @@ class CascadeWrapper:
         enqueue), as BatchDecodeWrapper.run()'s."""
         k = self.kernel
         levels = k._bind(k._reusable(), q, k_cache, v_cache, out, lse, stream, sm_scale, params, exact=True)
-        launch = self._eager
+        launch, name = self._eager, self.launch_list()   # (the list this plan needs)
         if launch is None or launch.levels is not levels:
             launch = self._eager = self._launch(levels)
         else:
-            self._bind_calls(launch)
+            self._bind_calls(launch, name)
         levels.check_plan()
-        launch_path.enqueue(launch.calls, levels.stream, self.device)   # (the list this plan needs)
+        launch_path.enqueue(launch.lists[name], levels.stream, self.device)
         return (levels.out, levels.lse) if levels.lse is not None else levels.out
 
     def prepare(self, q, k_cache, v_cache=None, *, out=None, lse=None, stream=None, sm_scale=None,
@@ -479,16 +479,19 @@ class CascadeWrapper:
         self._bind_calls(launch)
         return launch
 
-    def _bind_calls(self, launch: "CascadeLaunch") -> None:
-        """Copy what the decode arguments hold for this call into the prefill and fold arguments."""
+    def _bind_calls(self, launch: "CascadeLaunch", name: str | None = None) -> None:
+        """Copy what the decode arguments hold for this call into the prefill and fold arguments
+        of launch list `name` (run(): the one it enqueues), or of every list (None)."""
         src = ctypes.addressof(launch.levels.args.buffer)
         lists = launch.lists
-        if "prefill" in lists:
+        names = lists.keys() if name is None else {name}
+        if "prefill" in names or "join" in names:   # (the prefill kernel's call)
             args = lists["prefill"][0].params
             ctypes.memmove(args.buffer, src, args.nbytes)
             self._write_prefill_ptrs(args.buffer, self._prefill_ptrs)
-        ctypes.memmove(ctypes.addressof(lists["levels"][-1].params.buffer) + self._fold_out_at, src + self._out_at,
-                       OUT_MEMBERS_BYTES)
+        if "levels" in names or "prefill" in names:   # (the fold's)
+            ctypes.memmove(ctypes.addressof(lists["levels"][-1].params.buffer) + self._fold_out_at,
+                           src + self._out_at, OUT_MEMBERS_BYTES)
 
     def launch_list(self) -> str:
         """Which launch list the current plan needs: "prefill" (prefill kernel, decode kernel,
