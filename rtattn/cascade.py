@@ -341,19 +341,13 @@ class CascadeWrapper:
         # A plan with nothing on prefill tiles launches no prefill kernel; a concurrent decode
         # kernel (no wait at entry: it relies on the prefill kernel's) then runs as its plain
         # build, which waits for the step's inputs itself (same spec but the flag: same Params).
-        self._alone = k.kernels
-        if self.concurrent_levels:
-            self._alone = W.decode_kernels(k.spec.with_(independent=False), self.device.ordinal)
-            if self._alone.rendered.params.c_source() != k.kernels.rendered.params.c_source():
-                raise AssertionError("the independent and plain decode builds disagree on the Params struct")
+        self._alone = self._decode_build(k.spec.with_(independent=False), "plain") if self.concurrent_levels \
+            else k.kernels
         # join_levels: one-prefix plans on prefill tiles whose suffix rows are one decode item each
         # need no fold kernel: the decode kernel's level_join build joins the prefix's states
         # into each row before writing it (the planner numbers the states for it).
-        self._join = None
-        if self.planner.join_levels:
-            self._join = W.decode_kernels(k.spec.with_(level_join=True), self.device.ordinal)
-            if self._join.rendered.params.c_source() != k.kernels.rendered.params.c_source():
-                raise AssertionError("the joining and independent decode builds disagree on the Params struct")
+        self._join = self._decode_build(k.spec.with_(level_join=True), "joining") if self.planner.join_levels \
+            else None
         self._eager: CascadeLaunch | None = None
         # The plan set in two pinned buffers, used in turn (as BatchDecodeWrapper's plans).
         nbytes = self.planner.planset.plan_bytes
@@ -364,6 +358,14 @@ class CascadeWrapper:
         self._slot = 0
         self.fold_ctas = self.device.props.sm_count * CTAS_PER_SM
         self.info: CascadeInfo | None = None
+
+    def _decode_build(self, spec: AttentionSpec, what: str):
+        """Another build of the levels' decode kernel (`spec`: a flag apart), which must read the
+        same Params struct: its calls take the levels' arguments."""
+        kernels = W.decode_kernels(spec, self.device.ordinal)
+        if kernels.rendered.params.c_source() != self.kernel.kernels.rendered.params.c_source():
+            raise AssertionError(f"the {what} and the levels' decode builds disagree on the Params struct")
+        return kernels
 
     @property
     def workspace_ptr(self) -> int:
