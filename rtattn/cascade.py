@@ -130,10 +130,10 @@ def _out_members_at(cstruct) -> int:
     return at[0]
 
 
-def shared_group_rule(num_qo_heads: int, num_kv_heads: int, head_dim: int, prefill_rows: int | None = None):
+def shared_group_rule(num_qo_heads: int, num_kv_heads: int, head_dim: int, prefill_rows: int):
     """(qo, kv) -> predicted us a shared group saves on prefill tiles of `prefill_rows` fused rows
-    (the wrapper's tile; None: the family's policy per group) over decode tiles (the family cost
-    rule, rtattn.families.choice), remembered: the cascade planner asks it per shared group per plan()."""
+    (the shared tile's) over decode tiles (the family cost rule, rtattn.families.choice),
+    remembered: the cascade planner asks it per shared group per plan()."""
     return functools.lru_cache(maxsize=256)(
         functools.partial(choice.shared_group_saving_us, num_qo_heads, num_kv_heads, head_dim,
                           prefill_rows=prefill_rows))
@@ -149,9 +149,15 @@ def shared_level_kw(device: plan_devices.Device, num_qo_heads: int, num_kv_heads
     tile = shared_prefill_tile(device, head_dim, group, page_size, max_queries, mma)
     if tile is None:
         return {}
-    return dict(prefill_tile=tile_config(tile, head_dim, group),
-                prefill_saving_us=shared_group_rule(num_qo_heads, num_kv_heads, head_dim, tile.rows),
-                prefill_min_saving_us=PREFILL_MIN_SAVING_US[tile.mma], join_levels=True)
+    return dict(prefill_tile=tile_config(tile, head_dim, group), join_levels=True,
+                **_tile_rules(tile, num_qo_heads, num_kv_heads, head_dim))
+
+
+def _tile_rules(tile, num_qo_heads: int, num_kv_heads: int, head_dim: int) -> dict:
+    """CascadePlanner's cost test for shared groups on the prefill `tile` (shared_group_rule)
+    and what a saving must beat there (its kernel's PREFILL_MIN_SAVING_US)."""
+    return dict(prefill_saving_us=shared_group_rule(num_qo_heads, num_kv_heads, head_dim, tile.rows),
+                prefill_min_saving_us=PREFILL_MIN_SAVING_US[tile.mma])
 
 
 def flat_rule(flat, num_qo_heads: int, num_kv_heads: int, head_dim: int):
@@ -302,17 +308,17 @@ class CascadeWrapper:
         # nothing the prefill kernel writes, so (concurrent_levels) it runs alongside it
         # (codegen spec `independent`: no wait at entry, one before exiting).
         self.concurrent_levels = concurrent_levels and pp is not None
+        cascade_kw = dict(prefill=pp, flat_saving_us=flat_rule(flat, num_qo_heads, num_kv_heads, head_dim),
+                          join_levels=join_levels and self.concurrent_levels)
+        if pp is not None:
+            cascade_kw.update(_tile_rules(tile, num_qo_heads, num_kv_heads, head_dim))
+            if prefill is True:   # every group past decode's tile on prefill tiles: no cost test
+                cascade_kw["prefill_saving_us"] = None
         self.kernel = _LevelsKernel(num_qo_heads, num_kv_heads, head_dim, page_size, max_batch=max_batch,
                                     max_pages=max_pages, max_qo_tokens=self.max_qo_tokens, num_levels=num_levels,
                                     variant=spec.with_(independent=self.concurrent_levels), dtype=dtype,
                                     kv_layout=kv_layout, mode=mode, pdl=pdl, num_ctas=num_ctas,
-                                    num_pages_pool=num_pages_pool, device=device, cascade_kw=dict(
-                                        prefill=pp, prefill_saving_us=shared_group_rule(
-                                            num_qo_heads, num_kv_heads, head_dim, tile.rows if tile else None)
-                                        if prefill == "auto" else None,
-                                        prefill_min_saving_us=PREFILL_MIN_SAVING_US[tile.mma if tile else "sync"],
-                                        flat_saving_us=flat_rule(flat, num_qo_heads, num_kv_heads, head_dim),
-                                        join_levels=join_levels and self.concurrent_levels))
+                                    num_pages_pool=num_pages_pool, device=device, cascade_kw=cascade_kw)
         k = self.kernel
         if (k.cascade.prefill is None) != (pp is None):
             raise AssertionError("CascadePlanner and CascadeWrapper disagree on the prefill kernel")
