@@ -56,14 +56,8 @@ struct RowSoftmax {
   // l, O and the LSE (m + log2 l) are consistent with it.
   static constexpr float kRescaleSlack = 8.f;
   __device__ __forceinline__ void update(float (&s)[NT][4], float (&o)[DT][4], float scale) {
-    float corr[2];
-    weights(s, scale, corr);
-    rescale(o, corr);
-  }
-  // The first half of update: weights in place and the factors O's rows take (corr, 1 where
-  // nothing moved), for a kernel whose O is still being accumulated meanwhile (prefill_sm90.cuh).
-  __device__ __forceinline__ void weights(float (&s)[NT][4], float scale, float (&corr)[2]) {
     if constexpr (SOFTMAX) {
+      float corr[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         float mx = -INFINITY;
@@ -91,21 +85,7 @@ struct RowSoftmax {
         }
         l[h] = l[h] * corr[h] + sum;
       }
-    } else {
-      corr[0] = corr[1] = 1.f;
-#pragma unroll
-      for (int n = 0; n < NT; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float x = s[n][e] * scale;  // log2 units: sigmoid(x ln2) = 1 / (1 + 2^-x)
-          s[n][e] = x == -INFINITY ? 0.f : 1.f / (1.f + fast_exp2(-x));
-          l[e / 2] += s[n][e];
-        }
-    }
-  }
-  // O's rows times corr; a warp-uniform branch: no row of the warp moved, no multiply.
-  __device__ __forceinline__ void rescale(float (&o)[DT][4], const float (&corr)[2]) const {
-    if constexpr (SOFTMAX) {
+      // A warp-uniform branch: no row of the warp moved, no multiply.
       if (__any_sync(0xffffffff, corr[0] != 1.f || corr[1] != 1.f)) {
 #pragma unroll
         for (int dn = 0; dn < DT; ++dn) {
@@ -115,6 +95,15 @@ struct RowSoftmax {
           o[dn][3] *= corr[1];
         }
       }
+    } else {
+#pragma unroll
+      for (int n = 0; n < NT; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float x = s[n][e] * scale;  // log2 units: sigmoid(x ln2) = 1 / (1 + 2^-x)
+          s[n][e] = x == -INFINITY ? 0.f : 1.f / (1.f + fast_exp2(-x));
+          l[e / 2] += s[n][e];
+        }
     }
   }
   // The quad's total weight of row h (every lane of the quad gets it).
