@@ -25,7 +25,7 @@ from cuda.bindings import driver as cu
 from rtattn.runtime import (CudaError, Device, NoDeviceError, Stream, as_stream, check, has_device,
                             no_device_reason, pack_params)
 from rtattn.runtime import libcuda
-from rtattn.runtime.launch import check_stream, enter_stream, stream_handle
+from rtattn.runtime.launch import check_stream, enter_stream
 
 __all__ = ["capture", "Graph", "GraphExec", "KernelNode", "UpdateResult", "GraphCaptureError"]
 

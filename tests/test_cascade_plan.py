@@ -110,7 +110,6 @@ def test_the_wgmma_rule_puts_the_measured_rows_on_the_faster_family(batch, prefi
     kw = shared_level_kw(get_device("h200"), 32, 8, 128, ps, B)
     assert kw["prefill_tile"].max_rows == (64 if B <= 16 else 128)
     cp = CascadePlanner.create(B, B, pool, 32, 8, 128, ps, num_levels=3, max_rows=32, **kw)
-    cp.join_levels = True
     info = cp.plan_shared(None, kv_indptr, idx, last)
     assert (info.level_prefill_items[:-1] > 0).tolist() == want
     assert info.joined == (not groups and want[0])
@@ -126,7 +125,6 @@ def test_joined_plans_on_the_wgmma_tiles_run_right_in_float64(batch):
     kw = shared_level_kw(get_device("h200"), 32, 8, 128, 16, batch)
     kw.pop("prefill_saving_us")
     cp = CascadePlanner.create(batch, batch, pool, 32, 8, 128, 16, num_levels=2, max_rows=32, **kw)
-    cp.join_levels = True
     info = cp.plan_shared(None, kv_indptr, idx, last)
     assert info.joined and info.prefill.tile_q == (16 if batch <= 16 else 32) and info.level_prefill_items[0] > 1
     rng = np.random.default_rng(batch)
@@ -398,10 +396,9 @@ def test_joined_plans_equal_attention_over_whole_requests(var, heads, D, ps, B):
     kv_indptr, idx, last, pool = one_prefix_batch(B, min(20 * ps, 320) + 3 if ps > 1 else 70, min(2 * ps + 1, 40), ps,
                                                   seed=D + B)
     cp = CascadePlanner.create(B, B, pool, H, Hk, D, ps, num_ctas=16, max_rows=16 if H <= 16 * Hk else 32,
-                               **prefill_kw(H, Hk, D, rows=64 if H // Hk >= 8 else 32))
+                               join_levels=True, **prefill_kw(H, Hk, D, rows=64 if H // Hk >= 8 else 32))
     plain = CascadePlanner.create(B, B, pool, H, Hk, D, ps, num_ctas=16, max_rows=16 if H <= 16 * Hk else 32,
                                   **prefill_kw(H, Hk, D, rows=64 if H // Hk >= 8 else 32))
-    cp.join_levels = True
     info = cp.plan_shared(None, kv_indptr, idx, last, causal=var.causal)
     ref = plain.plan_shared(None, kv_indptr, idx, last, causal=var.causal)
     assert info.joined and not ref.joined and info.level_prefill_items[0] > 1 and not info.level_prefill_items[1]
@@ -423,8 +420,8 @@ def test_plans_the_join_cannot_serve_keep_the_fold():
     from two prefill levels): the fold, as without join_levels."""
     H, Hk, D, ps = 32, 8, 128, 16
     kv_indptr, idx, last, pool = one_prefix_batch(6, 400, 40, ps)
-    cp = CascadePlanner.create(40, 40, 4000, H, Hk, D, ps, num_levels=3, max_rows=32, **prefill_kw(H, Hk, D, rows=64))
-    cp.join_levels = True
+    cp = CascadePlanner.create(40, 40, 4000, H, Hk, D, ps, num_levels=3, max_rows=32, join_levels=True,
+                               **prefill_kw(H, Hk, D, rows=64))
     info = cp.plan_shared(None, kv_indptr, idx, last)
     assert not info.joined and not info.level_prefill_items.any()   # 6 queries: one decode tile
     rng = np.random.default_rng(3)

@@ -92,7 +92,7 @@ def page_tables(spec: dict, seed: int = 0):
 # ---------------------------------------------------------------- plan() host time (CPU)
 def shared_kw(batch: int) -> dict:
     """CascadePlanner.create's prefill arguments as CascadeWrapper plans shared groups of up to
-    `batch` decode queries (H200 description, the default kernel): tile, cost rule, threshold."""
+    `batch` decode queries (H200 description, the default kernel): tile, cost rule, threshold, join_levels."""
     from rtattn.cascade import shared_level_kw
     from rtattn.plan.devices import get_device
     return shared_level_kw(get_device("h200"), HQ, HKV, D, PAGE, batch)
@@ -127,7 +127,6 @@ def bench_plan(reps: int) -> None:
         plain = Planner(B, B, int(kv_indptr[-1]), HQ, HKV, D, PAGE)
         pbuf = plain.layout.allocate()
         casc = CascadePlanner.create(B, B, total, HQ, HKV, D, PAGE, num_levels=3, max_rows=32, **shared_kw(B))
-        casc.join_levels = True   # (as CascadeWrapper's default)
         cbuf = casc.planset.allocate()
         lv = share_prefixes(kv_indptr, idx, last, PAGE, max_levels=3)
         step = iter(range(1 << 62))

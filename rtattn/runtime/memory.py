@@ -21,7 +21,7 @@ __all__ = ["DeviceBuffer", "PinnedBuffer", "memcpy_htod_async", "memcpy_dtoh_asy
 # the stream must be that device's. The caller's current context is left as it was.
 
 def memcpy_htod_async(dst_ptr: int, src_ptr: int, nbytes: int, stream=None, device=None) -> None:
-    """One async copy (every plan() makes one: the direct entry, the stream handle remembered)."""
+    """One async copy (the cascade's plan copy; the direct entry, the stream handle remembered)."""
     h = stream_handle(stream)
     with current_device(device).active():
         libcuda.copy_htod(int(dst_ptr), int(src_ptr), int(nbytes), h)
