@@ -287,17 +287,13 @@ class CascadePlanner:
         part, with each query's position (kv_offset 0: every request is its own group)."""
         buf = out if out is not None else self.planset.allocate()
         v = self._views.get(buf)
-        res = self.planner._schedule(batch)
-        self.planner._write(v["plan"], batch, res)
-        B, N = batch.batch, batch.qo_indptr.item(-1)
-        info = PlanInfo(res["n"], res["merge_rows"], res["partial_rows"], B, N, self.planner.num_ctas,
-                        self.planner.tile_q, self.page_size, res["L"], res["split_tiles"], res["loads"],
-                        buf if isinstance(buf, np.ndarray) else np.frombuffer(buf, np.uint8), v["plan"], res["mode"])
+        info = self.planner.plan_batch(batch, buf, v["plan"])
+        B, N = info.batch, info.num_qo_tokens
         own, j = _repeat_index(batch.qo_len, self._ar)   # each query row's request, its index there
         v["q_pos"][:N] = (batch.kv_len - batch.qo_len).take(own) + j
         v["kv_offset"][:B] = 0
         v["fold_info"][:3] = (N, 0, 1)
-        return CascadeInfo(info, np.zeros(B, np.int32), 1, N, res["partial_rows"], batch.kv_indptr.item(-1), v,
+        return CascadeInfo(info, np.zeros(B, np.int32), 1, N, info.num_partial_rows, batch.kv_indptr.item(-1), v,
                            flat=True)
 
     def plan_union(self, union: Union, out=None) -> CascadeInfo:

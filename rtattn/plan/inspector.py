@@ -381,10 +381,17 @@ class Planner:
                                    causal=self.causal, max_batch=b.max_batch,
                                    max_qo_tokens=b.max_qo_tokens, max_pages=b.max_pages,
                                    max_qo_len=b.max_qo_len)
-            items = self._schedule(batch, window_left)
-            buf, views = self._buffer(out)
-            self._write(views, batch, items)
-            B, num_qo = batch.batch, batch.qo_indptr.item(-1)
+            return self.plan_batch(batch, *self._buffer(out), window_left)
+        return self._info(items, B, num_qo, buf, views)
+
+    def plan_batch(self, batch: Batch, buf, views, window_left: int | None = None) -> PlanInfo:
+        """Plan a validated batch into `buf` (its field views `views`): the numpy path's schedule
+        and writers (the cascade's flat plan lays the decode part of its plan set out this way)."""
+        items = self._schedule(batch, window_left)
+        self._write(views, batch, items)
+        return self._info(items, batch.batch, batch.qo_indptr.item(-1), buf, views)
+
+    def _info(self, items: dict, B: int, num_qo: int, buf, views) -> PlanInfo:
         return PlanInfo(items["n"], items["merge_rows"], items["partial_rows"], B,
                         num_qo, self.num_ctas, self._tq, self.page_size,
                         items["L"], items["split_tiles"], items["loads"],
