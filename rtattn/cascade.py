@@ -39,7 +39,7 @@ import numpy as np
 from rtattn.codegen.cstruct import FieldWriter
 from rtattn.codegen.spec import BUILTINS, AttentionSpec, Param
 from rtattn.families import choice, decode as decode_family
-from rtattn.families.prefill import MMAS, ROWS as PREFILL_ROWS, WGMMA_ROWS, WGMMA_TILES, check_kv_strides, choose_tile
+from rtattn.families.prefill import MMAS, ROWS as PREFILL_ROWS, WGMMA_ROWS, check_kv_strides, choose_tile, wgmma_runs
 from rtattn.families.prefill import prefill_kernels, tile_config
 from rtattn.level_fold import CTAS_PER_SM, THREADS, fold_function, params_struct
 from rtattn.plan import devices as plan_devices
@@ -95,8 +95,7 @@ def shared_prefill_mma(device: plan_devices.Device, head_dim: int, group: int, m
         raise ValueError(f"prefill_mma must be 'auto' or one of {MMAS}, got {mma!r}")
     if mma != "auto":
         return mma
-    fits = tuple(device.cc) == (9, 0) and (WGMMA_ROWS, head_dim) in WGMMA_TILES and group <= WGMMA_ROWS
-    return "wgmma" if fits else "sync"
+    return "wgmma" if wgmma_runs(device, head_dim, group) else "sync"
 
 
 def shared_prefill_tile(device: plan_devices.Device, head_dim: int, group: int, page_size: int, max_queries: int,

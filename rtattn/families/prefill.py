@@ -204,12 +204,17 @@ def _smem_checked(dev, tile: PrefillTile, head_dim: int) -> int:
     return smem
 
 
+def wgmma_runs(dev, head_dim: int, group: int) -> bool:
+    """Whether the wgmma kernel can take this shape: a cc 9.0 device, its 64-row tile at
+    head_dim, the head group within its rows."""
+    return tuple(dev.cc) == (9, 0) and (WGMMA_ROWS, head_dim) in WGMMA_TILES and group <= WGMMA_ROWS
+
+
 def _wgmma_fits(dev, head_dim: int, group: int, avg_qo_len: float) -> bool:
     """The policy's kernel choice: wgmma on Hopper for prompts of WGMMA_MIN_QO query tokens or
     more. Multi-token decode and short prompts (memory-bound: a few tokens per request) stay on
     mma.sync, whose 16-128-row tiles read a request's KV once for up to 128 fused rows."""
-    return (tuple(dev.cc) == (9, 0) and (WGMMA_ROWS, head_dim) in WGMMA_TILES and group <= WGMMA_ROWS
-            and avg_qo_len >= WGMMA_MIN_QO)
+    return wgmma_runs(dev, head_dim, group) and avg_qo_len >= WGMMA_MIN_QO
 
 
 def _wgmma_tile(dev, head_dim: int, rows: int, paged: bool, tile_kv, stages, ctas_per_sm) -> PrefillTile:
