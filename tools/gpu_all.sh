@@ -11,6 +11,7 @@
 #   bash tools/gpu_all.sh            # carry .peer (FlashInfer wheels, tools/peer_setup.sh)
 #   ONLY="gpu-tier bench-decode" BENCH_DECODE_ARGS="--rows *" bash tools/gpu_all.sh   # a subset
 #   KCACHE=.kcache.tgz bash tools/gpu_all.sh   # a CUBIN cache built here (rtattn-compile), carried packed
+#     (tools/kcache_pack.py); KCACHE_BACK=1 returns what the device compiled beside it ($OUT/kcache-new.tgz)
 #   OVERHEAD_BATCHES=1,4,16,64,256 ...        # bench_overhead's batches (4: where auto weighs both partitions)
 #   INVARIANT_MODES="auto batch-invariant batch-invariant+c256" ...   # bench-invariant's --rt-modes
 #   CASCADE_LIBS=rt-casc,rt-wg,fi-casc PREFILL_TILES="default x" ...   # bench_cascade's libs (CASCADE_ARGS=--breakdown), bench_prefill's tile A/B
@@ -93,5 +94,6 @@ stage bench-family "$((T_BENCH + 10))" bash -c "$PY tools/bench_prefill.py --lib
     $PY tools/bench_decode.py --no-flashinfer --rows 'g*' b16-all1024-kv8 s64x4096 --rt-modes auto auto+prefill \
     --deadline $((T_BENCH / 2 - 5))"
 
+[ -z "${KCACHE_BACK:-}" ] || kcache_back "$OUT/kcache-new.tgz"   # KCACHE_BACK=1: bring back what was compiled here
 echo "== gpu_all summary (logs: \$OUT/logs.tgz)"
 printf '%s\n' "${SUMMARY[@]}"

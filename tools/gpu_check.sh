@@ -19,6 +19,9 @@ OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 rm -f "$OUT/junit.xml" "$OUT/junit-serial.xml"
 PY=${PYTHON:-python}
+# One BLAS/OpenMP thread per process: xdist's workers each computing the float64 reference with
+# a pool as wide as the machine (spinning OpenBLAS threads) slowed the tier several times over.
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1} MKL_NUM_THREADS=${MKL_NUM_THREADS:-1}
 SANITIZE=yes
 case "${1:-}" in
     --no-sanitize) SANITIZE=no; shift ;;

@@ -5,4 +5,10 @@
 # tools/gpu_all.sh and tools/gpu_invariant.sh; never `exit`s.
 if [ -n "${KCACHE:-}" ] && [ -f "$KCACHE" ]; then
     mkdir -p /tmp/rtattn_kcache && tar xzf "$KCACHE" -C /tmp/rtattn_kcache && export RTATTN_CACHE_DIR=/tmp/rtattn_kcache
+    touch /tmp/rtattn_kcache/.unpacked
 fi
+kcache_back() {   # kcache_back OUT.tgz: pack what this machine compiled since the unpacking (tests'
+    # own instances), to be merged into the CPU machine's cache and carried next time
+    [ -f /tmp/rtattn_kcache/.unpacked ] || return 0
+    (cd /tmp/rtattn_kcache && find cubin -name '*.bin' -newer .unpacked | tar czf "$1" -T -)
+}
