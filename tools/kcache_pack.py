@@ -21,6 +21,7 @@ def main(argv=None) -> int:
     ap.add_argument("out", help="the .tgz to write")
     ap.add_argument("--arch", default="sm_90")
     ap.add_argument("--exclude", action="append", default=[], help="leave out instances whose name contains this")
+    ap.add_argument("--only", action="append", default=[], help="pack only instances whose name contains this")
     ap.add_argument("--add", action="append", default=[], metavar="TGZ",
                     help="also pack the entries of this tarball (gpu_all's kcache-new.tgz: tests' instances)")
     a = ap.parse_args(argv)
@@ -40,7 +41,8 @@ def main(argv=None) -> int:
         keys.append(key)
 
     cubin_cache.load, cubin_cache.store = watch_load, watch_store
-    jobs = [j for j in shipped_jobs(a.arch) if not any(x in j[1] for x in a.exclude)]
+    jobs = [j for j in shipped_jobs(a.arch) if not any(x in j[1] for x in a.exclude)
+            and (not a.only or any(x in j[1] for x in a.only))]
     for kind, name, arch in jobs:
         _compile(kind, name, arch)
     root = cubin_cache.cache_dir()
