@@ -152,17 +152,20 @@ class PlannedWrapper:
         calls = self.kernels.calls(args, self.num_ctas, self.num_kv_heads, merge=merge, pdl=self.pdl)
         return self.launch_type(self, calls, args)
 
-    def _reusable(self) -> "PlannedLaunch":
+    def _reusable(self, keep_merge: bool = False) -> "PlannedLaunch":
         """The launch run() (and DecodeGraphs.step()) rebind on every call: its argument buffer is
-        rewritten each time, which is safe because the driver copies arguments at enqueue. It
-        launches the merge kernel only when the current plan has merge rows: the merge of a plan
-        with none has nothing to do (one driver call and one grid less per layer; prepare()'s
-        launches keep it, since graphs replay them under later plans)."""
+        rewritten each time, which is safe because the driver copies arguments at enqueue. For
+        run() it launches the merge kernel only when the current plan has merge rows: the merge of
+        a plan with none has nothing to do (one driver call and one grid less per layer).
+        `keep_merge` (graphs: DecodeGraphs.step, prepare()'s launches) keeps it whenever a plan may
+        split, so one captured topology serves every later plan."""
         info = self.info
-        key = (self._may_split and not self.fused_merge and info is not None and info.num_merge_rows > 0, self.pdl)
+        merge = self._may_split and not self.fused_merge and (
+            keep_merge or (info is not None and info.num_merge_rows > 0))
+        key = (merge, self.pdl)
         launch = self._eager.get(key)
         if launch is None:
-            launch = self._eager[key] = self._new_launch(merge=key[0])
+            launch = self._eager[key] = self._new_launch(merge=merge)
         return launch
 
     def _bind(self, launch: "PlannedLaunch", q, k_cache, v_cache, out, lse, stream, sm_scale, params,

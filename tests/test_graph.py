@@ -138,12 +138,15 @@ def _struct(w, params):
 def test_same_pointers_replay_one_graph_across_replans(fakes):
     w = _wrapper(fakes)
     g = DG.DecodeGraphs(w, max_execs=1)
-    for lens in ([100, 20, 300], [101, 21, 301], [101, 5, 301, 77, 9], [400]):   # finish, join, shrink
+    merges = []
+    for lens in ([100, 20, 300], [101, 21, 301], [1], [101, 5, 301, 77, 9], [400]):   # finish, join, shrink
         w.plan(*paged_kv(lens, 16, shuffle_seed=len(lens)))
+        merges.append(w.info.num_merge_rows > 0)
         out = _step(g, _layer(0, len(lens)))
         assert out.shape == (len(lens), 32, 128)
+    assert merges[2] is False and True in merges   # plans with and without merge rows: one graph
     assert g.stats == dict(captures=1, instantiations=1, updates=0, param_updates=0, reinstantiations=0,
-                           replays=4)
+                           replays=5)
     assert len(fakes.captured) == 1 and len(fakes.captured[0]) == 2  # one launch: decode and merge kernels
 
 
