@@ -4,7 +4,7 @@
 #   bash tools/gpu_check.sh [--no-sanitize | --sanitize-only] [extra command ...]
 # installs rtattn in place, runs the GPU tier, runs the extra command (e.g. a
 # benchmark), runs compute-sanitizer's memcheck, racecheck, initcheck and
-# synccheck over the smoke set (tools/smoke_decode.py --quick; ~2-3 min in all),
+# synccheck over small smoke cases of each family (decode, prefill on both kernels, cascade),
 # and prints a per-file pass/fail table and the sanitizer error counts LAST.
 # --no-sanitize skips the sanitizers; --sanitize-only runs only them.
 # PYTEST_ARGS (e.g. "-n 8", pytest-xdist) is passed to the GPU tier; tests marked `serial`
@@ -58,20 +58,33 @@ sanitize() {
         if compute-sanitizer --help 2>&1 | grep -q -- --report-api-errors; then
             SAN_FLAGS+=(--report-api-errors no)
         fi
-        SMOKE=("$PY" tools/smoke_decode.py --quick)
-        # compile the kernels once outside the sanitizer (NVRTC under it is slow, and cached after)
-        timeout "$SAN_TIMEOUT" "${SMOKE[@]}" > "$OUT/sanitize-warmup.log" 2>&1 \
-            || echo "(smoke warm-up exit $?: see $OUT/sanitize-warmup.log)"
+        # name:command pairs, small cases of each kernel family (one process each): decode's two,
+        # prefill on the wgmma and mma.sync kernels (split KV and split rows among them), cascade
+        # levels on prefill tiles, joined
+        SETS=("decode:tools/smoke_decode.py --quick"
+              "prefill:tools/smoke_prefill.py 0 10 23"
+              "prefill-sync:tools/smoke_prefill.py --mma sync 0 10"
+              "cascade:tools/smoke_cascade.py 0 14")
+        for set in "${SETS[@]}"; do
+            read -r -a SMOKE <<< "${set#*:}"
+            # compile the kernels once outside the sanitizer (NVRTC under it is slow, and cached after)
+            timeout "$SAN_TIMEOUT" "$PY" "${SMOKE[@]}" > "$OUT/sanitize-warmup-${set%%:*}.log" 2>&1 \
+                || echo "(smoke warm-up of ${set%%:*} exit $?: see $OUT/sanitize-warmup-${set%%:*}.log)"
+        done
         for tool in $SAN_TOOLS; do
-            log="$OUT/sanitize-$tool.log"
-            t0=$SECONDS
-            timeout "$SAN_TIMEOUT" compute-sanitizer --tool "$tool" "${SAN_FLAGS[@]}" "${SMOKE[@]}" > "$log" 2>&1
-            rc=$?
-            errors=$(grep -oE 'ERROR SUMMARY: [0-9]+|RACECHECK SUMMARY: [0-9]+ hazards? displayed \([0-9]+' "$log" \
-                     | tail -1 | grep -oE '[0-9]+$')
-            printf '%s\t%s\t%s\t%s\n' "$tool" "$rc" "${errors:-none}" "$((SECONDS - t0))" >> "$OUT/sanitizer.tsv"
-            echo "$tool: exit $rc, errors ${errors:-none (no summary line)}, $((SECONDS - t0)) s  ($log)"
-            grep -m 5 -E '^========= (Invalid|Error|Race|Uninitialized|Barrier|Warning)' "$log" || true
+            for set in "${SETS[@]}"; do
+                name=${set%%:*}
+                read -r -a SMOKE <<< "${set#*:}"
+                log="$OUT/sanitize-$tool-$name.log"
+                t0=$SECONDS
+                timeout "$SAN_TIMEOUT" compute-sanitizer --tool "$tool" "${SAN_FLAGS[@]}" "$PY" "${SMOKE[@]}" > "$log" 2>&1
+                rc=$?
+                errors=$(grep -oE 'ERROR SUMMARY: [0-9]+|RACECHECK SUMMARY: [0-9]+ hazards? displayed \([0-9]+' "$log" \
+                         | tail -1 | grep -oE '[0-9]+$')
+                printf '%s\t%s\t%s\t%s\n' "$tool $name" "$rc" "${errors:-none}" "$((SECONDS - t0))" >> "$OUT/sanitizer.tsv"
+                echo "$tool $name: exit $rc, errors ${errors:-none (no summary line)}, $((SECONDS - t0)) s  ($log)"
+                grep -m 5 -E '^========= (Invalid|Error|Race|Uninitialized|Barrier|Warning)' "$log" || true
+            done
         done
     fi
 }
@@ -146,7 +159,7 @@ for t in failed[:40]:  # failures first, the table last
     print(f"FAILED {t}")
 if len(failed) > 40:
     print(f"... and {len(failed) - 40} more failures (see $OUT/pytest.log)")
-w = max([len(f) for f in rows] + [21])
+w = max([len(f) for f in rows] + [24])
 if sanitize != "only":
     print(f"{'file':<{w}}  passed  failed  skipped")
 tot = [0, 0, 0]
@@ -166,7 +179,7 @@ if sanitize == "no":
 elif san and len(san[0]) == 1:
     print(f"sanitizers: {san[0][0]}")
 else:
-    print(f"{'sanitizer (smoke set)':<{w}}  errors  exit  seconds")
+    print(f"{'sanitizer (smoke cases)':<{w}}  errors  exit  seconds")
     for tool, rc, errors, sec in san:
         bad = errors != "0" or rc != "0"
         san_ok &= not bad
