@@ -182,6 +182,34 @@ def test_pingpong_and_three_ctas_compile_without_spills(tile, isolated_cache):
     assert int(re.search(r"Used (\d+) registers", log).group(1)) <= 65536 // (t.threads * t.min_blocks) // 8 * 8
 
 
+@pytest.mark.parametrize("head_dim,tile", [(64, dict(rows=128, tile_kv=64, stages=3, ctas_per_sm=2, pingpong=True)),
+                                           (64, dict(rows=128, tile_kv=32, stages=3, ctas_per_sm=2, pingpong=True)),
+                                           (256, dict(rows=128, pingpong=True))])
+@pytest.mark.parametrize("variant", ["alibi", "soft_cap", "sinks"])
+def test_head_dim_64_and_256_two_warpgroup_tiles_compile_without_spills(head_dim, tile, variant, isolated_cache):
+    """The 128-row tiles at d64 (two CTAs per SM: 64-token KV tiles keep S + P + O at 80 registers per
+    thread, as 32 do at d128) and d256 (one CTA: O alone is 128 registers) stay out of local memory
+    with the heavy hooks, within the registers their CTAs per SM leave."""
+    from rtattn.codegen.render import render_prefill
+    from rtattn.codegen.spec import BUILTINS
+    spec = BUILTINS[variant](dtype="bfloat16", head_dim=head_dim)
+    t = P.choose_tile(H200, head_dim, 4, 1024, mma="wgmma", **tile)
+    assert t.min_blocks == tile.get("ctas_per_sm", 1) and t.pingpong
+    log = _ptxas_log(spec, t, render_prefill(spec, t).source)
+    assert re.search(r"\b0 bytes spill stores, 0 bytes spill loads", log.split("Used")[0]), log[:400]
+    assert int(re.search(r"Used (\d+) registers", log).group(1)) <= min(255, 65536 // (t.threads * t.min_blocks) // 8 * 8)
+
+
+def test_the_register_cap_follows_the_accumulators():
+    """One more CTA per SM where S + P + O take at most WGMMA_SMALL_ACC registers per thread."""
+    assert P.wgmma_ctas_cap(128, 64, 64) == 2 and P.wgmma_ctas_cap(128, 64, 128) == 1
+    assert P.wgmma_ctas_cap(64, 64, 64) == 3 and P.wgmma_ctas_cap(64, 32, 128) == 3
+    assert P.wgmma_ctas_cap(128, 32, 256) == 1 and P.wgmma_ctas_cap(64, 128, 64) == 2
+    assert P.choose_tile(H200, 64, 4, 1024, mma="wgmma", rows=128, tile_kv=64, ctas_per_sm=2).min_blocks == 2
+    with pytest.raises(ValueError, match="ctas_per_sm=2"):
+        P.choose_tile(H200, 128, 4, 1024, mma="wgmma", rows=128, tile_kv=64, ctas_per_sm=2)
+
+
 def test_head_dim_256_caps_rows_and_the_resource_model_reads_the_device():
     t = P.choose_tile(H200, 256, 4, 4096, mma="sync")
     assert t.rows == 64 and t.tile_kv == 32
@@ -504,6 +532,8 @@ def test_cross_item_stream_matches_the_reference_and_the_per_item_bits(name):
 # Tiles of the prefill v5 A/B (docs/perf-log.md): the 128-row tile's warpgroups taking turns
 # (pingpong: bitwise the default 128-row tile's output), half the exp2 on the FMA pipe (fma_exp2)
 # and one warpgroup at 3 CTAs per SM (32-token KV tiles, 168 registers); against the reference.
+D64_KV64 = {"rows": 128, "tile_kv": 64, "stages": 3, "ctas_per_sm": 2, "pingpong": True}
+D256_PP = {"rows": 128, "tile_kv": 32, "stages": 3, "pingpong": True}
 NEW_TILE_CASES = {  # name: (kv_lens, qo_lens, (H, Hk), head_dim, page, variant, dtype, tile, num_ctas)
     "pp-causal-page1": ([300, 1024, 77, 5, 1], None, (32, 8), 128, 1, "causal", "bfloat16",
                         {"rows": 128, "pingpong": True}, 2),
@@ -531,6 +561,28 @@ NEW_TILE_CASES = {  # name: (kv_lens, qo_lens, (H, Hk), head_dim, page, variant,
                           {"rows": 64, "tile_kv": 32, "ctas_per_sm": 3}, 3),
     "b3-custom-mask-d64-ragged": ([200, 300, 33], [50, 300, 33], (16, 4), 64, 1, "custom_mask", "float16",
                                   {"tile_kv": 32, "ctas_per_sm": 3}, 2),
+    # prefill v6: two warpgroups at d64 (two CTAs per SM, 64- or 32-token KV tiles) and d256 (one CTA),
+    # d128 with 4 stages
+    "d64-pp-b2-kv64-causal": ([300, 1024, 77, 5, 1], None, (32, 8), 64, 16, "causal", "bfloat16", D64_KV64, 4),
+    "d64-pp-b2-kv64-alibi-cached-fp16": ([900, 300, 1500], [900, 100, 37], (16, 4), 64, 16, "alibi", "float16",
+                                         D64_KV64, 4),
+    "d64-pp-b2-kv64-soft-cap-page1-g1": ([700, 129, 33], None, (8, 8), 64, 1, "soft_cap", "bfloat16", D64_KV64, 3),
+    "d64-pp-b2-kv64-window-g16-page64": ([900, 300, 1200], None, (32, 2), 64, 64, "sliding_window", "bfloat16",
+                                         D64_KV64, 3),
+    "d64-pp-b2-kv64-sinks-split": ([2000, 300], [64, 300], (16, 4), 64, 16, "sinks", "bfloat16", D64_KV64, 5),
+    "d64-pp-b2-kv64-custom-mask-ragged": ([200, 300, 33], [50, 300, 33], (16, 4), 64, 1, "custom_mask", "float16",
+                                          D64_KV64, 2),
+    "d64-pp-b2-kv32-causal-cached": ([513, 1500, 64], [1, 700, 64], (32, 8), 64, 16, "causal", "bfloat16",
+                                     {**D64_KV64, "tile_kv": 32}, 3),
+    "d256-pp-causal": ([300, 1024, 77, 5, 1], None, (32, 8), 256, 16, "causal", "bfloat16", D256_PP, 4),
+    "d256-pp-alibi-cached": ([900, 300, 1500], [900, 100, 37], (16, 4), 256, 16, "alibi", "bfloat16", D256_PP, 4),
+    "d256-pp-soft-cap-fp16-split": ([3000, 200], [3000, 10], (8, 2), 256, 16, "soft_cap", "float16", D256_PP, 3),
+    "d256-pp-window-g1-page1": ([900, 300, 1200], None, (8, 8), 256, 1, "sliding_window", "bfloat16", D256_PP, 3),
+    "d256-pp-sinks-split-g16": ([2000, 300], [64, 300], (32, 2), 256, 64, "sinks", "bfloat16", D256_PP, 5),
+    "d256-pp-custom-mask-ragged": ([200, 300, 33], [50, 300, 33], (16, 4), 256, 1, "custom_mask", "bfloat16",
+                                   D256_PP, 2),
+    "d128-pp-b2-kv32-s4-soft-cap": ([900, 300, 1500], [900, 100, 37], (32, 8), 128, 16, "soft_cap", "bfloat16",
+                                    {"rows": 128, "tile_kv": 32, "stages": 4, "ctas_per_sm": 2, "pingpong": True}, 4),
 }
 
 

@@ -9,8 +9,9 @@ the prefill rows of shared/PERF.md, one process, the same inputs for every libra
     python tools/bench_prefill.py --rows 'mtd*' --libs rt rtdec fa2        # multi-token decode
     python tools/bench_prefill.py --rows '8x2048*'          # 8 x 2048 causal and its variant rows
     python tools/bench_prefill.py --rows '*-window' 8x2048  # every window row and a causal twin
+    python tools/bench_prefill.py --rows 16x1024 --shapes 32:8:64:16 32:32:128:1   # the neighbourhood, one process
 
-32/8 heads, D = 128, bf16, page 16, pages scattered (--heads, --head-dim, --page change them;
+32/8 heads, D = 128, bf16, page 16, pages scattered (--heads, --head-dim, --page change them, --shapes runs several;
 rows named *-plain are non-causal; NAME-softcap/-alibi/-window are causal with that variant and
 run right after their causal twin NAME, and the run ends with each variant's TFLOP/s over its
 twin's). TFLOP/s = 4 * H * D * attended (q, k)
@@ -291,8 +292,13 @@ def prebuild(rows, tiles, arch: str) -> int:
         qo = row.lengths()
         pages = int(((qo + row.cached + PAGE - 1) // PAGE).sum())
         for tag in tiles:
-            tile = family.choose_tile(dev, D, HQ // HKV, float(min(int(qo.max()), 1024)), avg_kv_len=pages * PAGE / len(qo),
-                                      **(parse_tile(tag) if tag not in (None, "default") else {}))
+            try:
+                tile = family.choose_tile(dev, D, HQ // HKV, float(min(int(qo.max()), 1024)),
+                                          avg_kv_len=pages * PAGE / len(qo),
+                                          **(parse_tile(tag) if tag not in (None, "default") else {}))
+            except ValueError as e:   # a tag this shape cannot take: the timed run reports it the same way
+                print(f"{shape_name()} {tag}: skipped ({e})", flush=True)
+                continue
             if (row.variant, tile) not in built:
                 built.add((row.variant, tile))
                 family.compile_prefill(rt_spec(row.variant), tile, arch, quiet=True)
@@ -395,31 +401,24 @@ class Ctx:
         self.samples, self.fi_ws = samples, None
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rows", nargs="*", default=["*"], help="row names or glob patterns")
-    ap.add_argument("--libs", nargs="*", default=["rt", "fa2"],
-                    help="rt (prefill family), rtdec (decode family, <= 32 fused rows), fa2, fa3, "
-                         "sdpa (torch SDPA, cuDNN backend), sdpa-flash (torch SDPA, flash backend)")
-    ap.add_argument("--rt-tiles", nargs="*", default=[None],
-                    help="tile overrides to A/B, e.g. default q128_kv32_w8_s3 ('default': the policy's tile, key rt)")
-    ap.add_argument("--samples", type=int, default=20)
-    ap.add_argument("--budget-s", type=float, default=400, help="stop starting rows after this many seconds")
-    ap.add_argument("--json", help="write the results here")
-    ap.add_argument("--heads", default=f"{HQ}:{HKV}", help="query:KV heads (the neighbourhood: 32:32, 32:4 ...)")
-    ap.add_argument("--head-dim", type=int, default=D, help="64, 128 or 256")
-    ap.add_argument("--page", type=int, default=PAGE, help="page size (1 to 128, a power of two)")
-    ap.add_argument("--prebuild", metavar="ARCH", help="only compile rtattn's instances for ARCH (sm_90), no GPU")
-    args = ap.parse_args(argv)
-    set_shape(args.heads, args.head_dim, args.page)
-    rows = select_rows(args.rows)
-    if args.prebuild:
-        return prebuild(rows, args.rt_tiles, args.prebuild)
+def parse_shapes(specs) -> list[tuple[str, int, int]]:
+    """--shapes 'HQ:HKV:D:PAGE' ... -> [(heads, head dim, page)] (the neighbourhood in one process)."""
+    out = []
+    for spec in specs:
+        parts = spec.split(":")
+        if len(parts) != 4 or not all(p.isdigit() for p in parts):
+            raise SystemExit(f"--shapes {spec!r}: write HQ:HKV:D:PAGE, e.g. 32:8:64:16")
+        out.append((f"{parts[0]}:{parts[1]}", int(parts[2]), int(parts[3])))
+    return out
+
+
+def shape_name() -> str:
+    return f"{HQ}/{HKV} d{D} p{PAGE}"
+
+
+def run_rows(ctx, rows, args, t0: float) -> dict:
+    """Every row at the module's shape, each library (and rtattn tile) on the same inputs."""
     import torch
-    t0 = time.perf_counter()
-    print(f"shape: {HQ}/{HKV} heads, D = {D}, page {PAGE}; clocks: {bc.warm_clocks(3.0):.0f} TFLOP/s bf16 matmul",
-          flush=True)
-    ctx = Ctx(args.samples)
     results = {}
     for row in rows:
         if time.perf_counter() - t0 > args.budget_s:
@@ -459,23 +458,69 @@ def main(argv=None) -> int:
                 print(f"    {key}: {r}", flush=True)
         del x
         torch.cuda.empty_cache()
+    return results
+
+
+def report(results: dict, libs) -> None:
     ratios = [r["rt"]["tflops"] / r["fa2"]["tflops"] for r in results.values()
               if r.get("rt", {}).get("ok") and r.get("fa2", {}).get("ok")]
     if ratios:
         print(f"rt/fa2: geomean {bc.geomean(ratios):.2f}, min {min(ratios):.2f} over {len(ratios)} rows")
-    peers = [k for k in ("fa2", "fa3", "sdpa", "sdpa-flash") if k in args.libs]
-    if "rt" in args.libs and peers:   # one compact table last: rtattn TFLOP/s and its ratio to each peer
+    peers = [k for k in ("fa2", "fa3", "sdpa", "sdpa-flash") if k in libs]
+    if "rt" in libs and peers:   # one compact table last: rtattn TFLOP/s and its ratio to each peer
         print("row | rt TFLOP/s | " + " | ".join(f"rt/{k}" for k in peers))
         for name, r in results.items():
             rt = r.get("rt", {})
             cells = [f"{rt['tflops'] / r[k]['tflops']:.2f}" if rt.get("ok") and r.get(k, {}).get("ok") else "-"
                      for k in peers]
             print(f"{name} | {rt['tflops']:.0f} | " + " | ".join(cells) if rt.get("ok") else f"{name} | - | ...")
-    for lib in [k for k in ("rt", "fa2", "fa3") if k in args.libs]:
+    for lib in [k for k in ("rt", "fa2", "fa3") if k in libs]:
         costs = variant_costs(results, lib)
         if costs:
             print(f"{lib} variant / causal twin (TFLOP/s over attended pairs): "
                   + ", ".join(f"{n} {r:.3f}" for n, r in costs))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", nargs="*", default=["*"], help="row names or glob patterns")
+    ap.add_argument("--libs", nargs="*", default=["rt", "fa2"],
+                    help="rt (prefill family), rtdec (decode family, <= 32 fused rows), fa2, fa3, "
+                         "sdpa (torch SDPA, cuDNN backend), sdpa-flash (torch SDPA, flash backend)")
+    ap.add_argument("--rt-tiles", nargs="*", default=[None],
+                    help="tile overrides to A/B, e.g. default q128_kv32_w8_s3 ('default': the policy's tile, key rt)")
+    ap.add_argument("--samples", type=int, default=20)
+    ap.add_argument("--budget-s", type=float, default=400, help="stop starting rows after this many seconds")
+    ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--heads", default=f"{HQ}:{HKV}", help="query:KV heads (the neighbourhood: 32:32, 32:4 ...)")
+    ap.add_argument("--head-dim", type=int, default=D, help="64, 128 or 256")
+    ap.add_argument("--page", type=int, default=PAGE, help="page size (1 to 128, a power of two)")
+    ap.add_argument("--shapes", nargs="*", metavar="HQ:HKV:D:PAGE",
+                    help="run the rows at each of these shapes in turn, one process (instead of --heads/--head-dim/--page)")
+    ap.add_argument("--prebuild", metavar="ARCH", help="only compile rtattn's instances for ARCH (sm_90), no GPU")
+    args = ap.parse_args(argv)
+    shapes = parse_shapes(args.shapes) if args.shapes else [(args.heads, args.head_dim, args.page)]
+    for shape in shapes:
+        set_shape(*shape)   # every shape checked before anything runs
+    rows = select_rows(args.rows)
+    if args.prebuild:
+        for shape in shapes:
+            set_shape(*shape)
+            prebuild(rows, args.rt_tiles, args.prebuild)
+        return 0
+    t0 = time.perf_counter()
+    print(f"clocks: {bc.warm_clocks(3.0):.0f} TFLOP/s bf16 matmul", flush=True)
+    ctx = Ctx(args.samples)
+    results = {}
+    for shape in shapes:
+        set_shape(*shape)
+        print(f"shape: {HQ}/{HKV} heads, D = {D}, page {PAGE}", flush=True)
+        shape_results = run_rows(ctx, rows, args, t0)
+        report(shape_results, args.libs)
+        results.update({(f"{shape_name()} {k}" if len(shapes) > 1 else k): v for k, v in shape_results.items()})
+    if len(shapes) > 1:
+        print("all shapes:")
+        report(results, args.libs)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1, default=str))
     return 0

@@ -43,7 +43,10 @@ WGMMA_MIN_QO = 128    # average query tokens from which the policy takes the wgm
 # chunked 16 x (4096 + 512) 348 / 350 / 356, 1x16384 391 / 381 / 412. d64 / d256 keep 64 rows
 # (their 128-row tiles have not run on a GPU).
 WGMMA_LONG_KV = 4096
-WGMMA_SHORT_KV_TILE = (32, 3, 2)   # (tile_kv, stages, CTAs per SM) of the 128-row tile below WGMMA_LONG_KV
+# The policy's wgmma tile by head_dim: its rows, and the (tile_kv, stages, CTAs per SM) that replace
+# WGMMA_TILES's for those rows below WGMMA_LONG_KV (None: WGMMA_TILES's at every KV length).
+WGMMA_POLICY = {64: (64, None), 128: (128, (32, 3, 2)), 256: (64, None)}
+WGMMA_BIAS_SPILLS = (128,)   # head dims whose short-KV tile spills with a linear bias (ALiBi 8-20 B at d128)
 # The KV stream across items (PrefillTile.cross; template CROSS of both kernels), an A/B path until
 # measured. ptxas (sm_90a / sm_90) holds its cursor (4 registers) with no spill in the KV loop for
 # the wgmma kernel at head dims 64 and 128 (d128 64 rows 244 registers, 128 rows 254; d256, at 252
@@ -55,7 +58,7 @@ CROSS_HEAD_DIMS = (64, 128)
 # same products in another order (bitwise the same outputs), +3-9 % on every 128-row row measured
 # (v12).
 WGMMA_PINGPONG = True
-WGMMA_3CTA_KV = 32    # the largest KV tile with which one more CTA fits the registers (wgmma_ctas_cap)
+WGMMA_SMALL_ACC = 88  # accumulator registers per thread with which one more CTA fits the registers (wgmma_ctas_cap)
 
 
 @dataclass(frozen=True)
@@ -137,14 +140,15 @@ def choose_tile(device, head_dim: int, group: int, avg_qo_len: float = 1024, *, 
     ctas_per_sm is the register budget the kernel is compiled for (__launch_bounds__), capped by
     the shared memory. mma: the kernel (MMAS); by default "wgmma" on cc 9.0 for queries of
     WGMMA_MIN_QO tokens or more on average unless the caller fixes another shape (rows, num_warps)
-    or more than 2 CTAs per SM, else "sync"; its rows: 128 at head_dim 128 (WGMMA_SHORT_KV_TILE's
-    KV tile and CTAs per SM below WGMMA_LONG_KV average KV tokens per request, avg_kv_len; None:
-    unknown), else 64. cross: the KV
+    or more than 2 CTAs per SM, else "sync"; its rows and tile: WGMMA_POLICY's at head_dim (its
+    short-KV tile below WGMMA_LONG_KV average KV tokens per request, avg_kv_len; None: unknown).
+    cross: the KV
     stream across items (an A/B path, off by default) on whichever kernel the rest picks.
     pingpong: the two warpgroups of a 128-row wgmma tile take turns (None: WGMMA_PINGPONG there).
     fma_exp2: half the softmax's exp2 on the FMA pipe (the wgmma kernel; an A/B path). linear_bias:
-    the variant's (AttentionSpec.linear_bias): its 128-row tile keeps 128-token KV tiles at one CTA
-    per SM, where its registers fit (at two CTAs per SM ptxas spills 8-20 B)."""
+    the variant's (AttentionSpec.linear_bias): at the head dims of WGMMA_BIAS_SPILLS its 128-row tile
+    keeps 128-token KV tiles at one CTA per SM, where its registers fit (at two CTAs per SM ptxas
+    spills 8-20 B)."""
     dev = plan_devices.get_device(device)
     if group > ROWS[-1]:
         raise ValueError(f"head group {group} exceeds the prefill kernel's {ROWS[-1]} rows")
@@ -157,10 +161,10 @@ def choose_tile(device, head_dim: int, group: int, avg_qo_len: float = 1024, *, 
         if tuple(dev.cc) != (9, 0):
             raise ValueError(f"prefill mma='wgmma' needs a cc 9.0 (sm_90a) device, not {dev.name} (cc {dev.cc})")
         if rows is None:
-            rows = 128 if head_dim == 128 else WGMMA_ROWS
-            short_kv = (avg_kv_len or 0) < WGMMA_LONG_KV and not linear_bias   # (a linear bias spills there)
-            if rows == 128 and short_kv and tile_kv is None and stages is None:
-                tile_kv, stages, ctas = WGMMA_SHORT_KV_TILE
+            rows, short_tile = WGMMA_POLICY.get(head_dim, (WGMMA_ROWS, None))   # (others: refused below)
+            short_kv = (avg_kv_len or 0) < WGMMA_LONG_KV and not (linear_bias and head_dim in WGMMA_BIAS_SPILLS)
+            if short_tile and short_kv and tile_kv is None and stages is None:
+                tile_kv, stages, ctas = short_tile
                 ctas_per_sm = ctas if ctas_per_sm is None else ctas_per_sm
         if cross and head_dim not in CROSS_HEAD_DIMS:
             raise ValueError(f"prefill cross=True at head_dim {head_dim}: the KV stream across items is built for "
@@ -223,7 +227,7 @@ def _wgmma_tile(dev, head_dim: int, rows: int, paged: bool, tile_kv, stages, cta
                          f"got ({rows}, {head_dim})")
     kv, st = WGMMA_TILES[rows, head_dim]
     tile = PrefillTile(rows, tile_kv or kv, rows // 16, stages or st, paged, mma="wgmma")
-    cap = wgmma_ctas_cap(rows, tile.tile_kv)
+    cap = wgmma_ctas_cap(rows, tile.tile_kv, head_dim)
     smem = _smem_checked(dev, tile, head_dim)
     if ctas_per_sm is not None and not 1 <= ctas_per_sm <= cap:
         raise ValueError(f"prefill ctas_per_sm={ctas_per_sm} for the wgmma kernel at {rows} rows, tile_kv "
@@ -233,13 +237,15 @@ def _wgmma_tile(dev, head_dim: int, rows: int, paged: bool, tile_kv, stages, cta
     return replace(tile, min_blocks=blocks)
 
 
-def wgmma_ctas_cap(rows: int, tile_kv: int) -> int:
+def wgmma_ctas_cap(rows: int, tile_kv: int, head_dim: int) -> int:
     """CTAs per SM the wgmma kernel may be compiled for (__launch_bounds__), from the register
-    file (64K per SM): 255 registers per thread at 2 x 128 or 1 x 256 threads. With 32-token KV
-    tiles (S 16 + P 8 registers per thread beside O's 64) one more CTA fits: one warpgroup at 3 per
-    SM (168 registers), two at 2 (128 registers); ptxas (d64/d128): no spill, but at 2 x 256 ALiBi
-    (12/20 B) and the built-in soft_cap (8/4 B) spill outside the block loop; the shared memory allows them at d <= 128 (d128, 3 stages: 64 / 80 KiB)."""
-    if tile_kv <= WGMMA_3CTA_KV:
+    file (64K per SM): 255 registers per thread at 2 x 128 or 1 x 256 threads. One more CTA fits
+    where a warpgroup's accumulators per thread (S tile_kv / 2, P tile_kv / 4, O head_dim / 2
+    registers) take at most WGMMA_SMALL_ACC, as at d128 with 32-token KV tiles (88) or d64 with 64
+    (80): one warpgroup at 3 per SM (168 registers), two at 2 (128 registers). ptxas (d64/d128): no
+    spill, but at 2 x 256 ALiBi (12/20 B) and the built-in soft_cap (8/4 B) spill outside the block
+    loop at d128; the shared memory allows them at d <= 128 (d128, 3 stages: 64 / 80 KiB)."""
+    if 3 * tile_kv // 4 + head_dim // 2 <= WGMMA_SMALL_ACC:
         return 3 if rows == 64 else 2
     return MAX_CTAS_PER_SM * 64 // rows
 
