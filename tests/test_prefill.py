@@ -44,10 +44,12 @@ def test_hopper_takes_the_wgmma_kernel_for_prompts_of_128_tokens(avg, group, mma
     assert P.choose_tile(A100, 128, group, avg).mma == "sync"
 
 
-@pytest.mark.parametrize("head_dim,rows,tile_kv,stages", [(64, 64, 128, 3), (128, 128, 32, 3), (256, 64, 32, 2)])
-def test_wgmma_tiles_keep_two_ctas_per_sm_and_compile_for_sm90a(head_dim, rows, tile_kv, stages):
+@pytest.mark.parametrize("head_dim,rows,tile_kv,stages,ctas", [(64, 128, 64, 3, 2), (128, 128, 32, 3, 2),
+                                                                (256, 128, 32, 3, 1)])
+def test_wgmma_policy_tiles_by_head_dim_compile_for_sm90a(head_dim, rows, tile_kv, stages, ctas):
     t = P.choose_tile(H200, head_dim, 8, 512)
-    assert (t.rows, t.num_warps, t.tile_kv, t.stages, t.min_blocks) == (rows, rows // 16, tile_kv, stages, 2)
+    assert (t.rows, t.num_warps, t.tile_kv, t.stages, t.min_blocks) == (rows, rows // 16, tile_kv, stages, ctas)
+    assert t.pingpong and P.choose_tile(H200, head_dim, 8, 512, avg_kv_len=1e5).rows == 128
     assert t.tag.startswith(f"wg_q{rows}") and t.arch("sm_90") == "sm_90a"
     assert t.smem_bytes(head_dim) == (rows + 2 * stages * tile_kv) * head_dim * 2
     assert P.choose_tile(H200, 128, 8, 512, tile_kv=128, stages=2).min_blocks == 1   # 144 KiB
@@ -55,7 +57,8 @@ def test_wgmma_tiles_keep_two_ctas_per_sm_and_compile_for_sm90a(head_dim, rows, 
     assert P.choose_tile(H200, 128, 8, 512, rows=128).mma == "sync"
     assert P.choose_tile(H200, 128, 8, 512, mma="sync").mma == "sync"
     assert P.choose_tile(H200, 128, 8, 1, mma="wgmma").rows == 128
-    assert P.choose_tile(H200, 64, 8, 1, mma="wgmma").rows == 64
+    assert P.choose_tile(H200, 64, 8, 1, mma="wgmma").rows == 128
+    assert P.choose_tile(H200, 64, 8, 1, mma="wgmma", rows=64).tag == "wg_q64_kv128_w4_s3_b2"   # one warpgroup
     two = P.choose_tile(H200, head_dim, 8, 512, rows=128, mma="wgmma")   # two warpgroups, one CTA per SM
     assert (two.num_warps, two.min_blocks, two.tag[:7]) == (8, 1, "wg_q128")
 
@@ -67,7 +70,11 @@ def test_head_dim_128_takes_two_warpgroups_and_long_kv_128_token_tiles():
     assert short.tag == "wg_q128_kv32_w8_s3_pp_b2"                 # two CTAs per SM, taking turns
     assert P.choose_tile(H200, 128, 4, 1024) == short              # KV unknown
     assert P.choose_tile(H200, 128, 4, 1024, linear_bias=True) == long   # ALiBi's registers: one CTA per SM
-    assert P.choose_tile(H200, 64, 4, 1024, avg_kv_len=1e5).rows == 64   # only d128 measured
+    # d64: two 128-row CTAs per SM with 64-token tiles at every KV length, ALiBi too (no spill there);
+    # d256: one 128-row CTA per SM (prefill v6)
+    for kw in (dict(avg_kv_len=1e5), dict(avg_kv_len=100), dict(linear_bias=True)):
+        assert P.choose_tile(H200, 64, 4, 1024, **kw).tag == "wg_q128_kv64_w8_s3_pp_b2"
+        assert P.choose_tile(H200, 256, 4, 1024, **kw).tag == "wg_q128_kv32_w8_s3_pp_b1"
     assert P.choose_tile(H200, 128, 4, 1024, avg_kv_len=1e5, tile_kv=64, stages=4,
                          pingpong=False).tag == "wg_q128_kv64_w8_s4_b1"
 
@@ -253,7 +260,7 @@ def test_prefill_instance_compiles(arch, isolated_cache):
         assert f"PrefillShape<128, {tile.num_warps}, {tile.mma_q}, {tile.tile_kv}" in rendered.source
 
 
-@pytest.mark.parametrize("head_dim", [128, 256])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
 def test_wgmma_tiles_fit_their_registers(head_dim, isolated_cache):
     """The resource model's promise for the policy's wgmma tiles, with the heaviest hooks (ALiBi,
     which keeps one CTA per SM at d128, and sinks): no spill, except the d128 tile of two 128-row CTAs

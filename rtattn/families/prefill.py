@@ -3,8 +3,8 @@
 A tile is ROWS = 16 * mma_q * num_warps fused query rows (tokens x head group) against TILE_KV
 KV tokens per pipeline stage, run by one of two kernels (`PrefillTile.mma`): "sync", the
 mma.sync kernel (cuda_src/prefill.cuh, sm_80 and sm_90), or "wgmma", the warpgroup kernel
-(cuda_src/prefill_sm90.cuh, compiled for sm_90a: warpgroups of 64 rows; one per CTA with two
-CTAs per SM by default, or two per CTA sharing the K/V tiles). Its shared memory (q tile + stages x (K + V) tiles) and the CTAs
+(cuda_src/prefill_sm90.cuh, compiled for sm_90a: warpgroups of 64 rows; by default two per CTA
+sharing the K/V tiles and taking turns on the tensor cores, or one). Its shared memory (q tile + stages x (K + V) tiles) and the CTAs
 per SM it is compiled for (__launch_bounds__) come from `PrefillTile` alone, from the device's
 real limits: the renderer spells the same numbers into the source (a static_assert checks the
 shared memory), the planner sizes its grid with them, and the loaded kernel's occupancy is
@@ -27,7 +27,7 @@ ROWS = (16, 32, 64, 128)
 TILE_KV = (32, 64, 128)
 MAX_CTAS_PER_SM = 2   # register budget: 255 per thread at 128 threads leaves room for 2
 MMAS = ("sync", "wgmma")
-WGMMA_ROWS = 64       # one warpgroup's m64 products: the default wgmma tile
+WGMMA_ROWS = 64       # one warpgroup's m64 products: the smallest wgmma tile (wgmma_runs's fit)
 # wgmma tiles by (rows, head_dim) -> (tile_kv, stages). 64 rows: two CTAs per SM fit in the shared
 # memory (d128: 16 KiB q + 3 x 32 KiB stages = 112 KiB each) and S + P + O fit 255 registers
 # (ptxas: 212 at d64/d128, 255 at d256, no spills). 128 rows (two warpgroups, one CTA per SM):
@@ -35,17 +35,17 @@ WGMMA_ROWS = 64       # one warpgroup's m64 products: the default wgmma tile
 WGMMA_TILES = {(64, 64): (128, 3), (64, 128): (64, 3), (64, 256): (32, 2),
                (128, 64): (128, 3), (128, 128): (128, 2), (128, 256): (32, 3)}
 WGMMA_MIN_QO = 128    # average query tokens from which the policy takes the wgmma kernel
-# d128 takes two warpgroups (128 rows) taking turns on the tensor cores (PrefillTile.pingpong),
-# two CTAs per SM with 32-token KV tiles in 3 stages, below WGMMA_LONG_KV average KV tokens per
-# request (None: unknown), and 128-token tiles in 2 stages at one CTA per SM from there. H200
-# (docs/perf-log.md, v12; TFLOP/s, 64-row tile / kv32 pp b2 / kv128 pp b1): 16x1024 240 / 297 / 259,
-# 32x512 189 / 230 / 186, 8x2048 305 (kv128, no turns) / 331 / 322, 4x4096 347 / 359 / 365,
-# chunked 16 x (4096 + 512) 348 / 350 / 356, 1x16384 391 / 381 / 412. d64 / d256 keep 64 rows
-# (their 128-row tiles have not run on a GPU).
+# The policy's wgmma tile by head_dim: two warpgroups (128 rows) taking turns on the tensor cores
+# (PrefillTile.pingpong), as (tile_kv, stages, CTAs per SM) below WGMMA_LONG_KV average KV tokens
+# per request (None: unknown) and from there. H200, TFLOP/s (docs/perf-log.md v12 and prefill v6):
+# d128, 64-row tile / kv32 pp b2 / kv128 pp b1: 16x1024 240 / 297 / 259, 32x512 189 / 230 / 186,
+# 4x4096 347 / 359 / 365, 1x16384 391 / 381 / 412; d64, 64-row kv128 b2 / kv64 pp b2 / kv32 pp b2 /
+# kv128 pp b1: 16x1024 195 / 255 / 226 / 193, 32x512 142 / 197 / 184 / 142, 4x4096 273 / 327 / 273 / 264;
+# d256, 64-row kv32 b2 / 128-row kv32 pp b1 (two do not fit the shared memory): 16x1024 246 / 262,
+# 32x512 188 / 204, 4x4096 303 / 333.
 WGMMA_LONG_KV = 4096
-# The policy's wgmma tile by head_dim: its rows, and the (tile_kv, stages, CTAs per SM) that replace
-# WGMMA_TILES's for those rows below WGMMA_LONG_KV (None: WGMMA_TILES's at every KV length).
-WGMMA_POLICY = {64: (64, None), 128: (128, (32, 3, 2)), 256: (64, None)}
+WGMMA_POLICY = {64: (128, (64, 3, 2), (64, 3, 2)), 128: (128, (32, 3, 2), (128, 2, 1)),
+                256: (128, (32, 3, 1), (32, 3, 1))}   # head_dim: (rows, short-KV tile, long-KV tile)
 WGMMA_BIAS_SPILLS = (128,)   # head dims whose short-KV tile spills with a linear bias (ALiBi 8-20 B at d128)
 # The KV stream across items (PrefillTile.cross; template CROSS of both kernels), an A/B path until
 # measured. ptxas (sm_90a / sm_90) holds its cursor (4 registers) with no spill in the KV loop for
@@ -134,21 +134,21 @@ def choose_tile(device, head_dim: int, group: int, avg_qo_len: float = 1024, *, 
                 avg_kv_len: float | None = None, cross: bool = False, pingpong: bool | None = None,
                 fma_exp2: bool = False, linear_bias: bool = False) -> PrefillTile:
     """The tile for a workload: the smallest ROWS covering the average fused rows (avg query length
-    x g), at least the head group; head_dim 256 at most 64 rows (O alone is 128 registers per
-    thread there). KV tile and stages: the largest that keep MAX_CTAS_PER_SM resident where the
+    x g), at least the head group; on mma.sync head_dim 256 at most 64 rows (O alone is 128
+    registers per thread there). KV tile and stages: the largest that keep MAX_CTAS_PER_SM resident where the
     shared memory allows it. Any argument given explicitly overrides the policy (A/B tests);
     ctas_per_sm is the register budget the kernel is compiled for (__launch_bounds__), capped by
     the shared memory. mma: the kernel (MMAS); by default "wgmma" on cc 9.0 for queries of
     WGMMA_MIN_QO tokens or more on average unless the caller fixes another shape (rows, num_warps)
     or more than 2 CTAs per SM, else "sync"; its rows and tile: WGMMA_POLICY's at head_dim (its
-    short-KV tile below WGMMA_LONG_KV average KV tokens per request, avg_kv_len; None: unknown).
+    short-KV tile below WGMMA_LONG_KV average KV tokens per request, avg_kv_len; None: unknown; the
+    long-KV tile from there); a tile_kv or stages given keeps WGMMA_TILES's for the rows.
     cross: the KV
     stream across items (an A/B path, off by default) on whichever kernel the rest picks.
     pingpong: the two warpgroups of a 128-row wgmma tile take turns (None: WGMMA_PINGPONG there).
     fma_exp2: half the softmax's exp2 on the FMA pipe (the wgmma kernel; an A/B path). linear_bias:
-    the variant's (AttentionSpec.linear_bias): at the head dims of WGMMA_BIAS_SPILLS its 128-row tile
-    keeps 128-token KV tiles at one CTA per SM, where its registers fit (at two CTAs per SM ptxas
-    spills 8-20 B)."""
+    the variant's (AttentionSpec.linear_bias): at the head dims of WGMMA_BIAS_SPILLS it takes the
+    long-KV tile at every KV length, where its registers fit (at two CTAs per SM ptxas spills 8-20 B)."""
     dev = plan_devices.get_device(device)
     if group > ROWS[-1]:
         raise ValueError(f"head group {group} exceeds the prefill kernel's {ROWS[-1]} rows")
@@ -161,10 +161,10 @@ def choose_tile(device, head_dim: int, group: int, avg_qo_len: float = 1024, *, 
         if tuple(dev.cc) != (9, 0):
             raise ValueError(f"prefill mma='wgmma' needs a cc 9.0 (sm_90a) device, not {dev.name} (cc {dev.cc})")
         if rows is None:
-            rows, short_tile = WGMMA_POLICY.get(head_dim, (WGMMA_ROWS, None))   # (others: refused below)
+            rows, short_tile, long_tile = WGMMA_POLICY.get(head_dim, (WGMMA_ROWS, None, None))   # (others: refused below)
             short_kv = (avg_kv_len or 0) < WGMMA_LONG_KV and not (linear_bias and head_dim in WGMMA_BIAS_SPILLS)
-            if short_tile and short_kv and tile_kv is None and stages is None:
-                tile_kv, stages, ctas = short_tile
+            if short_tile and tile_kv is None and stages is None:
+                tile_kv, stages, ctas = short_tile if short_kv else long_tile
                 ctas_per_sm = ctas if ctas_per_sm is None else ctas_per_sm
         if cross and head_dim not in CROSS_HEAD_DIMS:
             raise ValueError(f"prefill cross=True at head_dim {head_dim}: the KV stream across items is built for "
