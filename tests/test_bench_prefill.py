@@ -49,6 +49,27 @@ def test_tile_tags_and_shapes():
     assert len(names) == len(set(names)) and "1x16384-plain" in names and "8x2048" in names
 
 
+def test_shapes_name_the_neighbourhood_and_bad_ones_are_refused(monkeypatch, capsys):
+    assert bench.parse_shapes(["32:8:64:16", "32:32:128:1"]) == [("32:8", 64, 16), ("32:32", 128, 1)]
+    for bad in ("32:8:64", "32:8:x:16"):
+        with pytest.raises(SystemExit, match="HQ:HKV:D:PAGE"):
+            bench.parse_shapes([bad])
+    from rtattn.families import prefill as family
+    built = []
+    monkeypatch.setattr(family, "compile_prefill", lambda spec, tile, arch, quiet=None: built.append(
+        (spec.head_dim, tile.tag)))
+    shape = (bench.HQ, bench.HKV, bench.D, bench.PAGE)
+    try:   # each shape prebuilt in turn; a tag one shape refuses is skipped there, naming the shape
+        assert bench.main(["--prebuild", "sm_90", "--rows", "16x1024", "--shapes", "32:8:64:16", "32:8:256:16",
+                           "--rt-tiles", "default", "wg_q128_kv64_s3_pp_b2"]) == 0
+        with pytest.raises(SystemExit, match="bad shape"):
+            bench.main(["--prebuild", "sm_90", "--rows", "16x1024", "--shapes", "32:8:64:16", "32:8:96:16"])
+    finally:
+        bench.set_shape(f"{shape[0]}:{shape[1]}", shape[2], shape[3])
+    assert built == [(64, "wg_q128_kv64_w8_s3_pp_b2"), (256, "wg_q128_kv32_w8_s3_pp_b1")]
+    assert "32/8 d256 p16 wg_q128_kv64_s3_pp_b2: skipped" in capsys.readouterr().out
+
+
 def test_variant_rows_run_after_their_causal_twin_and_globs_select_them():
     names = [r.name for r in bench._rows()]
     for size in ("8x2048", "2x8192", "1x16384"):
