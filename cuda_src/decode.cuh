@@ -542,6 +542,11 @@ __device__ __forceinline__ void decode_persistent(const P& p, char* smem) {
             if constexpr (kFp8) {  // fp8 V fragments permute O's columns (DecodeShape::o_col)
               dst[S::o_col(dn, (lane % 4) * 2)] = o[mi][dn][2 * h] * v_scale;
               dst[S::o_col(dn, (lane % 4) * 2 + 1)] = o[mi][dn][2 * h + 1] * v_scale;
+            } else if constexpr (INVARIANT) {  // (chunk ends: one base, the columns immediate offsets;
+              // dst[d] let LICM keep D/4 addresses live across the item: d256 soft-cap spilled 32 B)
+              float* lane_dst = dst + (lane % 4) * 2;
+              lane_dst[dn * 8] = o[mi][dn][2 * h];
+              lane_dst[dn * 8 + 1] = o[mi][dn][2 * h + 1];
             } else {
               const int d = dn * 8 + (lane % 4) * 2;
               dst[d] = o[mi][dn][2 * h];
