@@ -40,6 +40,25 @@ def test_invariant_pair_units_experiment_compiles(isolated_cache, monkeypatch):
     assert compile_spec(spec, "sm_90", quiet=True)[1][:4] == b"\x7fELF"
 
 
+def test_invariant_soft_cap_d256_keeps_its_constants_in_registers(isolated_cache):
+    """The batch-invariant soft-cap d256 build (255 registers, one CTA per SM) has no stack: its
+    warps' combine stores at immediate offsets of one lane base (indexed by column, LICM kept 64
+    addresses live across the item and 32 B of thread constants went to the stack, 3 local loads per
+    KV block: docs/perf-log.md "Batch-invariant v6")."""
+    import re
+
+    from rtattn.families import decode as decode_family
+    from rtattn.families import resources
+    from rtattn.kernels import COMPILE_OPTIONS
+    from rtattn.runtime import compile_to_cubin
+    spec = next(s for s in decode_family.shipped("sm_90") if s.uri == "softcap_bfloat16_d256_m1_w4_s3_inv")
+    rendered = decode_family.render(spec, resources.device_for_arch("sm_90"))
+    log = compile_to_cubin(rendered.source, name=spec.uri, arch="sm_90", quiet=True,
+                           options=COMPILE_OPTIONS + ("--ptxas-options=-v",)).log
+    decode = log.split("Compiling entry function '" + rendered.decode_name)[1].split("Compiling entry function")[0]
+    assert re.search(r"\b0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads", decode), decode[:400]
+
+
 def test_kernel_names_spell_the_specialization():
     s = S.standard(causal=True, soft_cap=True, dtype="float16", head_dim=64)
     assert s.uri == "causal_softcap_float16_d64_m1_w4_s3"
