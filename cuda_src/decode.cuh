@@ -455,73 +455,59 @@ __device__ __forceinline__ void decode_persistent(const P& p, char* smem) {
     fresh_state();
     int chunk = 0;  // batch-invariant: chunks of this item combined so far
 
-#ifdef RTATTN_INV_PAIR_UNITS
-    // Experimental, for an A/B in one run (bench_decode --rt-modes batch-invariant
-    // batch-invariant+DRTATTN_INV_PAIR_UNITS): d <= 128 with one row tile folds a thread's units two
-    // at a time, both units' shared loads issued before their math and none for a unit past the end
-    // (v4's four at a time also loaded two dummies per thread at g = 4). Same operations per unit.
-    auto fold_unit_pairs = [&](const float* combine, int mi, int tile_rows, bool last) {
-      const int units = tile_rows * (D / 2);
-      const bool fold_prev = partial_row < 0 && chunk > 0;
-      for (int i0 = tid; i0 < units; i0 += 2 * S::threads) {
-        const int n_units = i0 + S::threads < units ? 2 : 1;
-        float cm[2][NUM_WARPS], cl[2][NUM_WARPS], co[2][NUM_WARPS][2];
-        float2 prev[2] = {}, prev_ml[2] = {};
+    // ---- Batch-invariant chunk end, after the warps' states are in `combine`: a unit is (row, 4
+    // columns), so a thread has one unit per chunk at d128 g = 4 (d256: two), not two dependent
+    // ones, and a row's max, its warps' weights and the fold weights serve 4 columns. Each column
+    // gets the 2-column loop's operations in its order (RTATTN_INV_COLUMN_PAIRS: that loop, an A/B):
+    // the unnormalized chunk state (m, l, o) (state_fold.cuh; sigmoid: m = 0) is a split item's
+    // partial row for this chunk, or folds into a writethrough item's state (fold_o, fold_ml: this
+    // thread's units are the same at every chunk), and the last chunk's fold is final.
+    auto fold_chunk_quads = [&](const float* combine, int mi, int tile_rows, bool last) {
+      for (int i = tid; i < tile_rows * (D / 4); i += S::threads) {
+        const int r16 = i / (D / 4), c = (i % (D / 4)) * 4;
+        float m = -INFINITY;
 #pragma unroll
-        for (int k = 0; k < 2; ++k) {
-          // (a clamped index, not a branch: the second unit's loads then go out with the first's)
-          const int i = min(i0 + k * S::threads, units - 1), r16 = i / (D / 2), d = (i % (D / 2)) * 2;
-          const int r = mi * 16 + r16;
+        for (int w = 0; w < NUM_WARPS; ++w) m = fmaxf(m, combine[(w * 16 + r16) * (D + 2) + D]);
+        const float base = m == -INFINITY ? 0.f : m;
+        float l = 0.f, o[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-          for (int w = 0; w < NUM_WARPS; ++w) {
-            const float* src = combine + (w * 16 + r16) * (D + 2);
-            cm[k][w] = src[D], cl[k][w] = src[D + 1], co[k][w][0] = src[d], co[k][w][1] = src[d + 1];
-          }
-          if (fold_prev) {
-            prev[k] = *reinterpret_cast<const float2*>(fold_o + r * D + d);
-            prev_ml[k] = fold_ml[((chunk - 1) & 1) * S::rows + r];
-          }
+        for (int w = 0; w < NUM_WARPS; ++w) {
+          const float* src = combine + (w * 16 + r16) * (D + 2);
+          const float f = Variant::use_softmax ? fast_exp2(src[D] - base) : 1.f;
+          const float2 lo = *reinterpret_cast<const float2*>(src + c), hi = *reinterpret_cast<const float2*>(src + c + 2);
+          l += f * src[D + 1];
+          o[0] += f * lo.x;
+          o[1] += f * lo.y;
+          o[2] += f * hi.x;
+          o[3] += f * hi.y;
         }
-#pragma unroll
-        for (int k = 0; k < 2; ++k) {
-          if (k == n_units) break;
-          const int i = i0 + k * S::threads, r16 = i / (D / 2), d = (i % (D / 2)) * 2, r = mi * 16 + r16;
-          float m = -INFINITY;
-#pragma unroll
-          for (int w = 0; w < NUM_WARPS; ++w) m = fmaxf(m, cm[k][w]);
-          const float base = m == -INFINITY ? 0.f : m;
-          float l = 0.f, o0 = 0.f, o1 = 0.f;
-#pragma unroll
-          for (int w = 0; w < NUM_WARPS; ++w) {
-            const float f = Variant::use_softmax ? fast_exp2(cm[k][w] - base) : 1.f;
-            l += f * cl[k][w];
-            o0 += f * co[k][w][0];
-            o1 += f * co[k][w][1];
-          }
-          const int t = r / heads, qo_head = first_qo_head + r % heads;
-          if (partial_row >= 0) {
-            const int64_t prow = int64_t(partial_row + chunk * q_tokens + t) * p.num_qo_heads + qo_head;
-            *reinterpret_cast<float2*>(p.partial_o + prow * D + d) = make_float2(o0, o1);
-            if (d == 0) reinterpret_cast<float2*>(p.partial_lse)[prow] = make_float2(m, l);
-            continue;
-          }
-          float2 run = make_float2(o0, o1), run_ml = make_float2(m, l);
-          if (fold_prev) {
-            const FoldWeights fw = fold_weights(prev_ml[k].x, m);
-            run_ml = make_float2(fw.m, fold_acc(prev_ml[k].y, l, fw));
-            run = make_float2(fold_acc(prev[k].x, o0, fw), fold_acc(prev[k].y, o1, fw));
-          }
-          if (!last) {
-            *reinterpret_cast<float2*>(fold_o + r * D + d) = run;
-            if (d == 0) fold_ml[(chunk & 1) * S::rows + r] = run_ml;
-            continue;
-          }
-          const float out[2] = {run.x, run.y};
-          write_folded<Variant, P, 2>(p, var, q_row0 + t, qo_head, d, out, run_ml.x, run_ml.y);
+        const int r = mi * 16 + r16, t = r / heads, qo_head = first_qo_head + r % heads;
+        if (partial_row >= 0) {
+          const int64_t prow = int64_t(partial_row + chunk * q_tokens + t) * p.num_qo_heads + qo_head;
+          *reinterpret_cast<float4*>(p.partial_o + prow * D + c) = make_float4(o[0], o[1], o[2], o[3]);
+          if (c == 0) reinterpret_cast<float2*>(p.partial_lse)[prow] = make_float2(m, l);
+          continue;
         }
+        float4* fo = reinterpret_cast<float4*>(fold_o + r * D + c);
+        float2 run_ml = make_float2(m, l);
+        if (chunk > 0) {
+          const float4 prev = *fo;
+          const float2 prev_ml = fold_ml[((chunk - 1) & 1) * S::rows + r];
+          const FoldWeights w = fold_weights(prev_ml.x, m);
+          run_ml = make_float2(w.m, fold_acc(prev_ml.y, l, w));
+          o[0] = fold_acc(prev.x, o[0], w);
+          o[1] = fold_acc(prev.y, o[1], w);
+          o[2] = fold_acc(prev.z, o[2], w);
+          o[3] = fold_acc(prev.w, o[3], w);
+        }
+        if (!last) {
+          *fo = make_float4(o[0], o[1], o[2], o[3]);
+          if (c == 0) fold_ml[(chunk & 1) * S::rows + r] = run_ml;
+          continue;
+        }
+        write_folded<Variant, P, 4>(p, var, q_row0 + t, qo_head, c, o, run_ml.x, run_ml.y);
       }
     };
-#endif
 
     // ---- Combine the warps, one 16-row tile at a time, in the stage of the last block computed:
     // the loader refills it only after the next block's __syncthreads, and the stages that hold
@@ -561,8 +547,8 @@ __device__ __forceinline__ void decode_persistent(const P& p, char* smem) {
         __syncthreads();
 
         const int tile_rows = min(16, rows_valid - mi * 16);
-#ifdef RTATTN_INV_PAIR_UNITS
-        if constexpr (INVARIANT && M_TILES == 1 && D <= 128) fold_unit_pairs(combine, mi, tile_rows, last); else
+#ifndef RTATTN_INV_COLUMN_PAIRS
+        if constexpr (INVARIANT) fold_chunk_quads(combine, mi, tile_rows, last); else
 #endif
         for (int i = tid; i < tile_rows * (D / 2); i += S::threads) {
           const int r16 = i / (D / 2), d = (i % (D / 2)) * 2;
