@@ -56,17 +56,17 @@ __device__ __forceinline__ void fold_partials(const P& p, int start, int step, i
     float v[KU][W];
     load_states<W, KU, CG>(p, start, step, n, head, col, k0, ml, v);
 #pragma unroll
-    for (int k = 0; k < KU; ++k) {
-      if (k0 + k == 0) {  // the first state as it is (as the kernel takes its first chunk's)
-        m = ml[0].x, l = ml[0].y;
+    for (int k = 0; k < KU; ++k) {  // branch-free (fold_partials_warp says why)
+      // the first state as it is (as the kernel takes its first chunk's); states past n leave it
+      const bool first = k == 0 && k0 == 0, live = k0 + k < n;
+      const FoldWeights w = fold_weights(m, ml[k].x);
+      const float l_fold = fold_acc(l, ml[k].y, w);
+      m = first ? ml[k].x : live ? w.m : m;
+      l = first ? ml[k].y : live ? l_fold : l;
 #pragma unroll
-        for (int j = 0; j < W; ++j) o[j] = v[0][j];
-      } else if (k0 + k < n) {
-        const FoldWeights w = fold_weights(m, ml[k].x);
-        m = w.m;
-        l = fold_acc(l, ml[k].y, w);
-#pragma unroll
-        for (int j = 0; j < W; ++j) o[j] = fold_acc(o[j], v[k][j], w);
+      for (int j = 0; j < W; ++j) {
+        const float o_fold = fold_acc(o[j], v[k][j], w);
+        o[j] = first ? v[k][j] : live ? o_fold : o[j];
       }
     }
   }
@@ -74,20 +74,23 @@ __device__ __forceinline__ void fold_partials(const P& p, int start, int step, i
 
 // The batch-invariant merge of one column (`col`, lane's own) of a (merge entry, head) by a whole
 // warp (every lane the same entry): fold_partials' fold, one state at a time in plan order, with
-// its loads spread: lane k loads state k0 + k's (m, l) and shuffles it to all (one float2 per
-// lane a round, not 32), and the next round's 32 states are loaded before this round is folded,
-// so a 40-state row costs about one round trip, not three. The same operations per state, so
-// the bits are fold_partials' (and the decode kernel's).
+// its loads spread: lane k loads state k0 + k's (m, l) and the round's (m, l) go to every lane by
+// shuffles issued ahead of the fold (one float2 per lane a round, not KU), and the next round's KU
+// states are loaded before this round is folded. The fold steps are branch-free (a state past n,
+// or the first, selects): with a branch per step, each step's shuffles waited for the previous
+// step's reconvergence (~90 cycles a state, by the SASS); b16-heavy-kv8's merge (its 40-state row)
+// took 6.2 us to auto's 3.3 (H200, docs/perf-log.md "Batch-invariant v6"). The same operations per
+// state, so the bits are fold_partials' (and the decode kernel's).
 template <class P>
 __device__ __forceinline__ void fold_partials_warp(const P& p, int start, int step, int n, int head, int col,
                                                    int lane, float& o, float& m, float& l) {
-  constexpr int D = P::head_dim, KU = 32;
+  constexpr int D = P::head_dim, KU = 16;  // (32: the shuffled (m, l) of a round spill at 128 registers)
   const int H = p.num_qo_heads;
   const float2* pml = reinterpret_cast<const float2*>(p.partial_lse);
   float2 ml_next;
   float v_next[KU];
   auto load_round = [&](int k0) {
-    const int64_t own = k0 + lane < n ? int64_t(start + (k0 + lane) * step) * H + head : -1;
+    const int64_t own = lane < KU && k0 + lane < n ? int64_t(start + (k0 + lane) * step) * H + head : -1;
     ml_next = own >= 0 ? pml[own] : make_float2(-INFINITY, 0.f);
 #pragma unroll
     for (int k = 0; k < KU; ++k)
@@ -97,21 +100,24 @@ __device__ __forceinline__ void fold_partials_warp(const P& p, int start, int st
   if (n > 0) load_round(0);
   for (int k0 = 0; k0 < n; k0 += KU) {
     const float2 ml_cur = ml_next;
-    float v[KU];
+    float v[KU], mk[KU], lk[KU];
 #pragma unroll
     for (int k = 0; k < KU; ++k) v[k] = v_next[k];
     if (k0 + KU < n) load_round(k0 + KU);  // in flight over this round's fold
 #pragma unroll
     for (int k = 0; k < KU; ++k) {
-      const float mk = __shfl_sync(0xffffffff, ml_cur.x, k), lk = __shfl_sync(0xffffffff, ml_cur.y, k);
-      if (k0 + k == 0) {  // the first state as it is (as the kernel takes its first chunk's)
-        m = mk, l = lk, o = v[k];
-      } else if (k0 + k < n) {
-        const FoldWeights w = fold_weights(m, mk);
-        m = w.m;
-        l = fold_acc(l, lk, w);
-        o = fold_acc(o, v[k], w);
-      }
+      mk[k] = __shfl_sync(0xffffffff, ml_cur.x, k);
+      lk[k] = __shfl_sync(0xffffffff, ml_cur.y, k);
+    }
+#pragma unroll
+    for (int k = 0; k < KU; ++k) {
+      // the first state as it is (as the kernel takes its first chunk's); states past n leave it
+      const bool first = k == 0 && k0 == 0, live = k0 + k < n;
+      const FoldWeights w = fold_weights(m, mk[k]);
+      const float l_fold = fold_acc(l, lk[k], w), o_fold = fold_acc(o, v[k], w);
+      m = first ? mk[k] : live ? w.m : m;
+      l = first ? lk[k] : live ? l_fold : l;
+      o = first ? v[k] : live ? o_fold : o;
     }
   }
 }
@@ -206,7 +212,7 @@ __device__ __forceinline__ void merge_persistent(const P& p) {
   // warps: a job per (row, head), D/32 columns per lane, 32/(D/32) partials in flight, so each
   // warp folds its rows in fewer dependent rounds (64 x 2048 at g=16: 4 rounds -> 1).
   if (num_rows * p.num_qo_heads * SLICES <= num_warps) {
-    // (batch-invariant: up to 16 states as v3, more through fold_partials_warp: 32 a round)
+    // (batch-invariant: up to 16 states as v3, more through fold_partials_warp: 16 a round)
     merge_jobs<Variant, P, 1, 32, INVARIANT>(p, num_rows, warp, num_warps, lane);
   } else {
     merge_jobs<Variant, P, SLICES, 32 / SLICES, INVARIANT>(p, num_rows, warp, num_warps, lane);
