@@ -457,11 +457,11 @@ __device__ __forceinline__ void decode_persistent(const P& p, char* smem) {
 
     // ---- Batch-invariant chunk end, after the warps' states are in `combine`: a unit is (row, 4
     // columns), so a thread has one unit per chunk at d128 g = 4 (d256: two), not two dependent
-    // ones, and a row's max, its warps' weights and the fold weights serve 4 columns. Each column
-    // gets the 2-column loop's operations in its order (RTATTN_INV_COLUMN_PAIRS: that loop, an A/B):
-    // the unnormalized chunk state (m, l, o) (state_fold.cuh; sigmoid: m = 0) is a split item's
-    // partial row for this chunk, or folds into a writethrough item's state (fold_o, fold_ml: this
-    // thread's units are the same at every chunk), and the last chunk's fold is final.
+    // ones, and a row's max, its warps' weights and the fold weights serve 4 columns (H200, v6: 3 %
+    // faster than 2 columns a unit on b16-heavy-kv8 and d256 soft-cap). The chunk's unnormalized
+    // state (m, l, o) (state_fold.cuh; sigmoid: m = 0) is a split item's partial row for this
+    // chunk, or folds into a writethrough item's state (fold_o, fold_ml: this thread's units are
+    // the same at every chunk), and the last chunk's fold is final.
     auto fold_chunk_quads = [&](const float* combine, int mi, int tile_rows, bool last) {
       for (int i = tid; i < tile_rows * (D / 4); i += S::threads) {
         const int r16 = i / (D / 4), c = (i % (D / 4)) * 4;
@@ -547,9 +547,7 @@ __device__ __forceinline__ void decode_persistent(const P& p, char* smem) {
         __syncthreads();
 
         const int tile_rows = min(16, rows_valid - mi * 16);
-#ifndef RTATTN_INV_COLUMN_PAIRS
         if constexpr (INVARIANT) fold_chunk_quads(combine, mi, tile_rows, last); else
-#endif
         for (int i = tid; i < tile_rows * (D / 2); i += S::threads) {
           const int r16 = i / (D / 2), d = (i % (D / 2)) * 2;
           float m_max = -INFINITY;
@@ -567,35 +565,6 @@ __device__ __forceinline__ void decode_persistent(const P& p, char* smem) {
           }
           const int r = mi * 16 + r16;
           const int t = r / heads, qo_head = first_qo_head + r % heads;
-          if constexpr (INVARIANT) {
-            // The chunk's unnormalized state (m, l, o) (state_fold.cuh; sigmoid: m = 0): a split
-            // item writes it as the chunk's partial row, a writethrough item folds it into the
-            // item's state (fold_o, fold_ml: this thread's units are the same at every chunk), and
-            // the last chunk's fold is final.
-            const float m = m_max;
-            if (partial_row >= 0) {
-              const int64_t prow = int64_t(partial_row + chunk * q_tokens + t) * p.num_qo_heads + qo_head;
-              *reinterpret_cast<float2*>(p.partial_o + prow * D + d) = make_float2(o0, o1);
-              if (d == 0) reinterpret_cast<float2*>(p.partial_lse)[prow] = make_float2(m, l);
-              continue;
-            }
-            float2* fo = reinterpret_cast<float2*>(fold_o + r * D + d);
-            float2 run = make_float2(o0, o1), run_ml = make_float2(m, l);
-            if (chunk > 0) {
-              const float2 prev = *fo, prev_ml = fold_ml[((chunk - 1) & 1) * S::rows + r];
-              const FoldWeights w = fold_weights(prev_ml.x, m);
-              run_ml = make_float2(w.m, fold_acc(prev_ml.y, l, w));
-              run = make_float2(fold_acc(prev.x, o0, w), fold_acc(prev.y, o1, w));
-            }
-            if (!last) {
-              *fo = run;
-              if (d == 0) fold_ml[(chunk & 1) * S::rows + r] = run_ml;
-              continue;
-            }
-            const float out[2] = {run.x, run.y};
-            write_folded<Variant, P, 2>(p, var, q_row0 + t, qo_head, d, out, run_ml.x, run_ml.y);
-            continue;
-          }
           float top = base;
           if constexpr (Variant::has_sink) {
             if (partial_row < 0) {  // the row's final state: its sink joins once, here (split rows: the merge)

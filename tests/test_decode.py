@@ -30,17 +30,6 @@ def test_head_dims_and_dtypes_compile(head_dim, dtype, isolated_cache):
     assert cubin[:4] == b"\x7fELF"
 
 
-def test_invariant_column_pairs_experiment_compiles(isolated_cache, monkeypatch):
-    """The previous batch-invariant chunk combine (-DRTATTN_INV_COLUMN_PAIRS: two columns per unit,
-    bench_decode's 'batch-invariant+DRTATTN_INV_COLUMN_PAIRS' A/B) still builds: it is off in every
-    shipped kernel."""
-    from rtattn.families import decode as decode_family
-    monkeypatch.setenv("RTATTN_DEV_DEFINES", "-DRTATTN_INV_COLUMN_PAIRS")
-    spec = decode_family.invariant_build(S.standard(soft_cap=True), "sm_90")
-    assert spec.invariant and spec.m_tiles == 1 and spec.head_dim == 128
-    assert compile_spec(spec, "sm_90", quiet=True)[1][:4] == b"\x7fELF"
-
-
 def test_invariant_soft_cap_d256_keeps_its_constants_in_registers(isolated_cache):
     """The batch-invariant soft-cap d256 build (255 registers, one CTA per SM) has no stack: its
     warps' combine stores at immediate offsets of one lane base (indexed by column, LICM kept 64
