@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import fields as F
-from . import small
+from . import one_tile, small
 from .costs import AUTO_IMBALANCE, COST_ALPHA, COST_BETA, COST_GAMMA, MIN_CHUNK_TOKENS, TAIL_FRACTION
 from .devices import get_device
 from .layout import Batch, check_config, check_int, indptr_from_lengths, validate_batch
@@ -280,9 +280,12 @@ class Planner:
 
     `small_tiles`, `small_tokens`: plans of up to this many query tiles and tokens take the
     plain-Python path (rtattn.plan.small, byte-identical); 0 sends every plan the numpy way.
+    `one_tile`: larger batches whose requests are one query tile each take rtattn.plan.one_tile
+    (byte-identical); False sends them the numpy way.
     """
 
     small_tiles, small_tokens = small.SMALL_TILES, small.SMALL_TOKENS
+    one_tile = True   # batches of one query tile per request: rtattn.plan.one_tile (False: the numpy path)
 
     def __init__(self, max_batch: int, max_qo_tokens: int, max_pages: int,
                  num_qo_heads: int, num_kv_heads: int, head_dim: int, page_size: int, *,
@@ -349,6 +352,7 @@ class Planner:
         self._decode_items = np.empty((8, b.max_batch), dtype=np.int32)
         self._decode_items[0:2] = self._ar[:b.max_batch]
         self._decode_items[2], self._decode_items[3], self._decode_items[5:7] = 1, 0, -1
+        self._tiles = one_tile.Tiles(b.max_batch, self.page_size)   # (rtattn.plan.one_tile's)
 
     # convenience ---------------------------------------------------------------
     @property
@@ -374,6 +378,9 @@ class Planner:
         fast = small.plan(self, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, window_left, out)
         if fast is not None:
             items, B, num_qo, (buf, views) = fast
+        elif self.one_tile and (info := one_tile.plan(self, qo_indptr, kv_indptr, kv_indices, kv_last_page_len,
+                                                      window_left, out)) is not None:
+            return info
         else:
             b = self.bounds
             batch = validate_batch(qo_indptr, kv_indptr, kv_indices, kv_last_page_len,

@@ -1,0 +1,290 @@
+"""Planner.plan() when every request is one query tile (multi-token verification, short prefill
+chunks: 1..tile_q query tokens per request, every request with KV pages), modes auto, balanced and
+contiguous, no window.
+
+The numpy path spends a prefill plan on one to three numpy calls per statement, each on a few
+dozen to a few hundred numbers (0.3-2 us each, docs/perf-log.md "Host path v5"): validation,
+tiles, chunk counts, the auto choice, the contiguous cuts, partial rows, the merge map and the
+writes were ~150 calls. Here the requests are the tiles, so one table per planner (int64 rows:
+the eight item rows in inspector's order, then the per-tile values the cuts need) holds them:
+the checks and the lengths fill its rows, one `take` by each item's tile lays out every item row
+at once, and the merge entries are another take of the same table. The schedule is the numpy
+path's (same chunk bound, auto's same early choice, bound and LPT, the same cuts, partial rows
+and merge map), so plan bytes and PlanInfo are identical (tests/test_one_tile_plan.py; the
+contiguous partition's rules are documented at inspector.Planner._contiguous). The one regime it
+does not lay out itself, split tiles under LPT (balanced chunks), it hands to
+inspector.Planner.plan_batch with the batch it validated. What its quick checks do not accept
+(other input forms, zero-page requests, a bound exceeded, ...) goes the numpy way, whose
+validation names the error: errors have one source.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .costs import AUTO_IMBALANCE, COST_ALPHA, COST_GAMMA, TAIL_FRACTION
+from .fields import write_merge_and_info
+from .layout import Batch
+
+MODES = ("auto", "balanced", "contiguous")
+_I32 = np.dtype(np.int32)
+_ACC = np.add.accumulate
+# KV tokens (pages x page size) below this keep every per-tile sum (kv + chunk bound, kv + fixed
+# cost) inside int32; larger steps go the numpy way (int64 throughout).
+SAFE_KV_TOKENS = 2**30
+
+# Rows of the tile table: the item rows (inspector's order; KV_START 0 and PARTIAL / MERGE -1 are
+# kept between plans), then what the contiguous cuts read per item.
+REQUEST, QO_START, QO_LEN, KV_START, KV_END, PARTIAL, MERGE, PAGE_START = range(8)
+FIXED, BASE, CTA_OFF, FIRST, PIECES = range(8, 13)
+
+
+def _k(x) -> np.ndarray:
+    """x as a 0-d int64 array: a ufunc takes one in ~0.3 us, a Python int in ~0.55 (converted
+    each call)."""
+    return np.array(x, dtype=np.int64)
+
+
+class Tiles:
+    """A planner's tile table (int64[13, max_batch], the constant rows filled) and the 0-d
+    constants its arithmetic reads."""
+
+    def __init__(self, max_batch: int, page_size: int):
+        self.table = np.zeros((13, max_batch), dtype=np.int64)
+        self.table[REQUEST] = np.arange(max_batch)
+        self.table[PARTIAL:MERGE + 1] = -1
+        ps = page_size
+        self.ps32, self.page_mask, self.ps_less1 = np.array(ps, dtype=np.int32), _k(-ps), _k(ps - 1)
+        self.alpha, self.gamma, self.zero = _k(COST_ALPHA), _k(COST_GAMMA), _k(0)
+
+
+def _int32s(*arrays) -> bool:
+    return all(type(a) is np.ndarray and a.dtype is _I32 and a.ndim == 1 for a in arrays)
+
+
+def plan(p, qo, kp, ids, last, window_left, out):
+    """PlanInfo if this path takes the batch (written into p._buffer(out)), else None (nothing
+    written)."""
+    if (window_left is not None or p.mode not in MODES or p.chunk_runs or qo is None
+            or not _int32s(qo, kp, ids, last)):
+        return None
+    B = kp.shape[0] - 1
+    b, ps, tq = p.bounds, p.page_size, p._tq
+    if B < 1 or qo.shape[0] != B + 1 or last.shape[0] != B or B > b.max_batch:
+        return None
+    nnz, nq = kp.item(-1), qo.item(-1)
+    if (qo.item(0) or kp.item(0) or not B <= nnz <= b.max_pages or nnz * ps >= SAFE_KV_TOKENS
+            or ids.shape[0] < nnz or nq > b.max_qo_tokens or B * tq >= 2**31):
+        return None
+    # Query lengths in int32: if every difference is in [1, tile_q] (as wrapped), qo_indptr is
+    # their exact running sum (the sums stay below B x tile_q < 2**31), so monotone.
+    q = qo[1:] - qo[:-1]
+    qmin, qmax = q.item(q.argmin()), q.item(q.argmax())
+    if qmin < 1 or qmax > tq or qmax > b.max_qo_len or kp.item(kp.argmin()) < 0:
+        return None
+    pages = kp[1:] - kp[:-1]   # (kv_indptr >= 0: exact)
+    lmin, lmax = last.item(last.argmin()), last.item(last.argmax())
+    pmin = pages.item(pages.argmin())
+    if pmin < 1 or lmin < 1 or lmax > ps:
+        return None
+    tl = p._tiles
+    kv = pages * tl.ps32
+    kv += last
+    kv -= tl.ps32
+    if p.causal and qmax > (pmin - 1) * ps + lmin:   # (else every KV outlasts every query)
+        d = kv - q
+        if d.item(d.argmin()) < 0:
+            return None
+    pool = p.num_pages_pool
+    u = ids[:nnz].view(np.uint32)   # (a negative id is >= 2**31 as unsigned)
+    if u.item(u.argmax()) >= (2**31 if pool is None else min(pool, 2**31)):
+        return None
+    t = tl.table[:, :B]
+    t[QO_START] = qo[:B]
+    t[QO_LEN] = q
+    t[KV_END] = kv
+    t[PAGE_START] = kp[:B]
+    fixed = t[FIXED]
+    fixed[:] = t[QO_LEN] * tl.alpha
+    fixed += tl.gamma
+    res = _schedule(p, tl, t, B, nq, kv, (qmin, qmax, (pmin - 1) * ps + lmin))
+    buf, views = p._buffer(out)
+    if res is None:   # split tiles under LPT: the numpy path's, on this batch
+        batch = Batch(qo, kp, ids, last, t[QO_LEN].copy(), t[KV_END].copy(), ps, qmax)
+        return p.plan_batch(batch, buf, views)
+    _write(p, views, res, qo, kp, ids, kv, t, B, nnz, nq)
+    return p._info(res, B, nq, buf, views)
+
+
+def _schedule(p, tl, t, B, nq, kv, extremes):
+    """inspector.Planner._schedule for one-tile requests: the schedule dict (with the items
+    `it`, rows in queue order, and `wi`, work_indptr[1:]), or None: the numpy path plans the
+    batch (split tiles under LPT, or a bound exceeded: its error)."""
+    C, ps, mode = p.num_ctas, p.page_size, p.mode
+    qmin, qmax, kv_least = extremes
+    cost = t[FIXED] + t[KV_END]   # each tile's length on the cost axis = its unsplit cost
+    ends = _ACC(cost)
+    total = ends.item(-1)
+    if mode == "contiguous":
+        return _contiguous(p, tl, t, ends, kv_least)
+    kv_total = total - COST_ALPHA * nq - COST_GAMMA * B
+    L = max(-(-kv_total // C), p.min_chunk)
+    L = -(-L // ps) * ps
+    if L >= SAFE_KV_TOKENS:
+        return None
+    tail = L // TAIL_FRACTION
+    kvmax = kv.item(kv.argmax())
+    if kvmax + L - 1 - tail >= 2 * L:   # some tile split into Algorithm 1's chunks
+        if mode != "auto":
+            return None
+        nchunk = kv + (L - 1 - tail)
+        nchunk //= L
+        if kv_least <= tail:   # a tile of at most the tail: still one chunk
+            np.maximum(nchunk, 1, out=nchunk)
+        n = _ACC(nchunk).item(-1)
+        if not C < n <= min(2 * C, p.bounds.max_items):
+            return None
+        # inspector.Planner._auto_contiguous_first (prefill tiles)
+        lo, hi = COST_ALPHA * qmin + COST_GAMMA, COST_ALPHA * qmax + COST_GAMMA
+        fixed = t[FIXED]
+        total = kv_total + int(nchunk.dot(fixed))
+        mean = -(-total // C)
+        if max(L + L // TAIL_FRACTION + hi, mean) * C <= AUTO_IMBALANCE * total:
+            return None
+        lastc = nchunk * -L
+        lastc += kv
+        lastc += fixed
+        b0 = max(L + lo, L + lastc.item(lastc.argmax()), mean)
+        if b0 * C <= AUTO_IMBALANCE * total:
+            return None
+        con = _contiguous(p, tl, t, ends, kv_least)
+        return con if con is not None and con["top"] < b0 else None
+    # Unsplit: every tile one item, its cost the tile's length; longest first (stable).
+    order = (-cost).argsort(kind="stable")
+    cs = cost[order]
+    res = dict(n=B, L=int(L), merge_rows=0, partial_rows=0, split_tiles=0, mode="balanced")
+    if B <= C:   # one item per CTA at most: queue order is the sorted order
+        loads = np.zeros(C, dtype=np.int64)
+        loads[:B] = cs
+        res.update(loads=loads, wi=np.minimum(p._ar[1:C + 1], B), it=t[:8].take(order, axis=1))
+        return res
+    con = None
+    if mode == "auto":
+        bound = max(cs.item(0), cs.item(C - 1) + cs.item(C), -(-total // C))
+        if bound * C > AUTO_IMBALANCE * total:
+            con = _contiguous(p, tl, t, ends, kv_least)
+            if con is None or con["top"] < bound:
+                return con
+    if cs.item(0) == cs.item(B - 1):
+        cta = p._ar[:B] % C
+    else:
+        from .inspector import lpt_assign
+        cta = lpt_assign(cs, C, p._ar)
+    loads = np.bincount(cta, weights=cs, minlength=C).astype(np.int64)
+    if mode == "auto":
+        top = loads.item(loads.argmax())
+        if top * C > AUTO_IMBALANCE * total:
+            if con is None:
+                con = _contiguous(p, tl, t, ends, kv_least)
+            if con is None or con["top"] < top:
+                return con
+    q = cta.argsort(kind="stable")     # queue order: (cta, assignment order)
+    res.update(loads=loads, wi=_ACC(np.bincount(cta, minlength=C)), it=t[:8].take(order[q], axis=1))
+    return res
+
+
+def _contiguous(p, tl, t, ends, kv_least):
+    """inspector.Planner._contiguous (not chunk runs) on one-tile requests with KV (`kv_least`:
+    a lower bound of every tile's): the schedule dict with its heaviest CTA load (`top`), or
+    None where a bound is exceeded (the numpy path raises)."""
+    C, b, ar = p.num_ctas, p.bounds, p._ar
+    T = t.shape[1]
+    total = ends.item(-1)
+    w = max(-(-total // C), p.min_chunk)   # (COST_BETA = 1)
+    w0 = _k(w)
+    base = ends - t[KV_END]   # each tile's KV token 0 on the axis
+    t[BASE] = base
+    c0 = base + tl.ps_less1
+    c0 //= w0        # the CTA whose slice ends past the tile's first page takes its piece at token 0
+    pieces = ends + (w - 1)
+    pieces //= w0    # one past the CTA of the tile's last piece
+    if kv_least < p.page_size:   # a tile shorter than a page is its last piece alone
+        np.minimum(c0, pieces - 1, out=c0)
+    pieces -= c0
+    pend = _ACC(pieces)
+    n = pend.item(-1)
+    if n > b.max_items:
+        return None
+    first = pend - pieces
+    t[FIRST] = first
+    c0 -= first
+    t[CTA_OFF] = c0   # item j of a tile is on CTA j + this
+    st = None
+    if pieces.item(pieces.argmax()) > 1:   # split tiles: partial rows and merge entries
+        t[PIECES] = pieces
+        st = (pieces > 1).nonzero()[0]
+        q_st = t[QO_LEN].take(st)
+        rows = pieces.take(st)
+        rows *= q_st
+        pe = _ACC(rows)
+        P = pe.item(-1)
+        e_end = _ACC(q_st)
+        M = e_end.item(-1)
+        if P > b.max_partial_rows or M > b.max_merge_rows:
+            return None
+        part, merge = t[PARTIAL], t[MERGE]
+        pe -= rows
+        part[st] = pe         # the tile's first partial row
+        e_end -= q_st
+        merge[st] = e_end     # ... and first merge entry
+        e = tl.table.take(st.repeat(q_st), axis=1)   # merge entry (tile, row r): its tile's column
+        it = tl.table.take(ar[:T].repeat(pieces), axis=1)
+        part[st] = -1         # (the table's unsplit default again)
+        merge[st] = -1
+    else:
+        it = t.take(ar[:T], axis=1)
+    cta = it[CTA_OFF]
+    cta += ar[:n]
+    cut = cta * w0       # the piece's first token: CTA cta's slice start in the tile, on a page
+    cut -= it[BASE]
+    cut = np.maximum(cut, tl.zero)
+    cut &= tl.page_mask
+    it[KV_START] = cut
+    kv_end = it[KV_END]   # a piece ends where the next piece of its tile starts; the last at its KV
+    kv_end[:-1] = cut[1:]
+    pend -= 1
+    kv_end[pend] = t[KV_END]
+    c = kv_end - cut
+    c += it[FIXED]
+    loads = np.bincount(cta, weights=c, minlength=C).astype(np.int64)
+    res = dict(n=n, L=int(w), loads=loads, top=loads.item(loads.argmax()), wi=cta.searchsorted(ar[:C], "right"),
+               it=it[:8], merge_rows=0, partial_rows=0, split_tiles=0, mode="contiguous")
+    if st is not None:
+        k = ar[:n] - it[FIRST]   # the item's piece of its tile
+        k *= it[QO_LEN]
+        it[PARTIAL] += k         # (unsplit tiles: -1 + 0)
+        r = ar[:M] - e[MERGE]
+        m_indptr = np.zeros(M + 1, dtype=np.int64)
+        m_indptr[1:] = _ACC(e[PIECES])
+        m_row = e[QO_START]
+        m_row += r
+        m_start = e[PARTIAL]
+        m_start += r
+        res.update(m_indptr=m_indptr, m_row=m_row, m_start=m_start, m_stride=e[QO_LEN],
+                   merge_rows=M, partial_rows=P, split_tiles=st.shape[0])
+    return res
+
+
+def _write(p, v, res, qo, kp, ids, kv, t, B, nnz, nq) -> None:
+    """inspector.Planner._write: the same arrays, the same extents."""
+    C, n = p.num_ctas, res["n"]
+    v["req_qo_start"][:B] = qo[:B]
+    v["req_qo_len"][:B] = t[QO_LEN]
+    v["req_kv_page_start"][:B] = kp[:B]
+    v["req_kv_len"][:B] = kv
+    v["kv_indices"][:nnz] = ids[:nnz]
+    wi = v["work_indptr"]
+    wi[0] = 0
+    wi[1:C + 1] = res["wi"]
+    v["_items"][:, :n] = res["it"]
+    write_merge_and_info(v, res, (n, res["merge_rows"], res["partial_rows"], B, p._tq, p.page_size, C, nq,
+                                  p._fold_chunk))

@@ -1,0 +1,113 @@
+"""The one-tile path of Planner.plan (rtattn.plan.one_tile: every request one query tile) against
+the numpy path (one_tile=False) on fuzzed batches: the same bytes in a buffer holding the same
+stale contents, the same PlanInfo, the same error for batches either path refuses."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rtattn.plan import one_tile
+from rtattn.plan.inspector import Planner
+from rtattn.plan.layout import indptr_from_lengths, paged_kv
+from rtattn.plan.tiles import TileConfig
+
+MODES = ("auto", "balanced", "contiguous")
+
+
+def _kv(rng, batch, ps, qo):
+    kind = rng.integers(5)
+    top = int(rng.choice([300, 1024, 4096]))
+    if kind == 0:     # uniform around a mean (bench_overhead's: U(0.75, 1.25) x 1024)
+        kv = rng.integers(top * 3 // 4, top * 5 // 4 + 1, batch)
+    elif kind == 1:   # heavy-tailed
+        kv = np.minimum(32 * top, rng.pareto(1.2, batch) * top / 4 + 1).astype(np.int64)
+    elif kind == 2:   # one long request among short ones
+        kv = rng.integers(1, 64, batch)
+        kv[rng.integers(batch)] = 16 * top
+    elif kind == 3:   # all equal
+        kv = np.full(batch, int(rng.integers(1, top)))
+    else:             # shorter than a page or two
+        kv = rng.integers(1, 2 * ps + 2, batch)
+    kv = np.maximum(kv, qo)   # (causal needs kv >= qo)
+    if rng.random() < 0.05:   # a request with no pages: the numpy path's
+        kv[rng.integers(batch)] = 0
+    return kv
+
+
+def _case(rng):
+    """(planner kwargs, plan args, plan kwargs) of one random one-tile batch, sometimes broken."""
+    ps = int(rng.choice([1, 16, 64]))
+    batch = int(rng.choice([1, 2, 7, 16, 33, 64, 65, 140, 256, 300]))
+    tq = int(rng.choice([1, 2, 4, 8, 16]))
+    qo = rng.integers(1, tq + 1, batch) if rng.random() < 0.7 else np.full(batch, tq)
+    kv = _kv(rng, batch, ps, qo)
+    kvp, idx, last = paged_kv(kv, ps, shuffle_seed=int(rng.integers(1 << 30)))
+    nnz = int(kvp[-1])
+    group = int(rng.choice([1, 4, 8]))
+    tile = TileConfig(tile_q=tq, tile_kv=64, max_rows=tq * group, stages=2, threads=128, smem_bytes=0,
+                      kernel="prefill")
+    tokens = int(qo.sum()) + int(rng.integers(0, 4))
+    pk = dict(max_batch=batch + int(rng.integers(0, 3)), max_qo_tokens=tokens,
+              max_pages=max(1, nnz + int(rng.integers(0, 3))), num_qo_heads=8 * group, num_kv_heads=8,
+              head_dim=128, page_size=ps, mode=str(rng.choice(MODES)), causal=bool(rng.random() < 0.6),
+              num_ctas=int(rng.choice([1, 3, 16, 33, 66, 132])), max_qo_len=min(tq, tokens), tile=tile,
+              num_pages_pool=None if rng.random() < 0.2 else max(1, nnz) + int(rng.integers(0, 5)))
+    args = [indptr_from_lengths(qo), kvp, idx, last]
+    if rng.random() < 0.15:   # break one thing the quick checks must leave to validate_batch
+        i = int(rng.integers(4))
+        a = args[i].copy()
+        if a.shape[0]:
+            j = int(rng.integers(a.shape[0]))
+            a[j] = (-1, a[j] + 10**6, 2**31 - 1, a[j] - 1, 0)[int(rng.integers(5))]
+        args[i] = a
+    elif rng.random() < 0.05:   # another form of an array: a list, int64
+        i = int(rng.integers(4))
+        args[i] = args[i].tolist() if rng.random() < 0.5 else args[i].astype(np.int64)
+    return pk, args
+
+
+def _plan(p, args, stale):
+    buf = stale.copy()
+    try:
+        info = p.plan(*args, out=buf)
+    except (ValueError, TypeError) as e:
+        return buf, f"{type(e).__name__}: {e}"
+    fields = (info.num_items, info.num_merge_rows, info.num_partial_rows, info.batch, info.num_qo_tokens,
+              info.num_ctas, info.tile_q, info.page_size, info.chunk_tokens, info.num_split_tiles, info.mode,
+              info.cta_loads.dtype, info.cta_loads.tolist())
+    return buf, fields
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_one_tile_path_plans_byte_identical_to_numpy_path(seed, monkeypatch):
+    rng = np.random.default_rng(seed)
+    taken = []
+    orig = one_tile._write
+    monkeypatch.setattr(one_tile, "_write", lambda p, v, res, *a: taken.append(res["mode"]) or orig(p, v, res, *a))
+    for case in range(500):
+        pk, args = _case(rng)
+        fast, ref = Planner(**pk), Planner(**pk)
+        fast.small_tiles = ref.small_tiles = 0   # (the small path takes the smallest batches first)
+        ref.one_tile = False
+        stale = rng.integers(0, 256, fast.layout.plan_bytes, dtype=np.uint8)
+        for _ in range(2):   # twice: the second plan lands on the first one's bytes
+            got, want = _plan(fast, args, stale), _plan(ref, args, stale)
+            assert got[1] == want[1], (case, pk)
+            assert np.array_equal(got[0], want[0]), (case, pk)
+            stale = got[0]
+    # the path really planned most cases, in both of its layouts
+    assert len(taken) > 400 and taken.count("contiguous") > 100 and taken.count("balanced") > 100
+
+
+def test_other_batches_go_the_numpy_way(monkeypatch):
+    calls = []
+    monkeypatch.setattr(one_tile, "_write", lambda *a: calls.append(1))
+    kvp, idx, last = paged_kv([1000] * 64, 16)
+    tile = TileConfig(tile_q=4, tile_kv=64, max_rows=16, stages=2, threads=128, smem_bytes=0, kernel="prefill")
+    p = Planner(64, 512, int(kvp[-1]), 32, 8, 128, 16, num_ctas=66, tile=tile, max_qo_len=8, causal=True)
+    p.plan(indptr_from_lengths([8] * 64), kvp, idx, last)   # two tiles per request
+    p.plan(None, kvp, idx, last)                             # decode: no qo_indptr
+    p.plan(indptr_from_lengths([4] * 64), kvp, idx, last, window_left=100)
+    assert calls == []
+    p.plan(indptr_from_lengths([4] * 64), kvp, idx, last)
+    assert calls == [1]
