@@ -378,8 +378,9 @@ class Planner:
         fast = small.plan(self, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, window_left, out)
         if fast is not None:
             items, B, num_qo, (buf, views) = fast
-        elif self.one_tile and (info := one_tile.plan(self, qo_indptr, kv_indptr, kv_indices, kv_last_page_len,
-                                                      window_left, out)) is not None:
+        elif (qo_indptr is not None and self.one_tile   # (decode: the numpy path's unsplit template)
+              and (info := one_tile.plan(self, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, window_left,
+                                         out)) is not None):
             return info
         else:
             b = self.bounds

@@ -105,9 +105,12 @@ def plan(p, qo, kp, ids, last, window_left, out):
     t[QO_LEN] = q
     t[KV_END] = kv
     t[PAGE_START] = kp[:B]
-    fixed = t[FIXED]
-    np.multiply(t[QO_LEN], tl.alpha, out=fixed)
-    fixed += tl.gamma
+    fixed = t[FIXED]   # each tile's fixed cost
+    if qmin == qmax:
+        fixed.fill(COST_ALPHA * qmin + COST_GAMMA)
+    else:
+        np.multiply(t[QO_LEN], tl.alpha, out=fixed)
+        fixed += tl.gamma
     res = _schedule(p, tl, t, B, nq, (qmin, qmax, (pmin - 1) * ps + lmin))
     buf, views = p._buffer(out)
     if res is None:   # split tiles under LPT: the numpy path's, on this batch
@@ -216,8 +219,8 @@ def _contiguous(p, tl, t, ends, kv_least):
     total = ends.item(-1)
     w = max(-(-total // C), p.min_chunk)   # (COST_BETA = 1)
     w0 = _k(w)
-    base = ends - t[KV_END]   # each tile's KV token 0 on the axis
-    t[BASE] = base
+    base = t[BASE]
+    np.subtract(ends, t[KV_END], out=base)   # each tile's KV token 0 on the axis
     c0 = base + tl.ps_less1
     c0 //= w0        # the CTA whose slice ends past the tile's first page takes its piece at token 0
     pieces = ends + (w - 1)
@@ -229,10 +232,9 @@ def _contiguous(p, tl, t, ends, kv_least):
     n = pend.item(-1)
     if n > b.max_items:
         return None
-    first = pend - pieces
-    t[FIRST] = first
-    c0 -= first
-    t[CTA_OFF] = c0   # item j of a tile is on CTA j + this
+    first = t[FIRST]
+    np.subtract(pend, pieces, out=first)
+    np.subtract(c0, first, out=t[CTA_OFF])   # item j of a tile is on CTA j + this
     st = None
     if pieces.item(pieces.argmax()) > 1:   # split tiles: partial rows and merge entries
         st = (pieces > 1).nonzero()[0]
