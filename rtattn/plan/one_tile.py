@@ -113,7 +113,7 @@ def plan(p, qo, kp, ids, last, window_left, out):
         fixed += tl.gamma
     res = _schedule(p, tl, t, B, nq, (qmin, qmax, (pmin - 1) * ps + lmin))
     buf, views = p._buffer(out)
-    if res is None:   # split tiles under LPT: the numpy path's, on this batch
+    if res is None:   # a bound exceeded: the numpy path's error, on this batch
         batch = Batch(qo, kp, ids, last, t[QO_LEN].copy(), t[KV_END].copy(), ps, qmax)
         return p.plan_batch(batch, buf, views)
     _write(p, views, res, qo, kp, ids, kv, t, B, nnz, nq)
@@ -122,9 +122,9 @@ def plan(p, qo, kp, ids, last, window_left, out):
 
 def _schedule(p, tl, t, B, nq, extremes):
     """inspector.Planner._schedule for one-tile requests: the schedule dict (with the items
-    `it`, rows in queue order, and `wi`, work_indptr[1:]), or None: the numpy path plans the
-    batch (split tiles under LPT, or a bound exceeded: its error)."""
-    C, ps, mode = p.num_ctas, p.page_size, p.mode
+    `it`, rows in queue order, and `wi`, work_indptr[1:]), or None where a bound is exceeded
+    (the numpy path plans the batch and raises)."""
+    C, ps, mode, ar = p.num_ctas, p.page_size, p.mode, p._ar
     qmin, qmax, kv_least = extremes
     kv = t[KV_END]
     cost = t[FIXED] + kv   # each tile's length on the cost axis = its unsplit cost
@@ -139,68 +139,87 @@ def _schedule(p, tl, t, B, nq, extremes):
         return None
     tail = L // TAIL_FRACTION
     kvmax = kv.item(kv.argmax())
-    if kvmax + L - 1 - tail >= 2 * L:   # some tile split into Algorithm 1's chunks
-        if mode != "auto":
-            return None
-        nchunk = kv + _k(L - 1 - tail)
-        L0 = _k(L)
-        nchunk //= L0
-        if kv_least <= tail:   # a tile of at most the tail: still one chunk
-            np.maximum(nchunk, 1, out=nchunk)
-        n = _ACC(nchunk).item(-1)
-        if not C < n <= min(2 * C, p.bounds.max_items):
-            return None
-        # inspector.Planner._auto_contiguous_first (prefill tiles)
-        lo, hi = COST_ALPHA * qmin + COST_GAMMA, COST_ALPHA * qmax + COST_GAMMA
-        total = kv_total + int(nchunk.dot(t[FIXED]))
-        mean = -(-total // C)
-        if max(L + L // TAIL_FRACTION + hi, mean) * C <= AUTO_IMBALANCE * total:
-            return None
-        nchunk *= L0
-        lastc = cost - nchunk   # each tile's last chunk's cost, less L
-        b0 = max(L + lo, L + lastc.item(lastc.argmax()), mean)
-        if b0 * C <= AUTO_IMBALANCE * total:
-            return None
-        con = _contiguous(p, tl, t, ends, kv_least)
-        return con if con is not None and con["top"] < b0 else None
-    # Unsplit: every tile one item, its cost the tile's length; longest first, ties in tile order
-    # (a stable argsort, as one sort of (-cost, tile) keys: ~2x cheaper)
-    order = _sorted_keys(cost, -1, p._ar[:B])
-    cs = cost[order]
-    res = dict(n=B, L=int(L), merge_rows=0, partial_rows=0, split_tiles=0, mode="balanced")
-    if B <= C:   # one item per CTA at most: queue order is the sorted order
-        loads = np.zeros(C, dtype=np.int64)
-        loads[:B] = cs
-        res.update(loads=loads, wi=np.minimum(p._ar[1:C + 1], B), it=t[:8].take(order, axis=1))
-        return res
+    contiguous = (p, tl, t, ends, kv_least)   # (auto's alternative, made when a bound asks for it)
+    if kvmax + L - 1 - tail < 2 * L:   # unsplit: every tile one item, its cost the tile's length
+        return _balanced(p, t[:8], cost, total, L, contiguous, None, None)
+    nchunk = kv + _k(L - 1 - tail)   # Algorithm 1's chunks of L, a tail of <= L/8 in the last
+    L0 = _k(L)
+    nchunk //= L0
+    if kv_least <= tail:   # a tile of at most the tail: still one chunk
+        np.maximum(nchunk, 1, out=nchunk)
+    n = _ACC(nchunk).item(-1)
+    total = kv_total + int(nchunk.dot(t[FIXED]))   # (every chunk pays its tile's fixed cost)
     con = None
-    if mode == "auto":
+    if mode == "auto" and C < n <= min(2 * C, p.bounds.max_items):
+        # inspector.Planner._auto_contiguous_first (prefill tiles): the largest chunk and the mean
+        lo, hi = COST_ALPHA * qmin + COST_GAMMA, COST_ALPHA * qmax + COST_GAMMA
+        mean = -(-total // C)
+        if max(L + L // TAIL_FRACTION + hi, mean) * C > AUTO_IMBALANCE * total:
+            lastc = cost - nchunk * L0   # each tile's last chunk's cost, less L
+            b0 = max(L + lo, L + lastc.item(lastc.argmax()), mean)
+            if b0 * C > AUTO_IMBALANCE * total:
+                con = _contiguous(*contiguous)
+                if con is None or con["top"] < b0:
+                    return con
+    lay = _pieces(p, tl, t, nchunk)
+    if lay is None:
+        return None
+    it, k, pend, split = lay
+    kv_start = k * L0
+    it[KV_START] = kv_start
+    kv_end = kv_start + L0
+    kv_end[pend - 1] = kv   # a tile's last chunk ends at its end
+    it[KV_END] = kv_end
+    kv_end -= kv_start
+    kv_end += it[FIXED]
+    return _balanced(p, it[:8], kv_end, total, L, contiguous, con, split and _split_rows(p, it, k, split))
+
+
+def _balanced(p, it, cost, total, L, contiguous, con, merges):
+    """The numpy path's balanced layout of items `it` (rows in layout order) of costs `cost`
+    (summing to `total`): longest first, LPT past one item per CTA, auto's bound and loads
+    against the contiguous partition (`con`, or made from `contiguous` when asked)."""
+    C, n, ar, auto = p.num_ctas, cost.shape[0], p._ar, p.mode == "auto"
+    order = _sorted_keys(cost, -1, ar[:n])   # longest first, ties in layout order
+    cs = cost[order]
+    res = dict(n=n, L=int(L), merge_rows=0, partial_rows=0, split_tiles=0, mode="balanced")
+    if merges:
+        res.update(merges)
+    if n <= C:   # one item per CTA at most: queue order is the sorted order
+        loads = np.zeros(C, dtype=np.int64)
+        loads[:n] = cs
+        res.update(loads=loads, wi=np.minimum(ar[1:C + 1], n), it=it.take(order, axis=1))
+        return res
+    if auto:
         bound = max(cs.item(0), cs.item(C - 1) + cs.item(C), -(-total // C))
         if bound * C > AUTO_IMBALANCE * total:
-            con = _contiguous(p, tl, t, ends, kv_least)
+            if con is None:
+                con = _contiguous(*contiguous)
             if con is None or con["top"] < bound:
                 return con
-    if cs.item(0) == cs.item(B - 1):
-        cta = p._ar[:B] % C
+    if cs.item(0) == cs.item(n - 1):
+        cta = ar[:n] % C
     else:
-        cta = inspector.lpt_assign(cs, C, p._ar)
+        cta = inspector.lpt_assign(cs, C, ar)
     loads = np.bincount(cta, weights=cs, minlength=C).astype(np.int64)
-    if mode == "auto":
+    if auto:
         top = loads.item(loads.argmax())
         if top * C > AUTO_IMBALANCE * total:
             if con is None:
-                con = _contiguous(p, tl, t, ends, kv_least)
+                con = _contiguous(*contiguous)
             if con is None or con["top"] < top:
                 return con
-    q = _sorted_keys(cta, 1, p._ar[:B])   # queue order: (cta, assignment order)
-    res.update(loads=loads, wi=_ACC(np.bincount(cta, minlength=C)), it=t[:8].take(order[q], axis=1))
+    q = _sorted_keys(cta, 1, ar[:n])   # queue order: (cta, assignment order)
+    res.update(loads=loads, wi=_ACC(np.bincount(cta, minlength=C)), it=it.take(order[q], axis=1))
     return res
 
 
 def _sorted_keys(x, sign, index):
-    """argsort(sign * x, kind="stable") for int64 x, |x| < 2**40 and len(x) < 2**20, from one
-    unstable sort of the unique keys sign * x * 2**s + index."""
+    """argsort(sign * x, kind="stable") for int64 x, |x| < 2**40, from one unstable sort of the
+    unique keys sign * x * 2**s + index (~2x cheaper)."""
     s = index.shape[0].bit_length()
+    if s > 22:
+        return (x if sign > 0 else -x).argsort(kind="stable")
     key = x << s
     if sign < 0:
         np.negative(key, out=key)
@@ -210,32 +229,19 @@ def _sorted_keys(x, sign, index):
     return key
 
 
-def _contiguous(p, tl, t, ends, kv_least):
-    """inspector.Planner._contiguous (not chunk runs) on one-tile requests with KV (`kv_least`:
-    a lower bound of every tile's): the schedule dict with its heaviest CTA load (`top`), or
-    None where a bound is exceeded (the numpy path raises)."""
-    C, b, ar = p.num_ctas, p.bounds, p._ar
-    T = t.shape[1]
-    total = ends.item(-1)
-    w = max(-(-total // C), p.min_chunk)   # (COST_BETA = 1)
-    w0 = _k(w)
-    base = t[BASE]
-    np.subtract(ends, t[KV_END], out=base)   # each tile's KV token 0 on the axis
-    c0 = base + tl.ps_less1
-    c0 //= w0        # the CTA whose slice ends past the tile's first page takes its piece at token 0
-    pieces = ends + (w - 1)
-    pieces //= w0    # one past the CTA of the tile's last piece
-    if kv_least < p.page_size:   # a tile shorter than a page is its last piece alone
-        np.minimum(c0, pieces - 1, out=c0)
-    pieces -= c0
+def _pieces(p, tl, t, pieces):
+    """The items of tiles cut into `pieces` consecutive pieces each (contiguous cuts or
+    Algorithm 1's chunks), in tile order: (it, every row of the table per item with KV_START
+    to fill and PARTIAL its tile's first partial row; each item's piece index k; pend, the
+    running piece counts; the merge entries of split tiles or None), or None where a bound is
+    exceeded."""
+    T, b, ar = t.shape[1], p.bounds, p._ar
     pend = _ACC(pieces)
     n = pend.item(-1)
     if n > b.max_items:
         return None
-    first = t[FIRST]
-    np.subtract(pend, pieces, out=first)
-    np.subtract(c0, first, out=t[CTA_OFF])   # item j of a tile is on CTA j + this
-    st = None
+    np.subtract(pend, pieces, out=t[FIRST])
+    split = None
     if pieces.item(pieces.argmax()) > 1:   # split tiles: partial rows and merge entries
         st = (pieces > 1).nonzero()[0]
         q_st = t[QO_LEN].take(st)
@@ -252,17 +258,61 @@ def _contiguous(p, tl, t, ends, kv_least):
         part[st] = pe         # the tile's first partial row
         e_end -= q_st
         merge[st] = e_end     # ... and first merge entry
-        # merge entry (tile, row r): its tile's column (rows QO_START .. MERGE)
         t[PIECES] = pieces
+        # merge entry (tile, row r): its tile's column (rows QO_START .. MERGE)
         e = tl.table[QO_START:MERGE + 1].take(st.repeat(q_st), axis=1)
         t[KV_START] = 0       # (the table's defaults again)
         it = tl.table.take(ar[:T].repeat(pieces), axis=1)
         part[st] = -1
         merge[st] = -1
+        split = (e, M, P, st.shape[0])
     else:
-        it = t.take(ar[:T], axis=1)
+        it = t.copy()
+    k = ar[:n] - it[FIRST]
+    return it, k, pend, split
+
+
+def _split_rows(p, it, k, split) -> dict:
+    """Items' partial rows (their tile's first + piece k x its query rows) and the merge map of
+    the split tiles (inspector.Planner._partials)."""
+    e, M, P, S = split
+    k = k * it[QO_LEN]
+    it[PARTIAL] += k   # (unsplit tiles: -1 + 0)
+    r = p._ar[:M] - e[MERGE - QO_START]
+    m_indptr = np.zeros(M + 1, dtype=np.int64)
+    m_indptr[1:] = _ACC(e[PIECES - QO_START])
+    m_row = e[0]
+    m_row += r
+    m_start = e[PARTIAL - QO_START]
+    m_start += r
+    return dict(m_indptr=m_indptr, m_row=m_row, m_start=m_start, m_stride=e[QO_LEN - QO_START],
+                merge_rows=M, partial_rows=P, split_tiles=S)
+
+
+def _contiguous(p, tl, t, ends, kv_least):
+    """inspector.Planner._contiguous (not chunk runs) on one-tile requests with KV (`kv_least`:
+    a lower bound of every tile's): the schedule dict with its heaviest CTA load (`top`), or
+    None where a bound is exceeded (the numpy path raises)."""
+    C, ar = p.num_ctas, p._ar
+    total = ends.item(-1)
+    w = max(-(-total // C), p.min_chunk)   # (COST_BETA = 1)
+    w0 = _k(w)
+    base = t[BASE]
+    np.subtract(ends, t[KV_END], out=base)   # each tile's KV token 0 on the axis
+    c0 = t[CTA_OFF]   # the CTA whose slice ends past the tile's first page takes its piece at token 0
+    np.add(base, tl.ps_less1, out=c0)
+    c0 //= w0
+    pieces = ends + (w - 1)
+    pieces //= w0    # one past the CTA of the tile's last piece
+    if kv_least < p.page_size:   # a tile shorter than a page is its last piece alone
+        np.minimum(c0, pieces - 1, out=c0)
+    pieces -= c0
+    lay = _pieces(p, tl, t, pieces)
+    if lay is None:
+        return None
+    it, k, pend, split = lay
     cta = it[CTA_OFF]
-    cta += ar[:n]
+    cta += k
     cut = cta * w0       # the piece's first token: CTA cta's slice start in the tile, on a page
     cut -= it[BASE]
     cut = np.maximum(cut, tl.zero)
@@ -270,26 +320,15 @@ def _contiguous(p, tl, t, ends, kv_least):
     it[KV_START] = cut
     kv_end = it[KV_END]   # a piece ends where the next piece of its tile starts; the last at its KV
     kv_end[:-1] = cut[1:]
-    pend -= 1
-    kv_end[pend] = t[KV_END]
+    kv_end[pend - 1] = t[KV_END]
     c = kv_end - cut
     c += it[FIXED]
     loads = np.bincount(cta, weights=c, minlength=C).astype(np.int64)
-    res = dict(n=n, L=int(w), loads=loads, top=loads.item(loads.argmax()), wi=cta.searchsorted(ar[:C], "right"),
-               it=it[:8], merge_rows=0, partial_rows=0, split_tiles=0, mode="contiguous")
-    if st is not None:
-        k = ar[:n] - it[FIRST]   # the item's piece of its tile
-        k *= it[QO_LEN]
-        it[PARTIAL] += k         # (unsplit tiles: -1 + 0)
-        r = ar[:M] - e[MERGE - QO_START]
-        m_indptr = np.zeros(M + 1, dtype=np.int64)
-        m_indptr[1:] = _ACC(e[PIECES - QO_START])
-        m_row = e[0]
-        m_row += r
-        m_start = e[PARTIAL - QO_START]
-        m_start += r
-        res.update(m_indptr=m_indptr, m_row=m_row, m_start=m_start, m_stride=e[QO_LEN - QO_START],
-                   merge_rows=M, partial_rows=P, split_tiles=st.shape[0])
+    res = dict(n=k.shape[0], L=int(w), loads=loads, top=loads.item(loads.argmax()),
+               wi=cta.searchsorted(ar[:C], "right"), it=it[:8], merge_rows=0, partial_rows=0, split_tiles=0,
+               mode="contiguous")
+    if split:
+        res.update(_split_rows(p, it, k, split))
     return res
 
 
