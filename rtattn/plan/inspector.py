@@ -374,14 +374,16 @@ class Planner:
         """`window_left`: the sliding window (query at q_pos sees KV >= q_pos - window_left);
         None: no window, every tile reads from KV 0."""
         window_left = check_window(window_left)
-        # (small.plan's quick checks decide which batches it takes: None for the rest)
+        # (the fast paths' quick checks decide which batches they take: None for the rest; decode
+        # batches keep the numpy path's unsplit template)
+        if (qo_indptr is not None and self.one_tile and type(kv_indptr) is np.ndarray
+                and kv_indptr.ndim == 1 and kv_indptr.shape[0] > one_tile.MIN_BATCH
+                and (info := one_tile.plan(self, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, window_left,
+                                           out)) is not None):
+            return info
         fast = small.plan(self, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, window_left, out)
         if fast is not None:
             items, B, num_qo, (buf, views) = fast
-        elif (qo_indptr is not None and self.one_tile   # (decode: the numpy path's unsplit template)
-              and (info := one_tile.plan(self, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, window_left,
-                                         out)) is not None):
-            return info
         else:
             b = self.bounds
             batch = validate_batch(qo_indptr, kv_indptr, kv_indices, kv_last_page_len,

@@ -2,20 +2,19 @@
 chunks: 1..tile_q query tokens per request, every request with KV pages), modes auto, balanced and
 contiguous, no window.
 
-The numpy path spends a prefill plan on one to three numpy calls per statement, each on a few
-dozen to a few hundred numbers (0.3-2 us each, docs/perf-log.md "Host path v5"): validation,
-tiles, chunk counts, the auto choice, the contiguous cuts, partial rows, the merge map and the
-writes were ~150 calls. Here the requests are the tiles, so one table per planner (int64 rows:
-the eight item rows in inspector's order, then the per-tile values the cuts need) holds them:
-the checks and the lengths fill its rows, one `take` by each item's tile lays out every item row
-at once, and the merge entries are another take of the same table. The schedule is the numpy
-path's (same chunk bound, auto's same early choice, bound and LPT, the same cuts, partial rows
-and merge map), so plan bytes and PlanInfo are identical (tests/test_one_tile_plan.py; the
-contiguous partition's rules are documented at inspector.Planner._contiguous). The one regime it
-does not lay out itself, split tiles under LPT (balanced chunks), it hands to
-inspector.Planner.plan_batch with the batch it validated. What its quick checks do not accept
-(other input forms, zero-page requests, a bound exceeded, ...) goes the numpy way, whose
-validation names the error: errors have one source.
+The numpy path spends such a plan on ~150 numpy calls of 0.3-2 us each, on a few dozen to a few
+hundred numbers (docs/perf-log.md "Host path v5"). Here the requests are the tiles, so one table
+per planner holds them (int64 rows: the eight item rows in inspector's order, then the per-tile
+values the cuts read): the checks and the lengths fill its rows, one `take` by each item's tile
+lays out every item row at once (contiguous cuts and Algorithm 1's chunks alike), another take
+of the same table the merge entries, stable sorts are one sort of unique keys, and Python ints
+become 0-d arrays where a ufunc reads them repeatedly. The schedule is the numpy path's (the same
+chunk bound, auto's early choice, bound, LPT and loads, the same cuts, partial rows and merge map),
+so plan bytes and PlanInfo are identical (tests/test_one_tile_plan.py; the contiguous partition's
+rules are documented at inspector.Planner._contiguous). What the quick checks do not accept
+(other input forms, zero-page requests, ...) goes the numpy way, whose validation names the
+error; where a bound is exceeded the numpy path plans the validated batch and raises: errors
+have one source.
 """
 from __future__ import annotations
 
@@ -27,6 +26,9 @@ from .fields import write_merge_and_info
 from .layout import Batch
 
 MODES = ("auto", "balanced", "contiguous")
+# Batches of fewer requests take rtattn.plan.small first (plain Python: cheaper below ~4 tiles,
+# docs/perf-log.md "Host path v6").
+MIN_BATCH = 4
 _I32 = np.dtype(np.int32)
 _ACC = np.add.accumulate
 # KV tokens (pages x page size) below this keep every per-tile sum (kv + chunk bound, kv + fixed
