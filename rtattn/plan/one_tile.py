@@ -59,7 +59,7 @@ class Tiles:
         self.table[PARTIAL:MERGE + 1] = -1
         ps = page_size
         self.ps32, self.page_mask, self.ps_less1 = np.array(ps, dtype=np.int32), _k(-ps), _k(ps - 1)
-        self.alpha, self.gamma, self.zero = _k(COST_ALPHA), _k(COST_GAMMA), _k(0)
+        self.alpha, self.gamma, self.zero, self.one = _k(COST_ALPHA), _k(COST_GAMMA), _k(0), _k(1)
 
 
 def plan(p, qo, kp, ids, last, window_left, out):
@@ -113,7 +113,7 @@ def plan(p, qo, kp, ids, last, window_left, out):
     else:
         np.multiply(t[QO_LEN], tl.alpha, out=fixed)
         fixed += tl.gamma
-    res = _schedule(p, tl, t, B, nq, (qmin, qmax, (pmin - 1) * ps + lmin))
+    res = _schedule(p, tl, t, B, nq, (qmin, qmax, (pmin - 1) * ps + lmin), fixed.item(0) if qmin == qmax else None)
     buf, views = p._buffer(out)
     if res is None:   # a bound exceeded: the numpy path's error, on this batch
         batch = Batch(qo, kp, ids, last, t[QO_LEN].copy(), t[KV_END].copy(), ps, qmax)
@@ -122,10 +122,11 @@ def plan(p, qo, kp, ids, last, window_left, out):
     return p._info(res, B, nq, buf, views)
 
 
-def _schedule(p, tl, t, B, nq, extremes):
-    """inspector.Planner._schedule for one-tile requests: the schedule dict (with the items
-    `it`, rows in queue order, and `wi`, work_indptr[1:]), or None where a bound is exceeded
-    (the numpy path plans the batch and raises)."""
+def _schedule(p, tl, t, B, nq, extremes, fixed1):
+    """inspector.Planner._schedule for one-tile requests (`fixed1`: every tile's fixed cost, if
+    one): the schedule dict (with the items `it`, rows in queue order, and `wi`,
+    work_indptr[1:]), or None where a bound is exceeded (the numpy path plans the batch and
+    raises)."""
     C, ps, mode, ar = p.num_ctas, p.page_size, p.mode, p._ar
     qmin, qmax, kv_least = extremes
     kv = t[KV_END]
@@ -150,7 +151,8 @@ def _schedule(p, tl, t, B, nq, extremes):
     if kv_least <= tail:   # a tile of at most the tail: still one chunk
         np.maximum(nchunk, 1, out=nchunk)
     n = _ACC(nchunk).item(-1)
-    total = kv_total + int(nchunk.dot(t[FIXED]))   # (every chunk pays its tile's fixed cost)
+    # (every chunk pays its tile's fixed cost)
+    total = kv_total + (n * fixed1 if fixed1 is not None else int(nchunk.dot(t[FIXED])))
     con = None
     if mode == "auto" and C < n <= min(2 * C, p.bounds.max_items):
         # inspector.Planner._auto_contiguous_first (prefill tiles): the largest chunk and the mean
@@ -245,7 +247,7 @@ def _pieces(p, tl, t, pieces):
     np.subtract(pend, pieces, out=t[FIRST])
     split = None
     if pieces.item(pieces.argmax()) > 1:   # split tiles: partial rows and merge entries
-        st = (pieces > 1).nonzero()[0]
+        st = (pieces > tl.one).nonzero()[0]
         q_st = t[QO_LEN].take(st)
         rows = pieces.take(st)
         rows *= q_st
@@ -322,7 +324,8 @@ def _contiguous(p, tl, t, ends, kv_least):
     it[KV_START] = cut
     kv_end = it[KV_END]   # a piece ends where the next piece of its tile starts; the last at its KV
     kv_end[:-1] = cut[1:]
-    kv_end[pend - 1] = t[KV_END]
+    pend -= tl.one
+    kv_end[pend] = t[KV_END]
     c = kv_end - cut
     c += it[FIXED]
     loads = np.bincount(cta, weights=c, minlength=C).astype(np.int64)
