@@ -205,7 +205,11 @@ def lpt_assign(cost_sorted: np.ndarray, num_ctas: int, ar: np.ndarray) -> np.nda
         m = n if cost_sorted.item(n - 1) == c0 else int((cost_sorted != c0).argmax())
     else:
         m = min(n, num_ctas)
-    cta = ar[:n] % num_ctas
+    if m > num_ctas:
+        cta = ar[:n] % num_ctas
+    else:   # (the first m items on CTAs 0 .. m-1: no modulo, ~1.3 us at 256 items)
+        cta = np.empty(n, dtype=np.int64)
+        cta[:m] = ar[:m]
     if m == n:
         return cta
     shift = num_ctas.bit_length()
