@@ -356,7 +356,7 @@ class Planner:
         self._decode_items = np.empty((8, b.max_batch), dtype=np.int32)
         self._decode_items[0:2] = self._ar[:b.max_batch]
         self._decode_items[2], self._decode_items[3], self._decode_items[5:7] = 1, 0, -1
-        self._tiles = one_tile.Tiles(b.max_batch, self.page_size)   # (rtattn.plan.one_tile's)
+        self._tiles = None   # rtattn.plan.one_tile's table (one_tile.Tiles), made on first use
 
     # convenience ---------------------------------------------------------------
     @property

@@ -91,6 +91,8 @@ def plan(p, qo, kp, ids, last, window_left, out):
     if pmin < 1 or lmin < 1 or lmax > ps:
         return None
     tl = p._tiles
+    if tl is None:   # (made on the first plan this path takes: decode planners never need it)
+        tl = p._tiles = Tiles(b.max_batch, ps)
     kv = pages * tl.ps32
     kv += last
     kv -= tl.ps32
