@@ -6,6 +6,8 @@ short arrays, page ids outside the pool, bad last-page lengths, exceeded bounds)
 `judge(cfg, args, kwargs)` decides validity from the rules alone, in Python ints (no numpy
 arithmetic that could wrap), and names the arrays (or bounds) a refusal may blame.
 Used by tests/test_plan_fuzz.py (a seed set) and tools/fuzz_plan.py (100,000 cases).
+`plan_outcome(p, args, kw, stale)` is what two planning paths must agree on (bytes over a stale
+buffer, PlanInfo, the error): tests/test_small_plan.py and tests/test_one_tile_plan.py.
 """
 from __future__ import annotations
 
@@ -279,3 +281,17 @@ def fuzz(monkeypatch, n: int, seed: int = 0, on_failure=None) -> dict:
             if on_failure:
                 on_failure(i, args, kwargs, err)
     return stats
+
+
+def plan_outcome(p, args, kw, stale):
+    """Planner p's plan of `args` into a copy of `stale`: (the buffer, PlanInfo's fields or the
+    error's type and message) -- what two planning paths must agree on."""
+    buf = stale.copy()
+    try:
+        info = p.plan(*args, out=buf, **kw)
+    except (ValueError, TypeError) as e:
+        return buf, f"{type(e).__name__}: {e}"
+    fields = (info.num_items, info.num_merge_rows, info.num_partial_rows, info.batch, info.num_qo_tokens,
+              info.num_ctas, info.tile_q, info.page_size, info.chunk_tokens, info.num_split_tiles, info.mode,
+              info.cta_loads.dtype, info.cta_loads.tolist())
+    return buf, fields

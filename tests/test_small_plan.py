@@ -9,6 +9,7 @@ import pytest
 from rtattn.plan import small
 from rtattn.plan.inspector import Planner
 from rtattn.plan.layout import indptr_from_lengths, paged_kv
+from plan_fuzz import plan_outcome as _plan
 
 MODES = ("auto", "balanced", "contiguous")
 
@@ -66,18 +67,6 @@ def _case(rng):
         i = int(rng.integers(1, 4))
         args[i] = (args[i].tolist(), np.asarray(7, np.int32), args[i].reshape(1, -1))[int(rng.integers(3))]
     return pk, args, kw
-
-
-def _plan(p, args, kw, stale):
-    buf = stale.copy()
-    try:
-        info = p.plan(*args, out=buf, **kw)
-    except (ValueError, TypeError) as e:
-        return buf, f"{type(e).__name__}: {e}"
-    fields = (info.num_items, info.num_merge_rows, info.num_partial_rows, info.batch, info.num_qo_tokens,
-              info.num_ctas, info.tile_q, info.page_size, info.chunk_tokens, info.num_split_tiles, info.mode,
-              info.cta_loads.dtype, info.cta_loads.tolist())
-    return buf, fields
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
