@@ -6,6 +6,11 @@ Median over many runs of the full plan() call (validation + Algorithm 1 +
 writing the plan into a reused host buffer), heavy-tailed KV lengths (mean
 ~1024, up to 32K), page size 16.  FlashInfer's decode plan() takes 75-165 us
 for batch 16-256 on our machine (shared/PERF.md).
+
+verify: bench_overhead's prefill rows (4 query tokens per request, KV U(768, 1280), causal, the
+prefill family's tile) on --verify-ctas CTAs (66: the H200's prefill wrapper grid), planned by the
+one-tile path (rtattn.plan.one_tile) and, in the `numpy us` column, by the numpy path
+(Planner.one_tile = False) on the same inputs: byte-identical plans, docs/perf-log.md "Host path v6".
 """
 from __future__ import annotations
 
@@ -44,30 +49,45 @@ def main(argv=None):
     ap.add_argument("--page-size", type=int, default=16)
     ap.add_argument("--reps", type=int, default=400)
     ap.add_argument("--mode", default="auto")
+    ap.add_argument("--verify-ctas", type=int, default=66, help="grid of the verify rows (the H200 prefill wrapper's)")
     a = ap.parse_args(argv)
     hq, hk = (int(x) for x in a.heads.split("/"))
     rng = np.random.default_rng(0)
     print(f"plan() host time, {a.device}, heads {a.heads}, D={a.head_dim}, page "
           f"{a.page_size}, mode {a.mode}, heavy-tailed KV (median / p90 us)")
     print(f"{'kind':8} {'batch':>6} {'q len':>8} {'tile_q':>6} {'items':>6} {'splits':>6} "
-          f"{'median us':>10} {'p90 us':>8}")
-    for kind in ("decode", "prefill"):
+          f"{'median us':>10} {'p90 us':>8} {'numpy us':>9}")
+    for kind in ("decode", "prefill", "verify"):
         for batch in (1, 4, 16, 64, 128, 256, 512, 1024):
             kv = kv_lengths(rng, batch)
+            ctas = None
             if kind == "decode":
                 qo = np.ones(batch, np.int64)
                 qdesc = "1"
+            elif kind == "verify":
+                qo = np.full(batch, 4, np.int64)
+                kv = rng.integers(768, 1281, batch)
+                qdesc, ctas = "4", a.verify_ctas
             else:
                 qo = rng.integers(128, 513, batch)
                 kv = kv + qo
                 qdesc = "128-512"
             max_pages = int(sum(-(-kv // a.page_size))) + 1
-            p = Planner(batch, int(qo.sum()), max_pages, hq, hk, a.head_dim, a.page_size,
-                        device=a.device, mode=a.mode, max_qo_len=int(qo.max()),
-                        causal=kind == "prefill", kernel=kind)
-            med, p90, info = bench(p, qo, kv, a.reps if batch <= 256 else a.reps // 4)
+            def planner():
+                return Planner(batch, int(qo.sum()), max_pages, hq, hk, a.head_dim, a.page_size,
+                               device=a.device, mode=a.mode, max_qo_len=int(qo.max()),
+                               causal=kind != "decode", kernel="decode" if kind == "decode" else "prefill",
+                               num_ctas=ctas)
+            reps = a.reps if batch <= 256 else a.reps // 4
+            p = planner()
+            med, p90, info = bench(p, qo, kv, reps)
+            numpy_us = "-"
+            if kind == "verify":
+                ref = planner()
+                ref.one_tile = False
+                numpy_us = f"{bench(ref, qo, kv, reps)[0]:.1f}"
             print(f"{kind:8} {batch:6d} {qdesc:>8} {p.tile_q:6d} {info.num_items:6d} "
-                  f"{info.num_split_tiles:6d} {med:10.1f} {p90:8.1f}")
+                  f"{info.num_split_tiles:6d} {med:10.1f} {p90:8.1f} {numpy_us:>9}")
 
 
 if __name__ == "__main__":
