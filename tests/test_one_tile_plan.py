@@ -77,7 +77,7 @@ def test_one_tile_path_plans_byte_identical_to_numpy_path(seed, monkeypatch):
         pk, args = _case(rng)
         fast, ref = Planner(**pk), Planner(**pk)
         fast.small_tiles = ref.small_tiles = 0   # (the small path takes the smallest batches first)
-        ref.one_tile = False
+        ref.one_tile_path = False
         stale = rng.integers(0, 256, fast.layout.plan_bytes, dtype=np.uint8)
         for _ in range(2):   # twice: the second plan lands on the first one's bytes
             got, want = _plan(fast, args, {}, stale), _plan(ref, args, {}, stale)

@@ -284,12 +284,12 @@ class Planner:
 
     `small_tiles`, `small_tokens`: plans of up to this many query tiles and tokens take the
     plain-Python path (rtattn.plan.small, byte-identical); 0 sends every plan the numpy way.
-    `one_tile`: larger batches whose requests are one query tile each take rtattn.plan.one_tile
+    `one_tile_path`: batches of 4+ requests that are one query tile each take rtattn.plan.one_tile
     (byte-identical); False sends them the numpy way.
     """
 
     small_tiles, small_tokens = small.SMALL_TILES, small.SMALL_TOKENS
-    one_tile = True   # batches of one query tile per request: rtattn.plan.one_tile (False: the numpy path)
+    one_tile_path = True   # one-tile batches: rtattn.plan.one_tile (False: the numpy path)
 
     def __init__(self, max_batch: int, max_qo_tokens: int, max_pages: int,
                  num_qo_heads: int, num_kv_heads: int, head_dim: int, page_size: int, *,
@@ -380,7 +380,7 @@ class Planner:
         window_left = check_window(window_left)
         # (the fast paths' quick checks decide which batches they take: None for the rest; decode
         # batches keep the numpy path's unsplit template)
-        if (qo_indptr is not None and self.one_tile and type(kv_indptr) is np.ndarray
+        if (qo_indptr is not None and self.one_tile_path and type(kv_indptr) is np.ndarray
                 and kv_indptr.ndim == 1 and kv_indptr.shape[0] > one_tile.MIN_BATCH
                 and (info := one_tile.plan(self, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, window_left,
                                            out)) is not None):
