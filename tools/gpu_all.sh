@@ -15,6 +15,7 @@
 #   OVERHEAD_BATCHES=1,4,16,64,256 ...        # bench_overhead's batches (4: where auto weighs both partitions)
 #   INVARIANT_MODES="auto batch-invariant batch-invariant+c256" ...   # bench-invariant's --rt-modes
 #   CASCADE_LIBS=rt-casc,rt-wg,fi-casc PREFILL_TILES="default x" ...   # bench_cascade's libs (CASCADE_ARGS=--breakdown), bench_prefill's tile A/B
+#   PREFILL_SHAPES="32:8:64:16 ..." PREFILL_SHAPE_ROWS="16x1024 ..."   # bench-prefill-shapes' neighbourhood (HQ:HKV:D:PAGE)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1
@@ -52,6 +53,9 @@ case " ${ONLY:-bench-prefill} " in *" bench-prefill "*|*" bench-overhead "*)   #
     # prefill rows: the causal module)
     timeout 300 "$PY" tools/bench_prefill.py --libs fa2 --rows 32x512 32x512-softcap 32x512-alibi 8x2048-window --samples 2 > "$LOGS/fi-prebuild-fa2.log" 2>&1 & ;;
 esac
+case " ${ONLY:-bench-prefill-shapes} " in *" bench-prefill-shapes "*)   # fa2's d64 / d256 modules
+    timeout 300 "$PY" tools/bench_prefill.py --libs fa2 --shapes 32:8:64:16 32:8:256:16 --rows 32x512 --samples 1 > "$LOGS/fi-prebuild-shapes.log" 2>&1 & ;;
+esac
 case " ${ONLY:-bench-prefill-peers} " in *" bench-prefill-peers "*)
     timeout 300 "$PY" tools/bench_prefill.py --libs fa3 --rows 32x512 --samples 2 > "$LOGS/fi-prebuild-fa3.log" 2>&1 & ;;
 esac
@@ -88,8 +92,9 @@ stage bench-prefill "$T_BENCH" "$PY" tools/bench_prefill.py --libs rt fa2 --rt-t
     --rows 16x1024 4x4096 32x512 1x16384 chunk16x4096+512 8x2048 8x2048-softcap 8x2048-alibi 8x2048-window mtd64x4096-q4 mtd64x4096-q1
 stage bench-prefill-peers "$T_BENCH" "$PY" tools/bench_prefill.py --libs rt fa3 sdpa sdpa-flash --samples 10 \
     --budget-s "$((T_BENCH - 30))" --rows 16x1024 4x4096 32x512 1x16384
-stage bench-prefill-shapes "$T_BENCH" bash -c "for a in '--head-dim 64' '--head-dim 256' '--heads 32:32' '--heads 32:4' '--page 1' '--page 64'; do \
-    $PY tools/bench_prefill.py --libs rt fa2 --samples 5 --budget-s 12 \$a --rows 16x1024 4x4096 16xheavy1024 8x2048-plain; done"
+read -r -a PF_SHAPES <<< "${PREFILL_SHAPES:-32:8:64:16 32:8:256:16 32:32:128:16 32:4:128:16 32:2:128:16 32:8:128:1 32:8:128:64}"
+stage bench-prefill-shapes "$T_BENCH" "$PY" tools/bench_prefill.py --libs rt fa2 --samples 5 --budget-s "$((T_BENCH - 10))" \
+    --shapes "${PF_SHAPES[@]}" --rows ${PREFILL_SHAPE_ROWS:-16x1024 32x512 4x4096 16xheavy1024}   # the neighbourhood, one process
 stage bench-family "$((T_BENCH + 10))" bash -c "$PY tools/bench_prefill.py --libs rt rtdec --rows 'mtd*' --budget-s $((T_BENCH / 2 - 5)) && \
     $PY tools/bench_decode.py --no-flashinfer --rows 'g*' b16-all1024-kv8 s64x4096 --rt-modes auto auto+prefill \
     --deadline $((T_BENCH / 2 - 5))"

@@ -27,7 +27,7 @@ case "${1:-}" in
     --no-sanitize) SANITIZE=no; shift ;;
     --sanitize-only) SANITIZE=only; shift ;;
 esac
-SAN_TOOLS="memcheck racecheck initcheck synccheck"
+SAN_TOOLS=${SAN_TOOLS:-"memcheck racecheck initcheck synccheck"}
 SAN_TIMEOUT=${SAN_TIMEOUT:-120}   # seconds per sanitizer pass (a timeout shows as exit 124)
 
 echo "== nvidia-smi"
