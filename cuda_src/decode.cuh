@@ -209,6 +209,12 @@ __device__ __forceinline__ void decode_persistent(const P& p, char* smem) {
   // and the workspace only after wait_for_previous_grid().
   const int item_begin = p.plan.work_indptr[blockIdx.x];
   const int item_end = p.plan.work_indptr[blockIdx.x + 1];
+#ifdef RTATTN_INDEPENDENT_LEVEL
+  // A CTA with no items leaves at once instead of holding its SM slot until the previous grid
+  // ends: where that grid leaves slots free, the CTAs with items take them and run beside it.
+  // CTA (0, 0) stays for the wait at the exit, so this grid still completes after that one.
+  if (item_begin == item_end && (blockIdx.x | blockIdx.y) != 0) return;
+#endif
 
   // ---- KV load stream. Block k of the stream goes to stage k % STAGES. The loader's item
   // fields are read one item ahead (nx_*), its page ids one block ahead (ld_page).

@@ -116,6 +116,19 @@ def shared_prefill_tile(device: plan_devices.Device, head_dim: int, group: int, 
     return choose_tile(device, head_dim, group, max_queries, mma=mma)
 
 
+def shared_level_ctas_per_sm(tile, ctas_per_sm: int | None = None) -> int:
+    """The shared level's prefill CTAs per SM, which sizes its grid (one resident wave):
+    `ctas_per_sm` as given (1 to the tile's min_blocks), or None: the tile's min_blocks. Fewer
+    than the tile allows leaves each SM a slot where the decode level's CTAs run beside the
+    shared level (the concurrent and joining decode builds start as soon as they find a slot)."""
+    if ctas_per_sm is None:
+        return tile.min_blocks
+    if isinstance(ctas_per_sm, bool) or not isinstance(ctas_per_sm, int) or not 1 <= ctas_per_sm <= tile.min_blocks:
+        raise ValueError(f"prefill_ctas_per_sm must be an int from 1 to {tile.min_blocks} (the shared tile "
+                         f"{tile.tag}'s CTAs per SM) or None, got {ctas_per_sm!r}")
+    return ctas_per_sm
+
+
 OUT_MEMBERS = ("o", "o_stride_tok", "o_stride_head", "lse")
 OUT_MEMBERS_BYTES = 8 * len(OUT_MEMBERS)   # 8-byte members
 
@@ -139,7 +152,7 @@ def shared_group_rule(num_qo_heads: int, num_kv_heads: int, head_dim: int, prefi
 
 
 def shared_level_kw(device: plan_devices.Device, num_qo_heads: int, num_kv_heads: int, head_dim: int,
-                    page_size: int, max_queries: int, mma: str = "auto") -> dict:
+                    page_size: int, max_queries: int, mma: str = "auto", ctas_per_sm: int | None = None) -> dict:
     """CascadePlanner.create's prefill arguments as CascadeWrapper(prefill="auto") plans with
     them (the tools that plan without a GPU: rtattn-inspect, bench_cascade --plan): the shared
     tile, the cost rule, its kernel's PREFILL_MIN_SAVING_US and join_levels (the wrapper's
@@ -148,7 +161,8 @@ def shared_level_kw(device: plan_devices.Device, num_qo_heads: int, num_kv_heads
     tile = shared_prefill_tile(device, head_dim, group, page_size, max_queries, mma)
     if tile is None:
         return {}
-    return dict(prefill_tile=tile_config(tile, head_dim, group), join_levels=True,
+    return dict(prefill_tile=tile_config(tile, head_dim, group, shared_level_ctas_per_sm(tile, ctas_per_sm)),
+                join_levels=True,
                 **_tile_rules(tile, num_qo_heads, num_kv_heads, head_dim))
 
 
@@ -229,7 +243,8 @@ class CascadeWrapper:
     CascadeWrapper(num_levels, H_qo, H_kv, D, page_size, max_batch=..., max_pages=...,
                    max_qo_tokens=None, variant="plain", dtype="bfloat16", kv_layout="NHD",
                    mode="auto", m_tiles=None, num_ctas=None, pdl=True, prefill="auto",
-                   concurrent_levels=True, flat=False, join_levels=True, prefill_mma="auto")
+                   concurrent_levels=True, flat=False, join_levels=True, prefill_mma="auto",
+                   prefill_ctas_per_sm=None)
 
     `max_pages` bounds the pages of all levels together (a shared page counts once);
     `max_qo_tokens` the query rows (default max_batch: decode). `m_tiles` (16-row query
@@ -257,6 +272,9 @@ class CascadeWrapper:
     fold on 5 of the 6 prefix rows, docs/perf-log.md "Cascade v6").
     `prefill_mma` (default "auto": the prefill family's sm_90a wgmma kernel on cc 9.0 where its
     tile fits, else the mma.sync kernel; shared_prefill_mma): "sync" or "wgmma" forces one.
+    `prefill_ctas_per_sm` (default None: as many as the shared tile allows): the shared level's
+    prefill CTAs per SM, i.e. its grid (shared_level_ctas_per_sm); 1 on a two-CTA tile leaves
+    each SM a slot for the decode level's CTAs, which then run beside the shared level.
     The launch list follows each plan (launch_list()).
     """
 
@@ -265,11 +283,15 @@ class CascadeWrapper:
                  dtype: str = "bfloat16", kv_layout: str = "NHD", mode: str = "auto", m_tiles: int | None = None,
                  num_ctas: int | None = None, pdl: bool = True, num_pages_pool: int | None = None, device=None,
                  prefill: bool | str = "auto", concurrent_levels: bool = True, flat: bool | str = False,
-                 join_levels: bool = True, prefill_mma: str = "auto"):
+                 join_levels: bool = True, prefill_mma: str = "auto", prefill_ctas_per_sm: int | None = None):
         if prefill not in (True, False, "auto"):
             raise ValueError(f"prefill must be 'auto', True or False, got {prefill!r}")
         if flat not in (True, False, "auto"):
             raise ValueError(f"flat must be 'auto', True or False, got {flat!r}")
+        if prefill_ctas_per_sm is not None and (isinstance(prefill_ctas_per_sm, bool) or
+                                                not isinstance(prefill_ctas_per_sm, int) or prefill_ctas_per_sm < 1):
+            raise ValueError(f"prefill_ctas_per_sm must be an int from 1 to the shared tile's CTAs per SM, or None; "
+                             f"got {prefill_ctas_per_sm!r}")
         for name, value in (("concurrent_levels", concurrent_levels), ("join_levels", join_levels)):
             if not isinstance(value, bool):
                 raise TypeError(f"{name} must be a bool, got {value!r}")
@@ -297,10 +319,10 @@ class CascadeWrapper:
         prefill_mma = shared_prefill_mma(dev, head_dim, group, prefill_mma)   # (refused before anything is built)
         tile = shared_prefill_tile(dev, head_dim, group, page_size, self.max_qo_tokens, prefill_mma) if prefill else None
         pp = None
-        if tile is not None:   # the prefill family's planner: its tile, its grid (one resident wave)
+        if tile is not None:   # the prefill family's planner: its tile, its grid (shared_level_ctas_per_sm)
             pp = Planner(max_batch * num_levels, self.max_qo_tokens * num_levels, max_pages, num_qo_heads,
                          num_kv_heads, head_dim, page_size, device=dev, mode=mode,
-                         tile=tile_config(tile, head_dim, group))
+                         tile=tile_config(tile, head_dim, group, shared_level_ctas_per_sm(tile, prefill_ctas_per_sm)))
             if pp.tile_q <= max(1, spec.rows // group):   # (CascadePlanner's test: no group could need it)
                 tile = pp = None
         # With a prefill kernel the launch list is prefill, decode, fold; the decode kernel reads

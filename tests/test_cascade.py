@@ -294,6 +294,28 @@ def test_the_defaults_are_the_wgmma_kernel_and_joined_levels_on_cc_9_0(fake_gpu)
     assert C.shared_prefill_tile(a100, 128, 4, 16, 16).mma == "sync"
 
 
+def test_prefill_ctas_per_sm_sizes_the_shared_levels_grid(fake_gpu):
+    """prefill_ctas_per_sm: the shared level's grid is that many prefill CTAs per SM (None: as many
+    as its tile allows); the launch's prefill call has that grid, the plan that many queues;
+    outside 1 to the tile's CTAs per SM it is refused before anything is built."""
+    kv_indptr, idx, last, pool = one_prefix_batch(16, 4096, 40, 16)
+    kw = dict(max_batch=16, max_pages=pool, prefill=True, join_levels=True)
+    w = C.CascadeWrapper(2, 32, 8, 128, 16, **kw)
+    assert w.prefill_tile.rows == 64 and w.prefill_tile.min_blocks == 2 and w.planner.prefill.num_ctas == 132 * 2 // 8
+    w1 = C.CascadeWrapper(2, 32, 8, 128, 16, prefill_ctas_per_sm=1, **kw)
+    assert w1.prefill_tile == w.prefill_tile and w1.planner.prefill.num_ctas == 132 // 8
+    info = w1.plan(None, kv_indptr, idx, last, share_prefixes=True)
+    assert info.joined and info.prefill.num_ctas == 16 and info.level_prefill_items[0] == 16
+    q, o = cuda((16, 32, 128)), cuda((16, 32, 128), ptr=1 << 34)
+    kc, vc = cuda((pool, 16, 8, 128), ptr=1 << 32), cuda((pool, 16, 8, 128), ptr=1 << 33)
+    assert w1.prepare(q, kc, vc, out=o).calls[0].grid == (16, 8, 1)
+    for bad in (0, 3, True, 1.0):
+        with pytest.raises(ValueError, match="prefill_ctas_per_sm must be an int from 1 to"):
+            C.CascadeWrapper(2, 32, 8, 128, 16, prefill_ctas_per_sm=bad, **kw)
+    with pytest.raises(ValueError, match="prefill_ctas_per_sm must be"):
+        C.CascadeWrapper(2, 32, 8, 128, 16, max_batch=16, max_pages=pool, prefill=False, prefill_ctas_per_sm=0)
+
+
 def test_levels_in_flashinfer_convention(fake_gpu):
     kv_indptr, idx, last, pool = one_prefix_batch(4, 64, 20, 16)
     w = C.CascadeWrapper(2, 8, 8, 64, 16, max_batch=4, max_pages=pool, prefill=True)
@@ -675,6 +697,25 @@ def test_gpu_shared_levels_on_the_wgmma_kernel_match_float64(variant, join, head
     w = gpu_wrapper(c, 2, variant, prefill_mma="wgmma", join_levels=join)
     out, lse = gpu_run(c, w, variant)
     assert w.prefill_tile.mma == "wgmma" and w.info.level_prefill_items[0] > 0 and w.info.joined == join
+    check_gpu(c, out, lse, REF[variant])
+    again, lse2 = gpu_run(c, w, variant)
+    assert torch.equal(out, again) and torch.equal(lse, lse2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant, join, heads, D, B", [
+    ("plain", True, (32, 8), 128, 14), ("causal", False, (32, 8), 128, 14), ("alibi", True, (32, 8), 128, 10),
+    ("plain", True, (32, 32), 64, 40)])
+def test_gpu_shared_level_at_one_cta_per_sm_matches_float64(variant, join, heads, D, B):
+    """prefill_ctas_per_sm=1: the shared level's grid one CTA per SM, the decode level's CTAs with
+    items beside it and those without leaving at once (the concurrent and joining builds): float64
+    reference with poisoned outputs, and the bits of a second run."""
+    import torch
+    c = gpu_case(one_prefix_batch(B, 3000, 40, 16, seed=B), *heads, D, 16)
+    w = gpu_wrapper(c, 2, variant, join_levels=join, prefill_ctas_per_sm=1)
+    out, lse = gpu_run(c, w, variant)
+    assert w.planner.prefill.num_ctas == w.device.props.sm_count // heads[1]
+    assert w.info.level_prefill_items[0] > 0 and w.info.joined == join
     check_gpu(c, out, lse, REF[variant])
     again, lse2 = gpu_run(c, w, variant)
     assert torch.equal(out, again) and torch.equal(lse, lse2)

@@ -23,9 +23,12 @@ rt-pre / rt-prej (every shared group past a decode tile on mma.sync prefill tile
 folded / joined), rt-wg / rt-wgj (the same on the wgmma kernel), rt-ser / rt-serwg (rt-pre /
 rt-wg with the decode level after the prefill level: concurrent_levels=False), rt-128 (rt-pre on
 128-row tiles, where the wrapper's fit is smaller), rt-dec (every level on decode:
-prefill=False), rt-m1 (rt-dec with m_tiles 1) and rt-flat (flat=True wherever the pages fit:
-one level, rtattn's single format inside the cascade). `--breakdown` also times each kernel of
-rt-ser's and rt-serwg's launch lists alone (prefill, decode, fold: where the step's time goes).
+prefill=False), rt-m1 (rt-dec with m_tiles 1), rt-flat (flat=True wherever the pages fit:
+one level, rtattn's single format inside the cascade), rt-ov1 (the shared level at one prefill
+CTA per SM: prefill_ctas_per_sm=1, the decode level's CTAs beside it) and rt-cm1 (the defaults
+with m_tiles 1). `--breakdown` also times each kernel of
+rt-ser's, rt-serwg's, rt-casc's and rt-ov1's launch lists alone (prefill, decode, fold: where the
+step's time goes; a joined list's decode kernel alone includes its join).
 Every output is checked
 against a float32 torch reference (relative error < 2e-2) after an eager call and after the
 timed replays. Timing: tools/bench_common.time_graph (CUDA-graph replays, events, median).
@@ -49,7 +52,7 @@ import bench_common as bc  # noqa: E402
 HQ, HKV, D, PAGE, SUFFIX = 32, 8, 128, 16, 128
 TOL = 2e-2
 LIBS = ("rt-casc", "rt-fold", "rt-sync", "rt-join", "rt-pre", "rt-prej", "rt-wg", "rt-wgj", "rt-ser", "rt-serwg",
-        "rt-128", "rt-dec", "rt-m1", "rt-flat", "rt-single", "fi-casc", "fi-cc", "fi-tc")
+        "rt-128", "rt-dec", "rt-m1", "rt-flat", "rt-ov1", "rt-cm1", "rt-single", "fi-casc", "fi-cc", "fi-tc")
 # CascadeWrapper configurations: the arguments each sets (the rest: the wrapper's defaults)
 SYNC, FOLD = {"prefill_mma": "sync"}, {"join_levels": False}
 RT_CASC = {"rt-casc": {}, "rt-fold": FOLD, "rt-sync": SYNC, "rt-join": SYNC,
@@ -58,7 +61,9 @@ RT_CASC = {"rt-casc": {}, "rt-fold": FOLD, "rt-sync": SYNC, "rt-join": SYNC,
            "rt-ser": dict(prefill=True, concurrent_levels=False, **SYNC),
            "rt-serwg": dict(prefill=True, concurrent_levels=False, prefill_mma="wgmma"),
            "rt-128": dict(prefill=True, **SYNC, **FOLD), "rt-dec": dict(prefill=False),
-           "rt-m1": dict(prefill=False, m_tiles=1), "rt-flat": dict(flat=True, **SYNC, **FOLD)}
+           "rt-m1": dict(prefill=False, m_tiles=1), "rt-flat": dict(flat=True, **SYNC, **FOLD),
+           "rt-ov1": dict(prefill_ctas_per_sm=1), "rt-cm1": dict(m_tiles=1)}
+BREAKDOWN = ("rt-ser", "rt-serwg", "rt-casc", "rt-ov1")   # --breakdown's libraries
 # PERF.md: FlashInfer cascade µs, single-format µs
 PERF_MD = {(1024, 16): (24.3, 36.6), (1024, 64): (44.6, 119.0), (8192, 16): (36.0, 196.0),
            (8192, 64): (72.7, 750.4), (32768, 16): (64.8, 735.2), (32768, 64): (148.0, 2906.4)}
@@ -213,6 +218,13 @@ def sync_rows(batch: int) -> int:
     return shared_prefill_tile(get_device("h200"), D, HQ // HKV, PAGE, batch, "sync").rows
 
 
+def shared_ctas_per_sm(batch: int) -> int:
+    """rt-ov1's test: the CTAs per SM of the shared tile CascadeWrapper picks for `batch` decode queries."""
+    from rtattn.cascade import shared_prefill_tile
+    from rtattn.plan.devices import get_device
+    return shared_prefill_tile(get_device("h200"), D, HQ // HKV, PAGE, batch).min_blocks
+
+
 @contextlib.contextmanager
 def tile_rows(rows):
     """rt-128: CascadeWrapper's shared-group prefill tile for this many query rows (None: its own fit)."""
@@ -266,6 +278,8 @@ def bench_lib(lib: str, x: Inputs, stream, ws, samples: int, breakdown: bool = F
         from rtattn import CascadeWrapper
         if lib == "rt-128" and sync_rows(x.B) == 128:
             return {"skipped": "the wrapper's own tile is 128 rows here (rt-pre)"}
+        if lib == "rt-ov1" and shared_ctas_per_sm(x.B) == 1:
+            return {"skipped": "the shared tile runs one CTA per SM here (rt-casc)"}
         with tile_rows(128 if lib == "rt-128" else None):
             # max_pages: the page table's length, so that the flat plan fits where it is chosen
             w = CascadeWrapper(3, HQ, HKV, D, PAGE, max_batch=x.B, max_pages=int(x.kv_indptr[-1]), **RT_CASC[lib])
@@ -273,6 +287,7 @@ def bench_lib(lib: str, x: Inputs, stream, ws, samples: int, breakdown: bool = F
         w.plan(None, x.kv_indptr, x.idx, x.last, share_prefixes=True, stream=stream)
         info.update(plan_us=(time.perf_counter() - t0) * 1e6, levels=w.info.num_levels, list=w.launch_list(),
                     mma=w.prefill_tile.mma if w.prefill is not None else "-",
+                    grid=w.planner.prefill.num_ctas if w.prefill is not None else 0,
                     items=w.info.level_items.tolist(), prefill_items=w.info.level_prefill_items.tolist(),
                     kv_tokens=w.info.level_kv_tokens.tolist())
         launches = [w.prepare(x.q[c], *x.kv[c], out=outs[c], stream=stream) for c in range(x.copies)]
@@ -280,10 +295,11 @@ def bench_lib(lib: str, x: Inputs, stream, ws, samples: int, breakdown: bool = F
     torch.cuda.synchronize()
     res = measure(x, stream, calls, outs, samples)
     res.update(info)
-    if breakdown and lib in ("rt-ser", "rt-serwg"):   # each kernel alone (each waits for the one before it: serial)
+    if breakdown and lib in BREAKDOWN:   # each kernel alone (each waits for the one before it: serial)
         from rtattn.runtime import launch as launch_path
         n = bc.launches_per_graph(bc.estimate_us(x.unique_bytes), x.copies)
-        names = ("prefill", "decode", "fold") if len(launches[0].calls) == 3 else ("decode", "fold")
+        names = {"prefill": ("prefill", "decode", "fold"), "join": ("prefill", "decode"), "levels": ("decode", "fold"),
+                 "flat": ("decode", "merge")}[w.launch_list()]
         for i, part in enumerate(names):
             alone = [lambda c=l.calls[i], d=l.device: launch_path.enqueue([c], torch.cuda.current_stream(), d)
                      for l in launches]
@@ -295,7 +311,7 @@ def bench_lib(lib: str, x: Inputs, stream, ws, samples: int, breakdown: bool = F
 def format_result(name: str, lib: str, r: dict) -> str:
     body = (f"{r['us']:8.1f} us err {r['err']:.1e} {bc.lib_state(r)}" if "us" in r else
             f"skip: {r['skipped']}" if r.get("skipped") else f"ERR {r['error']}")
-    keys = ("list", "mma", "levels", "items", "prefill_items", "kv_tokens", "plan_us", "prefill_us", "decode_us", "fold_us")
+    keys = ("list", "mma", "grid", "levels", "items", "prefill_items", "kv_tokens", "plan_us", "prefill_us", "decode_us", "fold_us", "merge_us")
     return f"{name:>14} {lib:>9}: " + body + "".join(f" {k}={r[k]}" for k in keys if k in r)
 
 
@@ -349,7 +365,7 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=300)
     ap.add_argument("--samples", type=int, default=20)
     ap.add_argument("--deadline", type=float, default=150.0, help="seconds; later rows are skipped")
-    ap.add_argument("--breakdown", action="store_true", help="rt-ser: also time each kernel of its launch alone")
+    ap.add_argument("--breakdown", action="store_true", help=f"{', '.join(BREAKDOWN)}: also time each kernel of the launch alone")
     a = ap.parse_args(argv)
     if a.selftest:
         return selftest()

@@ -5,7 +5,7 @@ against the float64 reference, each case reported (error or exception) without s
 bad case does not hide the others. Run before the GPU tier, one process per case (a faulting
 kernel poisons its process):
 
-    for i in $(seq 0 16); do timeout 60 python tools/smoke_cascade.py $i & done; wait
+    for i in $(seq 0 18); do timeout 60 python tools/smoke_cascade.py $i & done; wait
     python tools/smoke_cascade.py --mma sync 0 3     # the shared levels on the other prefill kernel
 
 `--mma` is the wrapper's prefill_mma (default "auto": the wgmma kernel on the H200).
@@ -29,6 +29,10 @@ def prefix40(rng, ps):      # 40 requests over a 256-token prefix: level 0 on on
 
 def two_groups(rng, ps):    # a system prompt over groups of 12 and 9: both shared levels on prefill
     return shared_batch(rng, ps, groups=((12, 3), (9, 2)), system_pages=6, loners=1, suffix_pages=(2, 4))
+
+
+def small_tree(rng, ps):    # a system prompt over groups of 6 and 5: both shared levels on one 64-row prefill tile
+    return shared_batch(rng, ps, groups=((6, 3), (5, 2)), system_pages=6, loners=1, suffix_pages=(2, 4))
 
 
 # (name, batch(rng, page_size), heads, head_dim, page, levels, variant, dtype, queries per request,
@@ -59,6 +63,9 @@ CASES = [
      "alibi", "bfloat16", 1, "auto-join"),
     ("defaults, 16 x 1K prefix (decode)", lambda r, ps: one_prefix_batch(16, 1024, 128, ps), (32, 8), 128, 16, 2,
      "plain", "bfloat16", 1, "auto-decode"),
+    ("one prefill CTA per SM, 14 x 8K (joined)", lambda r, ps: one_prefix_batch(14, 8192, 128, ps), (32, 8), 128,
+     16, 2, "causal", "bfloat16", 1, "join-ov1"),
+    ("one prefill CTA per SM, tree (folded)", small_tree, (32, 8), 128, 16, 3, "alibi", "bfloat16", 1, "ov1"),
 ]
 # plan -> (CascadeWrapper arguments, whether it puts work on prefill tiles, is flat, joins its levels)
 PLANS = {True: (dict(prefill=True, join_levels=False), True, False, False),
@@ -66,7 +73,10 @@ PLANS = {True: (dict(prefill=True, join_levels=False), True, False, False),
          "flat": (dict(prefill=False, flat=True), False, True, False),
          "join": (dict(prefill=True, join_levels=True), True, False, True),
          "auto-join": (None, True, False, True),      # None: the wrapper's defaults (prefill="auto", join_levels=True)
-         "auto-decode": (None, False, False, False)}
+         "auto-decode": (None, False, False, False),
+         # the shared level at one CTA per SM (prefill_ctas_per_sm=1): the decode level's CTAs beside it
+         "join-ov1": (dict(prefill=True, join_levels=True, prefill_ctas_per_sm=1), True, False, True),
+         "ov1": (dict(prefill=True, join_levels=False, prefill_ctas_per_sm=1), True, False, False)}
 
 
 def wrapper_kw(plan, mma: str = "auto") -> dict:
