@@ -56,7 +56,14 @@ from rtattn.wrapper import BatchDecodeWrapper
 from rtattn.wrapper_base import host_array as _host
 
 CASCADE_VARIANTS = ("plain", "causal", "sliding_window", "soft_cap", "alibi", "sigmoid")
+# Row tiles of the joining decode build (join_levels), whose items are one query each: 1 where the
+# head group fits 16 rows -- the build that reads its next item's fields and query during the
+# current one (cuda_src/decode.cuh kPrefetch). H200, 32/8 d128 (docs/perf-log.md "Cascade v7",
+# the wrapper at m_tiles 1 against 2, joined plans): p8192x16 27.3 vs 29.3 us, p8192x64 45.6 vs
+# 50.5, p32768x16 53.4 vs 55.3, p32768x64 108.4 vs 112.7.
+JOIN_M_TILES = 1
 _STANDARD = re.compile(r"^rtattn::StandardAttention<([a-z, ]+)>$")
+PREFILL_LISTS = {"prefill", "join", "prefill-narrow", "join-narrow"}   # the launch lists with the prefill kernel
 POSITION_PARAMS = (Param("cascade_q_pos", "const int32_t*"), Param("cascade_kv_offset", "const int32_t*"))
 
 
@@ -155,14 +162,14 @@ def shared_level_kw(device: plan_devices.Device, num_qo_heads: int, num_kv_heads
                     page_size: int, max_queries: int, mma: str = "auto", ctas_per_sm: int | None = None) -> dict:
     """CascadePlanner.create's prefill arguments as CascadeWrapper(prefill="auto") plans with
     them (the tools that plan without a GPU: rtattn-inspect, bench_cascade --plan): the shared
-    tile, the cost rule, its kernel's PREFILL_MIN_SAVING_US and join_levels (the wrapper's
-    default); {} where the family cannot serve."""
+    tile, the cost rule, its kernel's PREFILL_MIN_SAVING_US, join_levels and the narrow grid (the
+    wrapper's defaults; `ctas_per_sm` as its prefill_ctas_per_sm); {} where the family cannot serve."""
     group = num_qo_heads // num_kv_heads
     tile = shared_prefill_tile(device, head_dim, group, page_size, max_queries, mma)
     if tile is None:
         return {}
     return dict(prefill_tile=tile_config(tile, head_dim, group, shared_level_ctas_per_sm(tile, ctas_per_sm)),
-                join_levels=True,
+                join_levels=True, narrow_prefill=ctas_per_sm is None,
                 **_tile_rules(tile, num_qo_heads, num_kv_heads, head_dim))
 
 
@@ -272,9 +279,12 @@ class CascadeWrapper:
     fold on 5 of the 6 prefix rows, docs/perf-log.md "Cascade v6").
     `prefill_mma` (default "auto": the prefill family's sm_90a wgmma kernel on cc 9.0 where its
     tile fits, else the mma.sync kernel; shared_prefill_mma): "sync" or "wgmma" forces one.
-    `prefill_ctas_per_sm` (default None: as many as the shared tile allows): the shared level's
-    prefill CTAs per SM, i.e. its grid (shared_level_ctas_per_sm); 1 on a two-CTA tile leaves
-    each SM a slot for the decode level's CTAs, which then run beside the shared level.
+    `prefill_ctas_per_sm`: the shared level's prefill CTAs per SM, i.e. its grid
+    (shared_level_ctas_per_sm); fewer than the tile allows leaves each SM a slot for the decode
+    level's CTAs, which then run beside the shared level instead of after it. Default None: as
+    many as the tile allows, and on a two-CTA tile one for one-prefix plans of at most
+    rtattn.plan.cascade.NARROW_MAX_PREFIX_TOKENS (their own launch lists, "-narrow"); an int
+    fixes it for every plan.
     The launch list follows each plan (launch_list()).
     """
 
@@ -318,19 +328,23 @@ class CascadeWrapper:
         dev = plan_devices.from_props(W.current_device(device).props)
         prefill_mma = shared_prefill_mma(dev, head_dim, group, prefill_mma)   # (refused before anything is built)
         tile = shared_prefill_tile(dev, head_dim, group, page_size, self.max_qo_tokens, prefill_mma) if prefill else None
-        pp = None
+        pp = narrow = None
         if tile is not None:   # the prefill family's planner: its tile, its grid (shared_level_ctas_per_sm)
-            pp = Planner(max_batch * num_levels, self.max_qo_tokens * num_levels, max_pages, num_qo_heads,
-                         num_kv_heads, head_dim, page_size, device=dev, mode=mode,
-                         tile=tile_config(tile, head_dim, group, shared_level_ctas_per_sm(tile, prefill_ctas_per_sm)))
+            def shared_planner(ctas_per_sm):
+                return Planner(max_batch * num_levels, self.max_qo_tokens * num_levels, max_pages, num_qo_heads,
+                               num_kv_heads, head_dim, page_size, device=dev, mode=mode,
+                               tile=tile_config(tile, head_dim, group, ctas_per_sm))
+            pp = shared_planner(shared_level_ctas_per_sm(tile, prefill_ctas_per_sm))
             if pp.tile_q <= max(1, spec.rows // group):   # (CascadePlanner's test: no group could need it)
                 tile = pp = None
+            elif prefill_ctas_per_sm is None and tile.min_blocks > 1 and concurrent_levels:
+                narrow = shared_planner(1)   # short one-prefix plans: the decode CTAs beside (NARROW_MAX_PREFIX_TOKENS)
         # With a prefill kernel the launch list is prefill, decode, fold; the decode kernel reads
         # nothing the prefill kernel writes, so (concurrent_levels) it runs alongside it
         # (codegen spec `independent`: no wait at entry, one before exiting).
         self.concurrent_levels = concurrent_levels and pp is not None
         cascade_kw = dict(prefill=pp, flat_saving_us=flat_rule(flat, num_qo_heads, num_kv_heads, head_dim),
-                          join_levels=join_levels and self.concurrent_levels)
+                          join_levels=join_levels and self.concurrent_levels, prefill_narrow=narrow)
         if pp is not None:
             cascade_kw.update(_tile_rules(tile, num_qo_heads, num_kv_heads, head_dim))
             if prefill is True:   # every group past decode's tile on prefill tiles: no cost test
@@ -372,9 +386,10 @@ class CascadeWrapper:
             else k.kernels
         # join_levels: one-prefix plans on prefill tiles whose suffix rows are one decode item each
         # need no fold kernel: the decode kernel's level_join build joins the prefix's states
-        # into each row before writing it (the planner numbers the states for it).
-        self._join = self._decode_build(k.spec.with_(level_join=True), "joining") if self.planner.join_levels \
-            else None
+        # into each row before writing it (the planner numbers the states for it). Its items are
+        # single queries, so it holds the fewest row tiles their head group needs (JOIN_M_TILES).
+        self._join = self._decode_build(k.spec.with_(level_join=True, m_tiles=min(k.spec.m_tiles, max(
+            need, JOIN_M_TILES))), "joining") if self.planner.join_levels else None
         self._eager: CascadeLaunch | None = None
         # The plan set in two pinned buffers, used in turn (as BatchDecodeWrapper's plans).
         nbytes = self.planner.planset.plan_bytes
@@ -500,10 +515,17 @@ class CascadeWrapper:
             pre = KernelCall(self.prefill.kernel, (self.planner.prefill.num_ctas, self.kernel.num_kv_heads, 1),
                              (r.threads, 1, 1), r.smem_bytes, Params(len(levels.args)), pdl)
             lists["prefill"] = (pre, decode, fold)
+            join = None
             if self._join is not None:   # the prefill kernel, then the decode kernel that joins its states
                 r = self._join.rendered
-                lists["join"] = (pre, KernelCall(self._join.kernel, decode.grid, decode.block, r.smem_bytes,
-                                                 decode.params, decode.pdl))
+                join = KernelCall(self._join.kernel, decode.grid, decode.block, r.smem_bytes, decode.params, decode.pdl)
+                lists["join"] = (pre, join)
+            if self.planner.prefill_narrow is not None:   # the same calls, the prefill kernel on the narrow grid
+                narrow = KernelCall(pre.function, (self.planner.prefill_narrow.num_ctas,) + pre.grid[1:], pre.block,
+                                    pre.smem, pre.params, pre.pdl)
+                lists["prefill-narrow"] = (narrow, decode, fold)
+                if join is not None:
+                    lists["join-narrow"] = (narrow, join)
         launch = CascadeLaunch(self, levels, lists)
         self._bind_calls(launch)
         return launch
@@ -513,12 +535,12 @@ class CascadeWrapper:
         of launch list `name` (run(): the one it enqueues), or of every list (None)."""
         src = ctypes.addressof(launch.levels.args.buffer)
         lists = launch.lists
-        names = lists.keys() if name is None else {name}
-        if "prefill" in names or "join" in names:   # (the prefill kernel's call)
+        names = set(lists) if name is None else {name}
+        if names & PREFILL_LISTS:   # (the prefill kernel's call: one argument buffer in every list)
             args = lists["prefill"][0].params
             ctypes.memmove(args.buffer, src, args.nbytes)
             self._write_prefill_ptrs(args.buffer, self._prefill_ptrs)
-        if "levels" in names or "prefill" in names:   # (the fold's)
+        if names & {"levels", "prefill", "prefill-narrow"}:   # (the fold's: one argument buffer)
             ctypes.memmove(ctypes.addressof(lists["levels"][-1].params.buffer) + self._fold_out_at,
                            src + self._out_at, OUT_MEMBERS_BYTES)
 
@@ -526,15 +548,17 @@ class CascadeWrapper:
         """Which launch list the current plan needs: "prefill" (prefill kernel, decode kernel,
         fold) where it puts work on prefill tiles, "join" (prefill kernel, the decode kernel that
         joins its states: join_levels), "flat" (decode kernel, merge kernel) for the flat plan,
-        else "levels" (decode kernel, fold)."""
+        else "levels" (decode kernel, fold); "-narrow" after "prefill" or "join": the prefill
+        kernel on the narrow grid the plan was made for (CascadePlanner.prefill_narrow)."""
         info = self.info
         if info is None:
             return "levels"
         if info.flat:
             return "flat"
+        narrow = "-narrow" if info.prefill is not None and info.prefill.num_ctas != self.planner.prefill.num_ctas else ""
         if info.joined:
-            return "join"
-        return "prefill" if info.prefill is not None and info.prefill.num_items else "levels"
+            return "join" + narrow
+        return "prefill" + narrow if info.prefill is not None and info.prefill.num_items else "levels"
 
 
 class CascadeLaunch(Launch):

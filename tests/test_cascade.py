@@ -142,7 +142,8 @@ def test_every_argument_is_fixed_across_replans(fake_gpu):
         assert w.launch_list() == ("prefill" if families[-1] else "levels") and launch.calls is \
             launch.lists[w.launch_list()] and launch.config_key == tuple(c.shape_key for c in launch.calls)
         seen.add(tuple((name, c.shape_key, bytes(c.params)) for name, calls in launch.lists.items() for c in calls))
-    assert len(seen) == 1 and len(next(iter(seen))) == 7   # (plain decode, fold), (it, merge), (prefill, decode, fold)
+    # (plain decode, fold), (it, merge), (prefill, decode, fold) on the prefill kernel's two grids
+    assert len(seen) == 1 and len(next(iter(seen))) == 10
     assert families == [False, True, False, True]   # the shared prefix moves between the families
     st = fake_gpu.kernels[0].rendered.params.ctypes_type().from_buffer_copy(next(iter(seen))[0][2])
     ptrs = w.planner.planset.device_ptrs(w.workspace_ptr)
@@ -240,6 +241,7 @@ def test_join_levels_launches_the_prefill_kernel_and_the_joining_decode_build(fa
     levels_k, plain_k, join_k = fake_gpu.kernels[first:]
     assert "#define RTATTN_LEVEL_JOIN 1" in join_k.rendered.source and "RTATTN_LEVEL_JOIN" not in levels_k.rendered.source
     assert "RTATTN_INDEPENDENT_LEVEL 1" in join_k.rendered.source and w.planner.join_levels
+    assert "_m2_" in levels_k.rendered.decode_name and f"_m{C.JOIN_M_TILES}_" in join_k.rendered.decode_name   # (one query an item)
     kc, vc = cuda((pool + 40, 16, 8, 128), ptr=1 << 32), cuda((pool + 40, 16, 8, 128), ptr=1 << 33)
     info = w.plan(None, kv_indptr, idx, last, share_prefixes=True)
     assert info.joined and w.launch_list() == "join"
@@ -314,6 +316,32 @@ def test_prefill_ctas_per_sm_sizes_the_shared_levels_grid(fake_gpu):
             C.CascadeWrapper(2, 32, 8, 128, 16, prefill_ctas_per_sm=bad, **kw)
     with pytest.raises(ValueError, match="prefill_ctas_per_sm must be"):
         C.CascadeWrapper(2, 32, 8, 128, 16, max_batch=16, max_pages=pool, prefill=False, prefill_ctas_per_sm=0)
+
+
+def test_short_prefixes_launch_the_prefill_kernel_on_the_narrow_grid(fake_gpu):
+    """By default a two-CTA shared tile also has the narrow grid (one CTA per SM): a one-prefix
+    plan of at most NARROW_MAX_PREFIX_TOKENS launches the "join-narrow" list (the prefill call
+    on that grid, the same arguments), a longer one "join"; a fixed prefill_ctas_per_sm or
+    serialized levels build no narrow grid."""
+    from rtattn.plan.cascade import NARROW_MAX_PREFIX_TOKENS
+    short, long = (one_prefix_batch(16, p, 40, 16, seed=p) for p in (4096, NARROW_MAX_PREFIX_TOKENS + 16))
+    pool = long[3]
+    w = C.CascadeWrapper(2, 32, 8, 128, 16, max_batch=16, max_pages=pool, prefill=True, num_pages_pool=pool)
+    assert (w.planner.prefill.num_ctas, w.planner.prefill_narrow.num_ctas) == (33, 16)
+    q, o = cuda((16, 32, 128)), cuda((16, 32, 128), ptr=1 << 34)
+    kc, vc = cuda((pool, 16, 8, 128), ptr=1 << 32), cuda((pool, 16, 8, 128), ptr=1 << 33)
+    for batch, name, grid in ((short, "join-narrow", 16), (long, "join", 33), (short, "join-narrow", 16)):
+        w.plan(None, *batch[:3], share_prefixes=True)
+        launch = w.prepare(q, kc, vc, out=o)
+        assert w.launch_list() == name and launch.calls[0].grid == (grid, 8, 1) and w.info.prefill.num_ctas == grid
+        assert bytes(launch.calls[0].params) == bytes(launch.lists["join"][0].params)   # one argument buffer
+        assert launch.calls[1] is launch.lists["join"][1]
+    assert set(launch.lists) == {"levels", "flat", "prefill", "join", "prefill-narrow", "join-narrow"}
+    for kw in (dict(prefill_ctas_per_sm=2), dict(concurrent_levels=False)):
+        w = C.CascadeWrapper(2, 32, 8, 128, 16, max_batch=16, max_pages=pool, prefill=True, **kw)
+        assert w.planner.prefill_narrow is None
+        w.plan(None, *short[:3], share_prefixes=True)
+        assert not w.launch_list().endswith("-narrow") and w.info.prefill.num_ctas == 33
 
 
 def test_levels_in_flashinfer_convention(fake_gpu):

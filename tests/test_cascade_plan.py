@@ -115,6 +115,51 @@ def test_the_wgmma_rule_puts_the_measured_rows_on_the_faster_family(batch, prefi
     assert info.joined == (not groups and want[0])
 
 
+def test_short_one_prefix_plans_take_the_narrow_grid():
+    """The defaults on the H200 for 16 decode queries (the 64-row wgmma tile, two CTAs per SM): a
+    one-prefix plan of at most NARROW_MAX_PREFIX_TOKENS runs its shared level on the narrow grid
+    (one CTA per SM: CascadePlanner.prefill_narrow), a longer one on the full grid; either way
+    its items and maps are those a planner with only that grid writes, over stale bytes and
+    after the other grid's remembered schedules (the memo is per grid), and it computes
+    attention over the whole requests."""
+    from rtattn.cascade import shared_level_kw
+    from rtattn.plan.cascade import NARROW_MAX_PREFIX_TOKENS
+    from rtattn.plan.devices import get_device
+    kw = shared_level_kw(get_device("h200"), 32, 8, 128, 16, 16)
+    prefixes = (8192, NARROW_MAX_PREFIX_TOKENS + 16, 8192, 4096, NARROW_MAX_PREFIX_TOKENS)
+    steps = [one_prefix_batch(16, p, 128, 16, seed=p) for p in prefixes]
+    pool = max(s[3] for s in steps)
+    cp = CascadePlanner.create(16, 16, pool, 32, 8, 128, 16, num_levels=2, max_rows=32, **kw)
+    assert (cp.prefill.num_ctas, cp.prefill_narrow.num_ctas) == (33, 16)
+    buf = cp.planset.allocate()
+    for prefix, (kv_indptr, idx, last, _) in zip(prefixes, steps):
+        info = cp.plan_shared(None, kv_indptr, idx, last, out=buf)
+        C = info.prefill.num_ctas
+        assert info.joined and C == (16 if prefix <= NARROW_MAX_PREFIX_TOKENS else 33)
+        one = CascadePlanner.create(16, 16, pool, 32, 8, 128, 16, num_levels=2, max_rows=32,
+                                    **dict(kw, narrow_prefill=False, prefill_ctas=C))
+        want = one.plan_shared(None, kv_indptr, idx, last)
+        for part in ("plan", "prefill"):
+            got, ref = info.views[part], want.views[part]
+            n = (info.plan if part == "plan" else info.prefill).num_items
+            assert np.array_equal(got["_items"][:, :n], ref["_items"][:, :n]), part
+            assert np.array_equal(got["work_indptr"][:C + 1], ref["work_indptr"][:C + 1]), part
+        for f in ("merge_indptr", "merge_partial_start", "merge_partial_stride", "merge_qo_row"):
+            assert np.array_equal(info.views["plan"][f][:17], want.views["plan"][f][:17]), f
+    rng = np.random.default_rng(0)
+    kv_indptr, idx, last, small = one_prefix_batch(16, 256, 16, 16, seed=3)   # (on prefill without the cost test)
+    every = CascadePlanner.create(16, 16, small, 32, 8, 128, 16, num_levels=2, max_rows=32,
+                                  **{k: x for k, x in kw.items() if k != "prefill_saving_us"})
+    info = every.plan_shared(None, kv_indptr, idx, last)
+    assert info.prefill.num_ctas == 16 and info.joined
+    q = rng.standard_normal((16, 32, 128))
+    k, v = rng.standard_normal((2, small, 16, 8, 128))
+    O, S = execute_cascade(info, q, k, v)
+    Or, Sr = reference_attention(q, k, v, np.arange(17), kv_indptr, idx, last, 16)
+    np.testing.assert_allclose(O, Or, atol=1e-9)
+    np.testing.assert_allclose(S, Sr, atol=1e-9)
+
+
 @pytest.mark.parametrize("batch", [12, 64])
 def test_joined_plans_on_the_wgmma_tiles_run_right_in_float64(batch):
     """The default shared tile on the H200 (wgmma: 64 rows for 12 queries at 32/8, 128 past 16)
@@ -127,6 +172,7 @@ def test_joined_plans_on_the_wgmma_tiles_run_right_in_float64(batch):
     cp = CascadePlanner.create(batch, batch, pool, 32, 8, 128, 16, num_levels=2, max_rows=32, **kw)
     info = cp.plan_shared(None, kv_indptr, idx, last)
     assert info.joined and info.prefill.tile_q == (16 if batch <= 16 else 32) and info.level_prefill_items[0] > 1
+    assert info.prefill.num_ctas == 132 // 8   # (12 queries: the narrow grid of the 64-row tile; 64: its one CTA per SM)
     rng = np.random.default_rng(batch)
     q = rng.standard_normal((batch, 32, 128))
     k, v = rng.standard_normal((2, pool, 16, 8, 128))

@@ -24,9 +24,10 @@ folded / joined), rt-wg / rt-wgj (the same on the wgmma kernel), rt-ser / rt-ser
 rt-wg with the decode level after the prefill level: concurrent_levels=False), rt-128 (rt-pre on
 128-row tiles, where the wrapper's fit is smaller), rt-dec (every level on decode:
 prefill=False), rt-m1 (rt-dec with m_tiles 1), rt-flat (flat=True wherever the pages fit:
-one level, rtattn's single format inside the cascade), rt-ov1 (the shared level at one prefill
-CTA per SM: prefill_ctas_per_sm=1, the decode level's CTAs beside it) and rt-cm1 (the defaults
-with m_tiles 1). `--breakdown` also times each kernel of
+one level, rtattn's single format inside the cascade), rt-ov1 / rt-wide (the shared level at
+one / two prefill CTAs per SM on every plan: prefill_ctas_per_sm=1 / 2, where the tile has two;
+the default takes one for short prefixes, the decode level's CTAs beside it) and rt-cm1 (the
+defaults with m_tiles 1). `--breakdown` also times each kernel of
 rt-ser's, rt-serwg's, rt-casc's and rt-ov1's launch lists alone (prefill, decode, fold: where the
 step's time goes; a joined list's decode kernel alone includes its join).
 Every output is checked
@@ -52,7 +53,7 @@ import bench_common as bc  # noqa: E402
 HQ, HKV, D, PAGE, SUFFIX = 32, 8, 128, 16, 128
 TOL = 2e-2
 LIBS = ("rt-casc", "rt-fold", "rt-sync", "rt-join", "rt-pre", "rt-prej", "rt-wg", "rt-wgj", "rt-ser", "rt-serwg",
-        "rt-128", "rt-dec", "rt-m1", "rt-flat", "rt-ov1", "rt-cm1", "rt-single", "fi-casc", "fi-cc", "fi-tc")
+        "rt-128", "rt-dec", "rt-m1", "rt-flat", "rt-ov1", "rt-wide", "rt-cm1", "rt-single", "fi-casc", "fi-cc", "fi-tc")
 # CascadeWrapper configurations: the arguments each sets (the rest: the wrapper's defaults)
 SYNC, FOLD = {"prefill_mma": "sync"}, {"join_levels": False}
 RT_CASC = {"rt-casc": {}, "rt-fold": FOLD, "rt-sync": SYNC, "rt-join": SYNC,
@@ -62,8 +63,8 @@ RT_CASC = {"rt-casc": {}, "rt-fold": FOLD, "rt-sync": SYNC, "rt-join": SYNC,
            "rt-serwg": dict(prefill=True, concurrent_levels=False, prefill_mma="wgmma"),
            "rt-128": dict(prefill=True, **SYNC, **FOLD), "rt-dec": dict(prefill=False),
            "rt-m1": dict(prefill=False, m_tiles=1), "rt-flat": dict(flat=True, **SYNC, **FOLD),
-           "rt-ov1": dict(prefill_ctas_per_sm=1), "rt-cm1": dict(m_tiles=1)}
-BREAKDOWN = ("rt-ser", "rt-serwg", "rt-casc", "rt-ov1")   # --breakdown's libraries
+           "rt-ov1": dict(prefill_ctas_per_sm=1), "rt-wide": dict(prefill_ctas_per_sm=2), "rt-cm1": dict(m_tiles=1)}
+BREAKDOWN = ("rt-ser", "rt-serwg", "rt-casc", "rt-ov1", "rt-wide")   # --breakdown's libraries
 # PERF.md: FlashInfer cascade µs, single-format µs
 PERF_MD = {(1024, 16): (24.3, 36.6), (1024, 64): (44.6, 119.0), (8192, 16): (36.0, 196.0),
            (8192, 64): (72.7, 750.4), (32768, 16): (64.8, 735.2), (32768, 64): (148.0, 2906.4)}
@@ -278,7 +279,7 @@ def bench_lib(lib: str, x: Inputs, stream, ws, samples: int, breakdown: bool = F
         from rtattn import CascadeWrapper
         if lib == "rt-128" and sync_rows(x.B) == 128:
             return {"skipped": "the wrapper's own tile is 128 rows here (rt-pre)"}
-        if lib == "rt-ov1" and shared_ctas_per_sm(x.B) == 1:
+        if lib in ("rt-ov1", "rt-wide") and shared_ctas_per_sm(x.B) == 1:
             return {"skipped": "the shared tile runs one CTA per SM here (rt-casc)"}
         with tile_rows(128 if lib == "rt-128" else None):
             # max_pages: the page table's length, so that the flat plan fits where it is chosen
@@ -287,7 +288,7 @@ def bench_lib(lib: str, x: Inputs, stream, ws, samples: int, breakdown: bool = F
         w.plan(None, x.kv_indptr, x.idx, x.last, share_prefixes=True, stream=stream)
         info.update(plan_us=(time.perf_counter() - t0) * 1e6, levels=w.info.num_levels, list=w.launch_list(),
                     mma=w.prefill_tile.mma if w.prefill is not None else "-",
-                    grid=w.planner.prefill.num_ctas if w.prefill is not None else 0,
+                    grid=w.info.prefill.num_ctas if w.info.prefill is not None else 0,
                     items=w.info.level_items.tolist(), prefill_items=w.info.level_prefill_items.tolist(),
                     kv_tokens=w.info.level_kv_tokens.tolist())
         launches = [w.prepare(x.q[c], *x.kv[c], out=outs[c], stream=stream) for c in range(x.copies)]
@@ -299,7 +300,7 @@ def bench_lib(lib: str, x: Inputs, stream, ws, samples: int, breakdown: bool = F
         from rtattn.runtime import launch as launch_path
         n = bc.launches_per_graph(bc.estimate_us(x.unique_bytes), x.copies)
         names = {"prefill": ("prefill", "decode", "fold"), "join": ("prefill", "decode"), "levels": ("decode", "fold"),
-                 "flat": ("decode", "merge")}[w.launch_list()]
+                 "flat": ("decode", "merge")}[w.launch_list().removesuffix("-narrow")]
         for i, part in enumerate(names):
             alone = [lambda c=l.calls[i], d=l.device: launch_path.enqueue([c], torch.cuda.current_stream(), d)
                      for l in launches]

@@ -87,7 +87,7 @@ def analyze_cascade(a, own, hq: int, hk: int) -> dict:
                 shared_prefix=a.shared_prefix, groups=list(groups) if groups else None, num_levels=info.num_levels,
                 tile_q=cp.planner.tile_q, rows=rows, num_ctas=cp.num_ctas, num_items=int(info.level_items.sum()),
                 prefill=None if cp.prefill is None else dict(tile_q=cp.prefill.tile_q, rows=cp.prefill.tile.max_rows,
-                                                             num_ctas=cp.prefill.num_ctas),
+                                                             num_ctas=(info.prefill or cp.prefill).num_ctas),
                 state_rows=info.num_state_rows, levels=levels, single_format_kv_tokens=single,
                 cascade_kv_tokens_read=read, read_ratio=single / max(read, 1),
                 plan_us=round(float(np.median(ts)) * 1e6, 2), plan_set_bytes=cp.planset.plan_bytes,

@@ -29,7 +29,7 @@ requests, page ids and empty merge map: `PREFILL_BORROWED`), "q_pos" [max_qo_tok
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -68,6 +68,13 @@ PREFILL_MIN_SAVING_US = {"sync": 40.0, "wgmma": 7.5}
 # decode kernel folds each suffix row, no fold kernel) against the levels on decode (decode
 # kernel, fold): the fold kernel alone on the small rows, 3.4-3.6 us (call 2's breakdown).
 JOIN_SAVING_US = 3.5
+# A one-prefix plan whose prefix is at most this many tokens runs its shared level on the narrow
+# grid (CascadePlanner's prefill_narrow: one prefill CTA per SM), so the decode level's CTAs take
+# the other slot of each SM and run beside it instead of after it. H200, 16 decode queries at
+# 32/8 d128 on the 64-row wgmma tile (docs/perf-log.md "Cascade v7", joined, one against two CTAs
+# per SM): an 8K prefix 24.3 vs 29.3 us, a 32K prefix 58.4 vs 55.3 (beside the decode CTAs the
+# shared level runs slower, by more the longer it is): the measured gain crosses zero near 20K.
+NARROW_MAX_PREFIX_TOKENS = 16384
 
 
 def prefill_group(qo_len: int, kv_len: int, decode_tile_q: int, saving_us=None,
@@ -145,7 +152,8 @@ class CascadePlanner:
 
     def __init__(self, planner: Planner, max_batch: int, max_qo_tokens: int, num_levels: int = 2,
                  prefill: Planner | None = None, prefill_saving_us=None, flat_saving_us=None,
-                 prefill_min_saving_us: float = PREFILL_MIN_SAVING_US["sync"], join_levels: bool = False):
+                 prefill_min_saving_us: float = PREFILL_MIN_SAVING_US["sync"], join_levels: bool = False,
+                 prefill_narrow: Planner | None = None):
         b = planner.bounds
         if num_levels < 1:
             raise ValueError(f"num_levels must be >= 1, got {num_levels}")
@@ -160,6 +168,9 @@ class CascadePlanner:
         if prefill is not None and prefill.tile_q <= planner.tile_q:
             prefill = None    # no group can need it: the rule sends a group there only past decode's tile
         self.prefill = prefill
+        # The prefill family's planner on a narrower grid (the same tile, fewer CTAs per SM), or None:
+        # one-prefix plans of at most NARROW_MAX_PREFIX_TOKENS use it (_plan_one_prefix).
+        self.prefill_narrow = prefill_narrow if prefill is not None else None
         self.prefill_saving_us = prefill_saving_us   # (qo, kv) -> us: prefill_groups' cost rule
         self.prefill_min_saving_us = prefill_min_saving_us   # what it must beat (the kernel's PREFILL_MIN_SAVING_US)
         self.flat_saving_us = flat_saving_us         # (batch, prefix tokens, decode tile_q) -> us: flat_plan's
@@ -174,6 +185,14 @@ class CascadePlanner:
             pb = prefill.bounds
             if (pb.max_batch, pb.max_qo_tokens, pb.max_pages) != (b.max_batch, b.max_qo_tokens, b.max_pages):
                 raise ValueError("the prefill planner needs the union planner's bounds")
+            if self.prefill_narrow is not None:
+                nb, narrow = self.prefill_narrow.bounds, self.prefill_narrow
+                narrow.causal = False
+                if (nb.max_batch, nb.max_qo_tokens, nb.max_pages, nb.tile_q) != (pb.max_batch, pb.max_qo_tokens,
+                                                                                  pb.max_pages, pb.tile_q) \
+                        or narrow.num_ctas >= prefill.num_ctas:
+                    raise ValueError("the narrow prefill planner needs the prefill planner's bounds and tile, "
+                                     "on fewer CTAs")
             self.prefill_layout = F.PlanLayout(pb, PREFILL_BORROWED)
             parts["prefill"] = self.prefill_layout
             self.max_state_rows += pb.max_partial_rows
@@ -209,13 +228,15 @@ class CascadePlanner:
                head_dim: int, page_size: int, *, num_levels: int = 2, prefill_tile: TileConfig | None = None,
                prefill_ctas: int | None = None, prefill_saving_us=None, flat_saving_us=None,
                prefill_min_saving_us: float = PREFILL_MIN_SAVING_US["sync"], join_levels: bool = False,
-               **planner_kw) -> "CascadePlanner":
+               narrow_prefill: bool = False, **planner_kw) -> "CascadePlanner":
         """`prefill_tile` (the prefill family's TileConfig) and `prefill_ctas` (its grid):
         plan the groups the family rule picks on prefill tiles (None: all on decode);
         `prefill_saving_us`: the rule's cost test (prefill_groups), which must beat
         `prefill_min_saving_us` (PREFILL_MIN_SAVING_US of the tile's kernel); `flat_saving_us`:
         plan_shared's flat-or-levels test (flat_plan; None: always levels); `join_levels`: the
-        decode kernel has its level_join build (the one-prefix plans it allows skip the fold)."""
+        decode kernel has its level_join build (the one-prefix plans it allows skip the fold);
+        `narrow_prefill`: also a prefill planner at one CTA per SM (prefill_narrow), where the tile
+        has more."""
         if num_levels < 1:
             raise ValueError(f"num_levels must be >= 1, got {num_levels}")
         bounds = (max_batch * num_levels, max_qo_tokens * num_levels, max_pages, num_qo_heads, num_kv_heads,
@@ -225,8 +246,11 @@ class CascadePlanner:
         if prefill_tile is not None:
             kw = {k: v for k, v in planner_kw.items() if k not in ("num_ctas", "max_rows", "tile", "kernel")}
             prefill = Planner(*bounds, max_qo_len=max_qo_tokens, tile=prefill_tile, num_ctas=prefill_ctas, **kw)
+        narrow = None
+        if prefill is not None and narrow_prefill and prefill_tile.ctas_per_sm > 1:
+            narrow = Planner(*bounds, max_qo_len=max_qo_tokens, tile=replace(prefill_tile, ctas_per_sm=1), **kw)
         return cls(planner, max_batch, max_qo_tokens, num_levels, prefill, prefill_saving_us, flat_saving_us,
-                   prefill_min_saving_us, join_levels)
+                   prefill_min_saving_us, join_levels, narrow)
 
     @property
     def num_ctas(self) -> int:
@@ -366,21 +390,23 @@ class CascadePlanner:
         d_it, d_res = self._tile_items(t_grp, t_row, t_len, t_kv)
         R = _state_rows(d_it, 0)
         parts = [(d_it, d_res, self.planner, v["plan"])]
-        tmpl, join = None, False
+        tmpl, join, pp = None, False, self.prefill
         if self.prefill is not None:
             if on_prefill:
-                p_it, p_res, tmpl, p_rows = self._prefill_items(np.array([B]), np.array([P]), self._ar[:1], None)
+                if self.prefill_narrow is not None and P <= NARROW_MAX_PREFIX_TOKENS:
+                    pp = self.prefill_narrow   # the decode level's CTAs beside the shared level
+                p_it, p_res, tmpl, p_rows = self._prefill_items(np.array([B]), np.array([P]), self._ar[:1], None, pp)
                 join = (self.join_levels and tmpl is not None and d_it.shape[1] == B   # one item per suffix
                         and B <= self.planner.bounds.max_merge_rows
                         and p_it.shape[1] * self.prefill.tile_q <= self.max_state_rows)
                 if join:   # each suffix item writes its row, joining the prefix's states: none of its own
-                    p_rows, merge_start = self._joined(p_it, B, P, tmpl.shape[1])
+                    p_rows, merge_start = self._joined(p_it, B, P, tmpl.shape[1], pp.num_ctas)
                     d_it[5], d_it[6], R = -1, d_it[1], 0
             else:   # plan_union's empty prefill part
                 p_it, p_res, _, p_rows = self._prefill_items(self._ar[:0], self._ar[:0], self._ar[:0], self._ar[:0])
             p_it[5] += R
             t0, R = R, R + p_rows          # t0: the template's first state row
-            parts.append((p_it, p_res, self.prefill, v["prefill"]))
+            parts.append((p_it, p_res, pp, v["prefill"]))
         if R > self.max_state_rows:
             raise ValueError(f"plan needs {R} state rows, exceeding {self.max_state_rows}")
         pv = v["plan"]
@@ -422,19 +448,19 @@ class CascadePlanner:
         struct.pack_into("=3i", v["fold_info"], 0, B, R, 2)
         return CascadeInfo(infos[0], level_of, 2, B, R, nnz, v, infos[1] if len(infos) > 1 else None, joined=join)
 
-    def _joined(self, p_it: np.ndarray, B: int, P: int, c: int):
+    def _joined(self, p_it: np.ndarray, B: int, P: int, c: int, grid: int):
         """The join's numbering of one prefix's prefill items (_join_rows, into p_it) and the
         merge map it gives: (state rows, (merge_partial_start [B], merge_indptr [B + 1])).
-        Remembered by (B, P), as the items themselves (_prefill_items): steady decode steps
-        keep both."""
-        hit = self._tiles_memo.get(("join", B, P))
+        Remembered by (B, P, the prefill grid), as the items themselves (_prefill_items): steady
+        decode steps keep both."""
+        hit = self._tiles_memo.get(("join", B, P, grid))
         if hit is None:
             tq, r = self.prefill.tile_q, self._ar[:B]
             rows = _join_rows(p_it, tq)
             start = ((r // tq) * (c * tq) + r % tq).astype(np.int32)
             if len(self._tiles_memo) >= PREFILL_MEMO:
                 self._tiles_memo.clear()
-            hit = self._tiles_memo[("join", B, P)] = (p_it[5].copy(), rows, (start, self._ar[:B + 1] * c))
+            hit = self._tiles_memo[("join", B, P, grid)] = (p_it[5].copy(), rows, (start, self._ar[:B + 1] * c))
         p_it[5] = hit[0]   # (item_merge is -1 already: _prefill_items' _state_rows)
         return hit[1], hit[2]
 
@@ -520,11 +546,13 @@ class CascadePlanner:
         it[0] = grp
         return it, res
 
-    def _prefill_items(self, qo_len: np.ndarray, kv_len: np.ndarray, groups: np.ndarray, row0: np.ndarray | None):
+    def _prefill_items(self, qo_len: np.ndarray, kv_len: np.ndarray, groups: np.ndarray, row0: np.ndarray | None,
+                       planner: Planner | None = None):
         """The prefill family's items for `groups` (pseudo-requests of qo_len queries from real
         row row0, over kv_len KV tokens): each group one request of its real query count (tiles
         of the prefill tile_q), no causal horizon (the kernel masks with the levels' positions),
-        KV split by Algorithm 1 over the prefill grid. `row0` None: the one group is
+        KV split by Algorithm 1 over the grid of `planner` (None: the prefill planner; or its
+        narrow one). `row0` None: the one group is
         pseudo-request 0 from row 0. Returns (items, schedule, template, state rows):
         item_partial counts the state rows from the part's first; for one group whose every row
         has the same number c of states, template [rows, c] is each row's state rows (counted
@@ -534,13 +562,14 @@ class CascadePlanner:
         steps keep (a shared prefix does not grow; requests joining or leaving change it): the
         last few are remembered (`PREFILL_MEMO` entries) and a step with the same shared groups
         reuses its schedule -- the same items it would compute."""
-        key = qo_len.tobytes() + kv_len.tobytes()
+        planner = planner or self.prefill
+        key = (planner.num_ctas, qo_len.tobytes() + kv_len.tobytes())
         hit = self._prefill_memo.get(key)
         if hit is None:
             G = groups.shape[0]
             qo_indptr = np.zeros(G + 1, np.int64)
             np.cumsum(qo_len, out=qo_indptr[1:])
-            res = self.prefill._schedule(Batch(qo_indptr, None, None, None, qo_len, kv_len, self.page_size,
+            res = planner._schedule(Batch(qo_indptr, None, None, None, qo_len, kv_len, self.page_size,
                                                qo_len.item(qo_len.argmax()) if G else 0), partials=False)
             it = res["items"] if res["final"] is None else res["items"].take(res["final"], axis=1)
             it[1] -= qo_indptr.take(it[0])   # rows relative to the group's first
