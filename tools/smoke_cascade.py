@@ -5,7 +5,7 @@ against the float64 reference, each case reported (error or exception) without s
 bad case does not hide the others. Run before the GPU tier, one process per case (a faulting
 kernel poisons its process):
 
-    for i in $(seq 0 18); do timeout 60 python tools/smoke_cascade.py $i & done; wait
+    for i in $(seq 0 19); do timeout 60 python tools/smoke_cascade.py $i & done; wait
     python tools/smoke_cascade.py --mma sync 0 3     # the shared levels on the other prefill kernel
 
 `--mma` is the wrapper's prefill_mma (default "auto": the wgmma kernel on the H200).
@@ -66,6 +66,8 @@ CASES = [
     ("one prefill CTA per SM, 14 x 8K (joined)", lambda r, ps: one_prefix_batch(14, 8192, 128, ps), (32, 8), 128,
      16, 2, "causal", "bfloat16", 1, "join-ov1"),
     ("one prefill CTA per SM, tree (folded)", small_tree, (32, 8), 128, 16, 3, "alibi", "bfloat16", 1, "ov1"),
+    ("joined levels, 14 x 8K (the narrow grid)", lambda r, ps: one_prefix_batch(14, 8192, 128, ps), (32, 8), 128,
+     16, 2, "plain", "bfloat16", 1, "join"),
 ]
 # plan -> (CascadeWrapper arguments, whether it puts work on prefill tiles, is flat, joins its levels)
 PLANS = {True: (dict(prefill=True, join_levels=False), True, False, False),
