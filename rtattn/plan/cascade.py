@@ -148,7 +148,8 @@ class CascadePlanner:
     `max_qo_tokens` query rows. `planner`: the decode family's Planner, built for the union:
     bounds (max_batch * num_levels, max_qo_tokens * num_levels, max_pages). `prefill`: the
     prefill family's Planner (its tile and grid) with the same bounds, or None (every group on
-    decode). `create` builds them."""
+    decode); `prefill_narrow`: the same tile on fewer CTAs per SM, or None (_plan_one_prefix's
+    short prefixes). `create` builds them."""
 
     def __init__(self, planner: Planner, max_batch: int, max_qo_tokens: int, num_levels: int = 2,
                  prefill: Planner | None = None, prefill_saving_us=None, flat_saving_us=None,
@@ -371,9 +372,10 @@ class CascadePlanner:
         union's intermediate arrays: B decode requests over one prefix of `lcp` pages (group 0:
         on prefill tiles if `on_prefill`, else decode query tiles of tile_q requests scheduled
         with the suffixes), each with its own pages (groups 1..B, on decode). The plan set is
-        byte for byte plan_union's (tests/test_cascade_plan.py); for a prefix on prefill tiles the
-        fold map is written in closed form where every row has the same prefill chunks and one
-        suffix item."""
+        byte for byte plan_union's (tests/test_cascade_plan.py) but for the grid: a prefix of at
+        most NARROW_MAX_PREFIX_TOKENS on prefill tiles takes prefill_narrow's. For a prefix on
+        prefill tiles the fold map is written in closed form where every row has the same prefill
+        chunks and one suffix item."""
         buf = out if out is not None else self.planset.allocate()
         v = self._views.get(buf)
         B, ps, n, tq = batch.batch, self.page_size, batch.kv_indptr.item(1), self.planner.tile_q
