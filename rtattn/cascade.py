@@ -56,12 +56,13 @@ from rtattn.wrapper import BatchDecodeWrapper
 from rtattn.wrapper_base import host_array as _host
 
 CASCADE_VARIANTS = ("plain", "causal", "sliding_window", "soft_cap", "alibi", "sigmoid")
-# Row tiles of the joining decode build (join_levels), whose items are one query each: 1 where the
-# head group fits 16 rows -- the build that reads its next item's fields and query during the
-# current one (cuda_src/decode.cuh kPrefetch). H200, 32/8 d128 (docs/perf-log.md "Cascade v7",
-# the wrapper at m_tiles 1 against 2, joined plans): p8192x16 27.3 vs 29.3 us, p8192x64 45.6 vs
-# 50.5, p32768x16 53.4 vs 55.3, p32768x64 108.4 vs 112.7.
-JOIN_M_TILES = 1
+# Row tiles of the decode builds whose items are one query each -- the joining build (join_levels)
+# and the flat plan's: 1 where the head group fits 16 rows, the build that reads its next item's
+# fields and query during the current one (cuda_src/decode.cuh kPrefetch), as rtattn's single
+# format runs such items. H200, 32/8 d128 (docs/perf-log.md "Cascade v7", the wrapper at m_tiles
+# 1 against 2, joined plans): p8192x16 27.3 vs 29.3 us, p8192x64 45.6 vs 50.5, p32768x16 53.4 vs
+# 55.3, p32768x64 108.4 vs 112.7.
+ONE_QUERY_M_TILES = 1
 _STANDARD = re.compile(r"^rtattn::StandardAttention<([a-z, ]+)>$")
 PREFILL_LISTS = {"prefill", "join", "prefill-narrow", "join-narrow"}   # the launch lists with the prefill kernel
 POSITION_PARAMS = (Param("cascade_q_pos", "const int32_t*"), Param("cascade_kv_offset", "const int32_t*"))
@@ -272,7 +273,8 @@ class CascadeWrapper:
     level: the decode and merge kernels, no fold) where rtattn.families.choice.flat_saving_us
     predicts it faster and the page lists fit max_pages; True: flat wherever it fits. Off by
     default: on the H200 the flat plan measured slower than the levels (p1024x16 21.6 against
-    17.0 us, p1024x64 56.6 against 34.1; docs/perf-log.md "Cascade v5 on the H200").
+    17.0 us, p1024x64 56.6 against 34.1; docs/perf-log.md "Cascade v5 on the H200") -- on the
+    two-row-tile build; it now runs the one-row-tile build (ONE_QUERY_M_TILES), not yet measured.
     `join_levels` (default True; needs concurrent levels; False: the A/B): one-prefix plans on
     prefill tiles whose suffix rows are one decode item each skip the fold kernel: the decode
     kernel joins each row's prefix states before writing it (H200: 0.2-3.0 us faster than the
@@ -386,10 +388,14 @@ class CascadeWrapper:
             else k.kernels
         # join_levels: one-prefix plans on prefill tiles whose suffix rows are one decode item each
         # need no fold kernel: the decode kernel's level_join build joins the prefix's states
-        # into each row before writing it (the planner numbers the states for it). Its items are
-        # single queries, so it holds the fewest row tiles their head group needs (JOIN_M_TILES).
-        self._join = self._decode_build(k.spec.with_(level_join=True, m_tiles=min(k.spec.m_tiles, max(
-            need, JOIN_M_TILES))), "joining") if self.planner.join_levels else None
+        # into each row before writing it (the planner numbers the states for it). Its items, and
+        # the flat plan's (flat: one request each), are single queries: those builds hold the
+        # fewest row tiles their head group needs (ONE_QUERY_M_TILES).
+        one_query = min(k.spec.m_tiles, max(need, ONE_QUERY_M_TILES))
+        self._join = self._decode_build(k.spec.with_(level_join=True, m_tiles=one_query), "joining") \
+            if self.planner.join_levels else None
+        self._flat = self._decode_build(k.spec.with_(independent=False, m_tiles=one_query), "flat") \
+            if flat is not False and one_query != k.spec.m_tiles else self._alone
         self._eager: CascadeLaunch | None = None
         # The plan set in two pinned buffers, used in turn (as BatchDecodeWrapper's plans).
         nbytes = self.planner.planset.plan_bytes
@@ -508,8 +514,10 @@ class CascadeWrapper:
         alone = decode if self._alone is self.kernel.kernels else KernelCall(
             self._alone.kernel, decode.grid, decode.block, decode.smem, decode.params, decode.pdl)
         # the flat plan (one level, rtattn's single format): split rows merged by the merge kernel
-        merge = self._alone.calls(decode.params, decode.grid[0], decode.grid[1], merge=True, pdl=pdl)[1]
-        lists = {"levels": (alone, fold), "flat": (alone, merge)}
+        flat = alone if self._flat is self._alone else KernelCall(
+            self._flat.kernel, decode.grid, decode.block, self._flat.rendered.smem_bytes, decode.params, decode.pdl)
+        merge = self._flat.calls(decode.params, decode.grid[0], decode.grid[1], merge=True, pdl=pdl)[1]
+        lists = {"levels": (alone, fold), "flat": (flat, merge)}
         if self.prefill is not None:
             r = self.prefill.rendered
             pre = KernelCall(self.prefill.kernel, (self.planner.prefill.num_ctas, self.kernel.num_kv_heads, 1),

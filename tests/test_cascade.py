@@ -203,24 +203,29 @@ def test_run_rewrites_one_launch_list_as_prepare_packs_it(fake_gpu):
 def test_the_flat_plan_launches_the_decode_and_merge_kernels(fake_gpu):
     """flat="auto": 16 requests over a 1K prefix (32/8 heads) are planned flat where max_pages
     holds their page lists (the cost rule's pick; rtattn single format measured 15.4 us against
-    17.3 on the levels, docs/perf-log.md "Cascade v4"): run() launches the plain decode build and
-    the merge kernel on the decode arguments, no fold; a 4K prefix gets the levels again."""
+    17.3 on the levels, docs/perf-log.md "Cascade v4"): run() launches the plain decode build at
+    one row tile (its items are single queries, ONE_QUERY_M_TILES: rtattn's single-format kernel)
+    and its merge kernel on the decode arguments, no fold; a 4K prefix gets the levels again."""
     kc, vc = cuda((5000, 16, 8, 128), ptr=1 << 32), cuda((5000, 16, 8, 128), ptr=1 << 33)
+    first = len(fake_gpu.kernels)
     w = C.CascadeWrapper(2, 32, 8, 128, 16, max_batch=16, max_pages=16 * (256 + 8), num_pages_pool=5000,
                          flat="auto", prefill=False)   # off by default (measured slower on the H200)
-    plain = fake_gpu.kernels[-1]
+    levels_k, flat_k = fake_gpu.kernels[first:]
+    assert "_m2_" in levels_k.rendered.decode_name and f"_m{C.ONE_QUERY_M_TILES}_" in flat_k.rendered.decode_name
     short, long = one_prefix_batch(16, 1024, 128, 16)[:3], one_prefix_batch(16, 4096, 128, 16)[:3]
     for batch, flat in ((short, True), (long, False), (short, True)):
         info = w.plan(None, *batch, share_prefixes=True)
         assert info.flat == flat and w.launch_list() == ("flat" if flat else "levels")
         q, o = cuda((16, 32, 128)), cuda((16, 32, 128), ptr=1 << 34)
-        n = len(plain.enqueued)
+        k = flat_k if flat else levels_k
+        n = len(k.enqueued)
         w.run(q, kc, vc, out=o)
-        ran = plain.enqueued[n:]
-        assert [c.function for c, _ in ran][:1] == [plain.kernel] and len(ran) == 2
-        assert (ran[1][0].function is plain.merge) == flat and (ran[1][0].name == "fold") != flat
+        ran = k.enqueued[n:]
+        assert [c.function for c, _ in ran][:1] == [k.kernel] and len(ran) == 2
+        assert (ran[1][0].function is flat_k.merge) == flat and (ran[1][0].name == "fold") != flat
         if flat:
             assert ran[1][0].params is ran[0][0].params and info.num_levels == 1 and info.plan.batch == 16
+            assert ran[0][1] == bytes(w.prepare(q, kc, vc, out=o).lists["levels"][0].params)   # the decode arguments
     # flat=False never; flat=True wherever the pages fit (here every step)
     for flat, picks in ((False, [False, False]), (True, [True, True])):
         w = C.CascadeWrapper(2, 32, 8, 128, 16, max_batch=16, max_pages=16 * (256 + 8), num_pages_pool=5000,
@@ -241,7 +246,7 @@ def test_join_levels_launches_the_prefill_kernel_and_the_joining_decode_build(fa
     levels_k, plain_k, join_k = fake_gpu.kernels[first:]
     assert "#define RTATTN_LEVEL_JOIN 1" in join_k.rendered.source and "RTATTN_LEVEL_JOIN" not in levels_k.rendered.source
     assert "RTATTN_INDEPENDENT_LEVEL 1" in join_k.rendered.source and w.planner.join_levels
-    assert "_m2_" in levels_k.rendered.decode_name and f"_m{C.JOIN_M_TILES}_" in join_k.rendered.decode_name   # (one query an item)
+    assert "_m2_" in levels_k.rendered.decode_name and f"_m{C.ONE_QUERY_M_TILES}_" in join_k.rendered.decode_name   # (one query an item)
     kc, vc = cuda((pool + 40, 16, 8, 128), ptr=1 << 32), cuda((pool + 40, 16, 8, 128), ptr=1 << 33)
     info = w.plan(None, kv_indptr, idx, last, share_prefixes=True)
     assert info.joined and w.launch_list() == "join"
