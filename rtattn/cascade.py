@@ -137,6 +137,17 @@ def shared_level_ctas_per_sm(tile, ctas_per_sm: int | None = None) -> int:
     return ctas_per_sm
 
 
+def fits_beside(device: plan_devices.Device, tile, head_dim: int, decode_spec: AttentionSpec) -> bool:
+    """Whether the narrow grid buys an overlap: the device launches the decode kernel while the
+    prefill kernel runs (programmatic dependent launch, cc 9.0 on), the shared tile runs two
+    CTAs per SM (so one per SM leaves a slot) and one CTA of the levels' decode build
+    (`decode_spec`) fits beside one of its CTAs in an SM's shared memory. (The registers fit: both kernels are compiled for two CTAs
+    per SM of 128 threads, at most 32K registers a CTA, or one of 256 at 128 registers.) d128 at
+    32/8: 112 + 105.5 KiB; d256's decode build alone takes 206 KiB."""
+    need = tile.smem_bytes(head_dim) + decode_family.smem_bytes(decode_spec) + 2 * device.smem_reserved_per_block
+    return tuple(device.cc) >= (9, 0) and tile.min_blocks > 1 and need <= device.smem_per_sm
+
+
 OUT_MEMBERS = ("o", "o_stride_tok", "o_stride_head", "lse")
 OUT_MEMBERS_BYTES = 8 * len(OUT_MEMBERS)   # 8-byte members
 
@@ -169,8 +180,11 @@ def shared_level_kw(device: plan_devices.Device, num_qo_heads: int, num_kv_heads
     tile = shared_prefill_tile(device, head_dim, group, page_size, max_queries, mma)
     if tile is None:
         return {}
+    m_tiles = max(1 if group <= 16 else 2, 2 if head_dim <= 128 else 1)   # (CascadeWrapper's default)
+    levels = decode_family.builtin(BUILTINS["plain"], f"sm_{device.cc[0]}{device.cc[1]}", head_dim=head_dim,
+                                   m_tiles=m_tiles)
     return dict(prefill_tile=tile_config(tile, head_dim, group, shared_level_ctas_per_sm(tile, ctas_per_sm)),
-                join_levels=True, narrow_prefill=ctas_per_sm is None,
+                join_levels=True, narrow_prefill=ctas_per_sm is None and fits_beside(device, tile, head_dim, levels),
                 **_tile_rules(tile, num_qo_heads, num_kv_heads, head_dim))
 
 
@@ -339,7 +353,7 @@ class CascadeWrapper:
             pp = shared_planner(shared_level_ctas_per_sm(tile, prefill_ctas_per_sm))
             if pp.tile_q <= max(1, spec.rows // group):   # (CascadePlanner's test: no group could need it)
                 tile = pp = None
-            elif prefill_ctas_per_sm is None and tile.min_blocks > 1 and concurrent_levels:
+            elif prefill_ctas_per_sm is None and concurrent_levels and pdl and fits_beside(dev, tile, head_dim, spec):
                 narrow = shared_planner(1)   # short one-prefix plans: the decode CTAs beside (NARROW_MAX_PREFIX_TOKENS)
         # With a prefill kernel the launch list is prefill, decode, fold; the decode kernel reads
         # nothing the prefill kernel writes, so (concurrent_levels) it runs alongside it

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from rtattn import cascade as C
+from rtattn.codegen.spec import BUILTINS
 from rtattn import wrapper as W
 from rtattn.level_fold import params_struct
 from rtattn.plan.cascade import PREFILL_MIN_SAVING_US, execute_cascade
@@ -342,11 +343,18 @@ def test_short_prefixes_launch_the_prefill_kernel_on_the_narrow_grid(fake_gpu):
         assert bytes(launch.calls[0].params) == bytes(launch.lists["join"][0].params)   # one argument buffer
         assert launch.calls[1] is launch.lists["join"][1]
     assert set(launch.lists) == {"levels", "flat", "prefill", "join", "prefill-narrow", "join-narrow"}
-    for kw in (dict(prefill_ctas_per_sm=2), dict(concurrent_levels=False)):
+    for kw in (dict(prefill_ctas_per_sm=2), dict(concurrent_levels=False), dict(pdl=False)):
         w = C.CascadeWrapper(2, 32, 8, 128, 16, max_batch=16, max_pages=pool, prefill=True, **kw)
         assert w.planner.prefill_narrow is None
         w.plan(None, *short[:3], share_prefixes=True)
         assert not w.launch_list().endswith("-narrow") and w.info.prefill.num_ctas == 33
+    # d256: the decode build's 206 KiB leave no room beside a prefill CTA; before cc 9.0 nothing overlaps
+    assert C.CascadeWrapper(2, 32, 8, 256, 16, max_batch=16, max_pages=pool, prefill=True).planner.prefill_narrow is None
+    from rtattn.plan.devices import get_device
+    from rtattn.families import decode
+    plain = decode.builtin(BUILTINS["plain"], "sm_90", head_dim=128, m_tiles=2)
+    assert C.fits_beside(get_device("h200"), w.prefill_tile, 128, plain)
+    assert not C.fits_beside(get_device("a100"), C.shared_prefill_tile(get_device("a100"), 128, 4, 16, 16), 128, plain)
 
 
 def test_levels_in_flashinfer_convention(fake_gpu):
