@@ -19,6 +19,9 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+# One BLAS / OpenMP thread per process: the smoke stages run one process per case, each with a
+# float64 reference (machine-wide spinning pools in each slowed them several times; gpu_check.sh too)
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1} MKL_NUM_THREADS=${MKL_NUM_THREADS:-1}
 OUT=${OUT:-/tmp/out}
 LOGS=${LOGS:-/tmp/gpu_all}
 mkdir -p "$OUT" "$LOGS"
