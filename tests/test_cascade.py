@@ -715,7 +715,8 @@ def test_gpu_joined_levels_match_float64_and_the_fold(variant, heads, D, ps, B):
     c = gpu_case(one_prefix_batch(B, 700, 2 * ps + 9 if ps < 64 else 40, ps, seed=B), *heads, D, ps)
     w = gpu_wrapper(c, 2, variant, join_levels=True)
     out, lse = gpu_run(c, w, variant)
-    assert w.info.joined and w.launch_list() == "join" and w.info.level_prefill_items[0] > 0
+    # (join-narrow: the shared level on one prefill CTA per SM, where a decode CTA fits beside it)
+    assert w.info.joined and w.launch_list() in ("join", "join-narrow") and w.info.level_prefill_items[0] > 0
     check_gpu(c, out, lse, REF[variant])
     again, lse2 = gpu_run(c, w, variant)
     other, lse3 = gpu_run(c, gpu_wrapper(c, 2, variant, join_levels=True), variant)
