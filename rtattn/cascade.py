@@ -170,6 +170,16 @@ def shared_group_rule(num_qo_heads: int, num_kv_heads: int, head_dim: int, prefi
                           prefill_rows=prefill_rows))
 
 
+def min_m_tiles(group: int) -> int:
+    """The fewest 16-row query tiles (m_tiles) a decode build of the levels holds for a head group."""
+    return 1 if group <= 16 else 2
+
+
+def default_m_tiles(group: int, head_dim: int) -> int:
+    """CascadeWrapper's m_tiles default: two row tiles up to head_dim 128, else the fewest the group needs."""
+    return max(min_m_tiles(group), 2 if head_dim <= 128 else 1)
+
+
 def shared_level_kw(device: plan_devices.Device, num_qo_heads: int, num_kv_heads: int, head_dim: int,
                     page_size: int, max_queries: int, mma: str = "auto", ctas_per_sm: int | None = None) -> dict:
     """CascadePlanner.create's prefill arguments as CascadeWrapper(prefill="auto") plans with
@@ -180,9 +190,8 @@ def shared_level_kw(device: plan_devices.Device, num_qo_heads: int, num_kv_heads
     tile = shared_prefill_tile(device, head_dim, group, page_size, max_queries, mma)
     if tile is None:
         return {}
-    m_tiles = max(1 if group <= 16 else 2, 2 if head_dim <= 128 else 1)   # (CascadeWrapper's default)
     levels = decode_family.builtin(BUILTINS["plain"], f"sm_{device.cc[0]}{device.cc[1]}", head_dim=head_dim,
-                                   m_tiles=m_tiles)
+                                   m_tiles=default_m_tiles(group, head_dim))
     return dict(prefill_tile=tile_config(tile, head_dim, group, shared_level_ctas_per_sm(tile, ctas_per_sm)),
                 join_levels=True, narrow_prefill=ctas_per_sm is None and fits_beside(device, tile, head_dim, levels),
                 **_tile_rules(tile, num_qo_heads, num_kv_heads, head_dim))
@@ -271,7 +280,8 @@ class CascadeWrapper:
     `max_pages` bounds the pages of all levels together (a shared page counts once);
     `max_qo_tokens` the query rows (default max_batch: decode). `m_tiles` (16-row query
     tiles per decode work item, 1 or 2) sets how many queries share one read of a prefix on
-    the decode kernel: default 2 where the kernel has it (head_dim <= 128), else 1.
+    the decode kernel: default 2 where the kernel has it (head_dim <= 128), else the fewest
+    the head group needs (default_m_tiles).
     `prefill` (default "auto"): a group shared by more queries than a decode work item holds
     runs on the prefill family's tiles (page sizes up to 128) where the family cost rule
     predicts it saves more than its kernel's PREFILL_MIN_SAVING_US, less JOIN_SAVING_US where the
@@ -324,9 +334,9 @@ class CascadeWrapper:
         if not isinstance(num_levels, int) or num_levels < 1:
             raise ValueError(f"num_levels must be a positive int, got {num_levels!r}")
         group = num_qo_heads // max(num_kv_heads, 1)
-        need = 1 if group <= 16 else 2
+        need = min_m_tiles(group)
         if m_tiles is None:
-            m_tiles = max(need, 2 if head_dim <= 128 else 1)
+            m_tiles = default_m_tiles(group, head_dim)
         if m_tiles not in (1, 2) or m_tiles < need:
             raise ValueError(f"m_tiles={m_tiles}: use 1 or 2, at least {need} for a head group of {group}")
         if isinstance(variant, AttentionSpec):
