@@ -64,7 +64,13 @@ CASCADE_VARIANTS = ("plain", "causal", "sliding_window", "soft_cap", "alibi", "s
 # 55.3, p32768x64 108.4 vs 112.7.
 ONE_QUERY_M_TILES = 1
 _STANDARD = re.compile(r"^rtattn::StandardAttention<([a-z, ]+)>$")
-PREFILL_LISTS = {"prefill", "join", "prefill-narrow", "join-narrow"}   # the launch lists with the prefill kernel
+# Launch list (CascadeWrapper.launch_list) -> its kernels in launch order; "-narrow": the same
+# calls, the prefill kernel on the narrow grid (CascadePlanner.prefill_narrow).
+LAUNCH_LISTS = {"levels": ("decode", "fold"), "flat": ("decode", "merge"), "prefill": ("prefill", "decode", "fold"),
+                "join": ("prefill", "decode")}
+LAUNCH_LISTS.update({f"{name}-narrow": LAUNCH_LISTS[name] for name in ("prefill", "join")})
+PREFILL_LISTS = {name for name, kernels in LAUNCH_LISTS.items() if "prefill" in kernels}
+FOLD_LISTS = {name for name, kernels in LAUNCH_LISTS.items() if "fold" in kernels}
 POSITION_PARAMS = (Param("cascade_q_pos", "const int32_t*"), Param("cascade_kv_offset", "const int32_t*"))
 
 
@@ -572,7 +578,7 @@ class CascadeWrapper:
             args = lists["prefill"][0].params
             ctypes.memmove(args.buffer, src, args.nbytes)
             self._write_prefill_ptrs(args.buffer, self._prefill_ptrs)
-        if names & {"levels", "prefill", "prefill-narrow"}:   # (the fold's: one argument buffer)
+        if names & FOLD_LISTS:   # (the fold's call: one argument buffer in every list)
             ctypes.memmove(ctypes.addressof(lists["levels"][-1].params.buffer) + self._fold_out_at,
                            src + self._out_at, OUT_MEMBERS_BYTES)
 

@@ -343,6 +343,7 @@ def test_short_prefixes_launch_the_prefill_kernel_on_the_narrow_grid(fake_gpu):
         assert bytes(launch.calls[0].params) == bytes(launch.lists["join"][0].params)   # one argument buffer
         assert launch.calls[1] is launch.lists["join"][1]
     assert set(launch.lists) == {"levels", "flat", "prefill", "join", "prefill-narrow", "join-narrow"}
+    assert all(len(calls) == len(C.LAUNCH_LISTS[name]) for name, calls in launch.lists.items())
     for kw in (dict(prefill_ctas_per_sm=2), dict(concurrent_levels=False), dict(pdl=False)):
         w = C.CascadeWrapper(2, 32, 8, 128, 16, max_batch=16, max_pages=pool, prefill=True, **kw)
         assert w.planner.prefill_narrow is None

@@ -297,11 +297,10 @@ def bench_lib(lib: str, x: Inputs, stream, ws, samples: int, breakdown: bool = F
     res = measure(x, stream, calls, outs, samples)
     res.update(info)
     if breakdown and lib in BREAKDOWN:   # each kernel alone (each waits for the one before it: serial)
+        from rtattn.cascade import LAUNCH_LISTS
         from rtattn.runtime import launch as launch_path
         n = bc.launches_per_graph(bc.estimate_us(x.unique_bytes), x.copies)
-        names = {"prefill": ("prefill", "decode", "fold"), "join": ("prefill", "decode"), "levels": ("decode", "fold"),
-                 "flat": ("decode", "merge")}[w.launch_list().removesuffix("-narrow")]
-        for i, part in enumerate(names):
+        for i, part in enumerate(LAUNCH_LISTS[w.launch_list()]):
             alone = [lambda c=l.calls[i], d=l.device: launch_path.enqueue([c], torch.cuda.current_stream(), d)
                      for l in launches]
             res[f"{part}_us"] = round(bc.time_graph(alone, stream, n, samples=samples)["median"], 1)
