@@ -118,14 +118,15 @@ def shared_prefill_tile(device: plan_devices.Device, head_dim: int, group: int, 
     queries (the most one group can hold: every query of the step), i.e. the smallest tile that
     holds them, at most 128 fused rows -- 16 decode queries at 32/8 fill 64 rows, and a 128-row
     tile would spend half its MMAs on padding. `mma`: the kernel (shared_prefill_mma) -- on
-    "wgmma" the family's 64-row tile, or at head_dim 128 its 128-row tile where the group fills
-    more: the tiles the family runs (rtattn.families.prefill.WGMMA_LONG_KV). None where the
-    family cannot serve: pages past 128 tokens, a head group past its rows."""
+    "wgmma" its 64-row tile (one warpgroup), or at head_dim 128 its 128-row tile where the group
+    fills more (the family's own policy, WGMMA_POLICY, takes 128 rows at d64 and d256 too; the
+    shared levels keep 64 there). None where the family cannot serve: pages past 128 tokens, a
+    head group past its rows."""
     mma = shared_prefill_mma(device, head_dim, group, mma)
     if page_size > 128 or group > PREFILL_ROWS[-1]:
         return None
     if mma == "wgmma":
-        rows = 128 if max_queries * group > WGMMA_ROWS and head_dim == 128 else WGMMA_ROWS   # (the family's)
+        rows = 128 if max_queries * group > WGMMA_ROWS and head_dim == 128 else WGMMA_ROWS
         return choose_tile(device, head_dim, group, max_queries, mma=mma, rows=rows)
     return choose_tile(device, head_dim, group, max_queries, mma=mma)
 
