@@ -28,10 +28,11 @@ TILE_KV = (32, 64, 128)
 MAX_CTAS_PER_SM = 2   # register budget: 255 per thread at 128 threads leaves room for 2
 MMAS = ("sync", "wgmma")
 WGMMA_ROWS = 64       # one warpgroup's m64 products: the smallest wgmma tile (wgmma_runs's fit)
-# wgmma tiles by (rows, head_dim) -> (tile_kv, stages). 64 rows: two CTAs per SM fit in the shared
-# memory (d128: 16 KiB q + 3 x 32 KiB stages = 112 KiB each) and S + P + O fit 255 registers
-# (ptxas: 212 at d64/d128, 255 at d256, no spills). 128 rows (two warpgroups, one CTA per SM):
-# 128-token tiles in 2 stages (d256: 32 in 3; 64 spills).
+# wgmma tiles by (rows, head_dim) -> (tile_kv, stages): what a caller fixing the shape leaves out
+# (the policy's own tiles are WGMMA_POLICY's). 64 rows: two CTAs per SM fit in the shared memory
+# (d128: 16 KiB q + 3 x 32 KiB stages = 112 KiB each) and S + P + O fit 255 registers (ptxas: 212
+# at d64/d128, 255 at d256, no spills). 128 rows (two warpgroups, one CTA per SM): 128-token tiles
+# (d64 in 3 stages, d128 in 2; d256: 32 in 3, 64 spills).
 WGMMA_TILES = {(64, 64): (128, 3), (64, 128): (64, 3), (64, 256): (32, 2),
                (128, 64): (128, 3), (128, 128): (128, 2), (128, 256): (32, 3)}
 WGMMA_MIN_QO = 128    # average query tokens from which the policy takes the wgmma kernel
