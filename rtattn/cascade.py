@@ -148,9 +148,10 @@ def fits_beside(device: plan_devices.Device, tile, head_dim: int, decode_spec: A
     """Whether the narrow grid buys an overlap: the device launches the decode kernel while the
     prefill kernel runs (programmatic dependent launch, cc 9.0 on), the shared tile runs two
     CTAs per SM (so one per SM leaves a slot) and one CTA of the levels' decode build
-    (`decode_spec`) fits beside one of its CTAs in an SM's shared memory. (The registers fit: both kernels are compiled for two CTAs
-    per SM of 128 threads, at most 32K registers a CTA, or one of 256 at 128 registers.) d128 at
-    32/8: 112 + 105.5 KiB; d256's decode build alone takes 206 KiB."""
+    (`decode_spec`) fits beside one of its CTAs in an SM's shared memory. (The registers fit:
+    both kernels are compiled for two CTAs per SM of 128 threads, at most 32K registers a CTA,
+    or one of 256 at 128 registers.) d128 at 32/8: 112 + 105.5 KiB; d256's decode build alone
+    takes 206 KiB."""
     need = tile.smem_bytes(head_dim) + decode_family.smem_bytes(decode_spec) + 2 * device.smem_reserved_per_block
     return tuple(device.cc) >= (9, 0) and tile.min_blocks > 1 and need <= device.smem_per_sm
 

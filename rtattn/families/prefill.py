@@ -4,11 +4,11 @@ A tile is ROWS = 16 * mma_q * num_warps fused query rows (tokens x head group) a
 KV tokens per pipeline stage, run by one of two kernels (`PrefillTile.mma`): "sync", the
 mma.sync kernel (cuda_src/prefill.cuh, sm_80 and sm_90), or "wgmma", the warpgroup kernel
 (cuda_src/prefill_sm90.cuh, compiled for sm_90a: warpgroups of 64 rows; by default two per CTA
-sharing the K/V tiles and taking turns on the tensor cores, or one). Its shared memory (q tile + stages x (K + V) tiles) and the CTAs
-per SM it is compiled for (__launch_bounds__) come from `PrefillTile` alone, from the device's
-real limits: the renderer spells the same numbers into the source (a static_assert checks the
-shared memory), the planner sizes its grid with them, and the loaded kernel's occupancy is
-checked against them.
+sharing the K/V tiles and taking turns on the tensor cores, or one). Its shared memory (q tile +
+stages x (K + V) tiles) and the CTAs per SM it is compiled for (__launch_bounds__) come from
+`PrefillTile` alone, from the device's real limits: the renderer spells the same numbers into the
+source (a static_assert checks the shared memory), the planner sizes its grid with them, and the
+loaded kernel's occupancy is checked against them.
 """
 from __future__ import annotations
 
