@@ -134,22 +134,22 @@ def choose_tile(device, head_dim: int, group: int, avg_qo_len: float = 1024, *, 
                 stages: int | None = None, ctas_per_sm: int | None = None, mma: str | None = None,
                 avg_kv_len: float | None = None, cross: bool = False, pingpong: bool | None = None,
                 fma_exp2: bool = False, linear_bias: bool = False) -> PrefillTile:
-    """The tile for a workload: the smallest ROWS covering the average fused rows (avg query length
-    x g), at least the head group; on mma.sync head_dim 256 at most 64 rows (O alone is 128
-    registers per thread there). KV tile and stages: the largest that keep MAX_CTAS_PER_SM resident where the
-    shared memory allows it. Any argument given explicitly overrides the policy (A/B tests);
+    """The tile for a workload. mma: the kernel (MMAS); by default "wgmma" on cc 9.0 for queries
+    of WGMMA_MIN_QO tokens or more on average unless the caller fixes another shape (rows,
+    num_warps) or more than 2 CTAs per SM, else "sync". On mma.sync: the smallest ROWS covering
+    the average fused rows (avg query length x g), at least the head group, at head_dim 256 at
+    most 64 rows (O alone is 128 registers per thread there); KV tile and stages: the largest that
+    keep MAX_CTAS_PER_SM resident where the shared memory allows it. On wgmma: WGMMA_POLICY's rows
+    and tile at head_dim (its short-KV tile below WGMMA_LONG_KV average KV tokens per request,
+    avg_kv_len; None: unknown; the long-KV tile from there); a tile_kv or stages given keeps
+    WGMMA_TILES's for the rows. Any argument given explicitly overrides the policy (A/B tests);
     ctas_per_sm is the register budget the kernel is compiled for (__launch_bounds__), capped by
-    the shared memory. mma: the kernel (MMAS); by default "wgmma" on cc 9.0 for queries of
-    WGMMA_MIN_QO tokens or more on average unless the caller fixes another shape (rows, num_warps)
-    or more than 2 CTAs per SM, else "sync"; its rows and tile: WGMMA_POLICY's at head_dim (its
-    short-KV tile below WGMMA_LONG_KV average KV tokens per request, avg_kv_len; None: unknown; the
-    long-KV tile from there); a tile_kv or stages given keeps WGMMA_TILES's for the rows.
-    cross: the KV
-    stream across items (an A/B path, off by default) on whichever kernel the rest picks.
-    pingpong: the two warpgroups of a 128-row wgmma tile take turns (None: WGMMA_PINGPONG there).
-    fma_exp2: half the softmax's exp2 on the FMA pipe (the wgmma kernel; an A/B path). linear_bias:
-    the variant's (AttentionSpec.linear_bias): at the head dims of WGMMA_BIAS_SPILLS it takes the
-    long-KV tile at every KV length, where its registers fit (at two CTAs per SM ptxas spills 8-20 B)."""
+    the shared memory. cross: the KV stream across items (an A/B path, off by default) on
+    whichever kernel the rest picks. pingpong: the two warpgroups of a 128-row wgmma tile take
+    turns (None: WGMMA_PINGPONG there). fma_exp2: half the softmax's exp2 on the FMA pipe (the
+    wgmma kernel; an A/B path). linear_bias: the variant's (AttentionSpec.linear_bias): at the head
+    dims of WGMMA_BIAS_SPILLS it takes the long-KV tile at every KV length, where its registers fit
+    (at two CTAs per SM ptxas spills 8-20 B)."""
     dev = plan_devices.get_device(device)
     if group > ROWS[-1]:
         raise ValueError(f"head group {group} exceeds the prefill kernel's {ROWS[-1]} rows")
