@@ -156,6 +156,15 @@ def fits_beside(device: plan_devices.Device, tile, head_dim: int, decode_spec: A
     return tuple(device.cc) >= (9, 0) and tile.min_blocks > 1 and need <= device.smem_per_sm
 
 
+def takes_narrow_grid(device: plan_devices.Device, tile, head_dim: int, decode_spec: AttentionSpec,
+                      ctas_per_sm: int | None = None, concurrent_levels: bool = True, pdl: bool = True) -> bool:
+    """Whether CascadeWrapper gives the shared level the narrow grid too (CascadePlanner's
+    prefill_narrow, for short one-prefix plans): only by default (`ctas_per_sm` None: an int
+    fixes the grid for every plan), with the decode level launched beside the prefill level
+    (`concurrent_levels`, `pdl`) and where its CTAs fit there (fits_beside)."""
+    return ctas_per_sm is None and concurrent_levels and pdl and fits_beside(device, tile, head_dim, decode_spec)
+
+
 OUT_MEMBERS = ("o", "o_stride_tok", "o_stride_head", "lse")
 OUT_MEMBERS_BYTES = 8 * len(OUT_MEMBERS)   # 8-byte members
 
@@ -201,7 +210,7 @@ def shared_level_kw(device: plan_devices.Device, num_qo_heads: int, num_kv_heads
     levels = decode_family.builtin(BUILTINS["plain"], f"sm_{device.cc[0]}{device.cc[1]}", head_dim=head_dim,
                                    m_tiles=default_m_tiles(group, head_dim))
     return dict(prefill_tile=tile_config(tile, head_dim, group, shared_level_ctas_per_sm(tile, ctas_per_sm)),
-                join_levels=True, narrow_prefill=ctas_per_sm is None and fits_beside(device, tile, head_dim, levels),
+                join_levels=True, narrow_prefill=takes_narrow_grid(device, tile, head_dim, levels, ctas_per_sm),
                 **_tile_rules(tile, num_qo_heads, num_kv_heads, head_dim))
 
 
@@ -371,7 +380,7 @@ class CascadeWrapper:
             pp = shared_planner(shared_level_ctas_per_sm(tile, prefill_ctas_per_sm))
             if pp.tile_q <= max(1, spec.rows // group):   # (CascadePlanner's test: no group could need it)
                 tile = pp = None
-            elif prefill_ctas_per_sm is None and concurrent_levels and pdl and fits_beside(dev, tile, head_dim, spec):
+            elif takes_narrow_grid(dev, tile, head_dim, spec, prefill_ctas_per_sm, concurrent_levels, pdl):
                 narrow = shared_planner(1)   # short one-prefix plans: the decode CTAs beside (NARROW_MAX_PREFIX_TOKENS)
         # With a prefill kernel the launch list is prefill, decode, fold; the decode kernel reads
         # nothing the prefill kernel writes, so (concurrent_levels) it runs alongside it
