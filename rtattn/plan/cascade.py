@@ -554,16 +554,16 @@ class CascadePlanner:
         row row0, over kv_len KV tokens): each group one request of its real query count (tiles
         of the prefill tile_q), no causal horizon (the kernel masks with the levels' positions),
         KV split by Algorithm 1 over the grid of `planner` (None: the prefill planner; or its
-        narrow one). `row0` None: the one group is
-        pseudo-request 0 from row 0. Returns (items, schedule, template, state rows):
-        item_partial counts the state rows from the part's first; for one group whose every row
-        has the same number c of states, template [rows, c] is each row's state rows (counted
-        the same way) in KV order, else None.
+        narrow one). `row0` None: the one group is pseudo-request 0 from row 0. Returns (items,
+        schedule, template, state rows): item_partial counts the state rows from the part's
+        first; for one group whose every row has the same number c of states, template [rows, c]
+        is each row's state rows (counted the same way) in KV order, else None.
 
-        The schedule depends only on the groups' query and KV lengths, which consecutive decode
-        steps keep (a shared prefix does not grow; requests joining or leaving change it): the
-        last few are remembered (`PREFILL_MEMO` entries) and a step with the same shared groups
-        reuses its schedule -- the same items it would compute."""
+        The schedule depends only on the groups' query and KV lengths and the grid, which
+        consecutive decode steps keep (a shared prefix does not grow; requests joining or leaving
+        change it): the last few are remembered (`PREFILL_MEMO` entries, keyed by the grid too)
+        and a step with the same shared groups on the same grid reuses its schedule -- the same
+        items it would compute."""
         planner = planner or self.prefill
         key = (planner.num_ctas, qo_len.tobytes() + kv_len.tobytes())
         hit = self._prefill_memo.get(key)
