@@ -212,18 +212,12 @@ def measure(x: Inputs, stream, calls, outs, samples: int) -> dict:
     return {"us": t["median"], "err": err, "ok": err < TOL}
 
 
-def sync_rows(batch: int) -> int:
-    """rt-128's test: the mma.sync tile's rows CascadeWrapper picks for `batch` decode queries."""
+def wrapper_shared_tile(batch: int, mma: str = "auto"):
+    """The shared tile CascadeWrapper picks on the H200 for `batch` decode queries (rt-128's test:
+    its rows on mma.sync; rt-ov1's and rt-wide's: its CTAs per SM)."""
     from rtattn.cascade import shared_prefill_tile
     from rtattn.plan.devices import get_device
-    return shared_prefill_tile(get_device("h200"), D, HQ // HKV, PAGE, batch, "sync").rows
-
-
-def shared_ctas_per_sm(batch: int) -> int:
-    """rt-ov1's test: the CTAs per SM of the shared tile CascadeWrapper picks for `batch` decode queries."""
-    from rtattn.cascade import shared_prefill_tile
-    from rtattn.plan.devices import get_device
-    return shared_prefill_tile(get_device("h200"), D, HQ // HKV, PAGE, batch).min_blocks
+    return shared_prefill_tile(get_device("h200"), D, HQ // HKV, PAGE, batch, mma)
 
 
 @contextlib.contextmanager
@@ -277,9 +271,9 @@ def bench_lib(lib: str, x: Inputs, stream, ws, samples: int, breakdown: bool = F
         calls = [lambda l=l: l(torch.cuda.current_stream()) for l in launches]
     else:
         from rtattn import CascadeWrapper
-        if lib == "rt-128" and sync_rows(x.B) == 128:
+        if lib == "rt-128" and wrapper_shared_tile(x.B, "sync").rows == 128:
             return {"skipped": "the wrapper's own tile is 128 rows here (rt-pre)"}
-        if lib in ("rt-ov1", "rt-wide") and shared_ctas_per_sm(x.B) == 1:
+        if lib in ("rt-ov1", "rt-wide") and wrapper_shared_tile(x.B).min_blocks == 1:
             return {"skipped": "the shared tile runs one CTA per SM here (rt-casc)"}
         with tile_rows(128 if lib == "rt-128" else None):
             # max_pages: the page table's length, so that the flat plan fits where it is chosen
