@@ -27,10 +27,9 @@ prefill=False), rt-m1 (rt-dec with m_tiles 1), rt-flat (flat=True wherever the p
 one level, rtattn's single format inside the cascade), rt-ov1 / rt-wide (the shared level at
 one / two prefill CTAs per SM on every plan: prefill_ctas_per_sm=1 / 2, where the tile has two;
 the default takes one for short prefixes, the decode level's CTAs beside it) and rt-cm1 (the
-defaults with m_tiles 1). `--breakdown` also times each kernel of
-rt-ser's, rt-serwg's, rt-casc's and rt-ov1's launch lists alone (prefill, decode, fold: where the
-step's time goes; a joined list's decode kernel alone includes its join).
-Every output is checked
+defaults with m_tiles 1). `--breakdown` also times each kernel of the launch lists of
+BREAKDOWN (rt-ser, rt-serwg, rt-casc, rt-ov1, rt-wide) alone (prefill, decode, fold: where the
+step's time goes; a joined list's decode kernel alone includes its join). Every output is checked
 against a float32 torch reference (relative error < 2e-2) after an eager call and after the
 timed replays. Timing: tools/bench_common.time_graph (CUDA-graph replays, events, median).
 """
