@@ -96,7 +96,8 @@ def plan(p, qo, kp, ids, last, window_left, out):
     kv = pages * tl.ps32
     kv += last
     kv -= tl.ps32
-    if p.causal and qmax > (pmin - 1) * ps + lmin:   # (else every KV outlasts every query)
+    kv_least = (pmin - 1) * ps + lmin   # no tile's KV is shorter
+    if p.causal and qmax > kv_least:   # (else every KV outlasts every query)
         d = kv - q
         if d.item(d.argmin()) < 0:
             return None
@@ -109,13 +110,14 @@ def plan(p, qo, kp, ids, last, window_left, out):
     t[QO_LEN] = q
     t[KV_END] = kv
     t[PAGE_START] = kp[:B]
-    fixed = t[FIXED]   # each tile's fixed cost
-    if qmin == qmax:
-        fixed.fill(COST_ALPHA * qmin + COST_GAMMA)
+    fixed = t[FIXED]   # each tile's fixed cost, from lo to hi
+    lo, hi = COST_ALPHA * qmin + COST_GAMMA, COST_ALPHA * qmax + COST_GAMMA
+    if lo == hi:
+        fixed.fill(lo)
     else:
         np.multiply(t[QO_LEN], tl.alpha, out=fixed)
         fixed += tl.gamma
-    res = _schedule(p, tl, t, B, nq, (qmin, qmax, (pmin - 1) * ps + lmin), fixed.item(0) if qmin == qmax else None)
+    res = _schedule(p, tl, t, B, nq, lo, hi, kv_least)
     buf, views = p._buffer(out)
     if res is None:   # a bound exceeded: the numpy path's error, on this batch
         batch = Batch(qo, kp, ids, last, t[QO_LEN].copy(), t[KV_END].copy(), ps, qmax)
@@ -124,13 +126,12 @@ def plan(p, qo, kp, ids, last, window_left, out):
     return p._info(res, B, nq, buf, views)
 
 
-def _schedule(p, tl, t, B, nq, extremes, fixed1):
-    """inspector.Planner._schedule for one-tile requests (`fixed1`: every tile's fixed cost, if
-    one): the schedule dict (with the items `it`, rows in queue order, and `wi`,
-    work_indptr[1:]), or None where a bound is exceeded (the numpy path plans the batch and
-    raises)."""
-    C, ps, mode, ar = p.num_ctas, p.page_size, p.mode, p._ar
-    qmin, qmax, kv_least = extremes
+def _schedule(p, tl, t, B, nq, lo, hi, kv_least):
+    """inspector.Planner._schedule for one-tile requests (`lo`, `hi`: the least and largest
+    tile's fixed cost; `kv_least`: a lower bound of every tile's KV): the schedule dict (with
+    the items `it`, rows in queue order, and `wi`, work_indptr[1:]), or None where a bound is
+    exceeded (the numpy path plans the batch and raises)."""
+    C, ps, mode = p.num_ctas, p.page_size, p.mode
     kv = t[KV_END]
     cost = t[FIXED] + kv   # each tile's length on the cost axis = its unsplit cost
     ends = _ACC(cost)
@@ -154,11 +155,10 @@ def _schedule(p, tl, t, B, nq, extremes, fixed1):
         np.maximum(nchunk, 1, out=nchunk)
     n = _ACC(nchunk).item(-1)
     # (every chunk pays its tile's fixed cost)
-    total = kv_total + (n * fixed1 if fixed1 is not None else int(nchunk.dot(t[FIXED])))
+    total = kv_total + (n * lo if lo == hi else int(nchunk.dot(t[FIXED])))
     con = None
     if mode == "auto" and C < n <= min(2 * C, p.bounds.max_items):
         # inspector.Planner._auto_contiguous_first (prefill tiles): the largest chunk and the mean
-        lo, hi = COST_ALPHA * qmin + COST_GAMMA, COST_ALPHA * qmax + COST_GAMMA
         mean = -(-total // C)
         if max(L + L // TAIL_FRACTION + hi, mean) * C > AUTO_IMBALANCE * total:
             lastc = cost - nchunk * L0   # each tile's last chunk's cost, less L
