@@ -1,5 +1,6 @@
 """The planner's cost model and split rules (integers, so ties and loads are exact); read by
-both paths of Planner.plan (inspector: numpy; small: plain Python for small batches).
+every path of Planner.plan (inspector: numpy; small: plain Python for small batches; one_tile:
+one query tile per request).
 
 Cost of an item: COST_ALPHA * query_tokens + COST_BETA * kv_tokens + COST_GAMMA (the unit is
 one KV token; rtattn.plan.inspector's docstring says why these values)."""

@@ -285,11 +285,11 @@ class Planner:
     `small_tiles`, `small_tokens`: plans of up to this many query tiles and tokens take the
     plain-Python path (rtattn.plan.small, byte-identical); 0 sends every plan the numpy way.
     `one_tile_path`: batches of 4+ requests that are one query tile each take rtattn.plan.one_tile
-    (byte-identical); False sends them the numpy way.
+    (byte-identical), before the small path; False leaves them to the small path or the numpy way.
     """
 
     small_tiles, small_tokens = small.SMALL_TILES, small.SMALL_TOKENS
-    one_tile_path = True   # one-tile batches: rtattn.plan.one_tile (False: the numpy path)
+    one_tile_path = True
 
     def __init__(self, max_batch: int, max_qo_tokens: int, max_pages: int,
                  num_qo_heads: int, num_kv_heads: int, head_dim: int, page_size: int, *,
