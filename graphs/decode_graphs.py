@@ -64,7 +64,8 @@ class DecodeGraphs:
         if w is None:
             raise ValueError("no wrapper: pass DecodeGraphs(wrapper) or step(..., wrapper=w)")
         s = self._capturable(stream)
-        launch = w._bind(w._reusable(keep_merge=True), q, k_cache, v_cache, out, lse, s, sm_scale, params, k_scale, v_scale)
+        launch = w._bind(w._reusable(keep_merge=True), q, k_cache, v_cache, out, lse, s, sm_scale, params,
+                         k_scale, v_scale)
         self._replay(launch, s)
         return (launch.out, launch.lse) if launch.lse is not None else launch.out
 

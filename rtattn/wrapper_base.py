@@ -157,8 +157,8 @@ class PlannedWrapper:
         rewritten each time, which is safe because the driver copies arguments at enqueue. For
         run() it launches the merge kernel only when the current plan has merge rows: the merge of
         a plan with none has nothing to do (one driver call and one grid less per layer).
-        `keep_merge` (graphs: DecodeGraphs.step, prepare()'s launches) keeps it whenever a plan may
-        split, so one captured topology serves every later plan."""
+        `keep_merge` (DecodeGraphs.step) keeps it whenever a plan may split, as prepare()'s launches
+        do (_new_launch's default): one captured topology serves every later plan."""
         info = self.info
         merge = self._may_split and not self.fused_merge and (
             keep_merge or (info is not None and info.num_merge_rows > 0))
