@@ -46,7 +46,7 @@ def main(argv=None) -> int:
     for kind, name, arch in jobs:
         _compile(kind, name, arch)
     root = cubin_cache.cache_dir()
-    files = {f"cubin/{k}.bin" for k in keys}
+    files = {str(cubin_cache._entry(k).relative_to(root)) for k in keys}   # (the cache's own layout)
     for tgz in a.add:
         with tarfile.open(tgz) as t:
             files |= {n for n in t.getnames() if n.endswith(".bin") and (root / n).is_file()}
