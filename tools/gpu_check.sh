@@ -40,8 +40,8 @@ if ! "$PY" -m pip install -q --no-deps --no-build-isolation -e . > "$OUT/pip.log
     exit 2
 fi
 
-# compute-sanitizer over the smoke set: one line per tool in $OUT/sanitizer.tsv
-# (tool, exit status, errors from its summary line -- "ERROR SUMMARY: N errors", racecheck's
+# compute-sanitizer over the smoke sets (SETS below): one line per tool and set in $OUT/sanitizer.tsv
+# ("tool set", exit status, errors from its summary line -- "ERROR SUMMARY: N errors", racecheck's
 # "RACECHECK SUMMARY: H hazards displayed (N errors, W warnings)" -- or "none" if it printed none).
 sanitize() {
     : > "$OUT/sanitizer.tsv"
