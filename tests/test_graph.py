@@ -139,7 +139,7 @@ def test_same_pointers_replay_one_graph_across_replans(fakes):
     w = _wrapper(fakes)
     g = DG.DecodeGraphs(w, max_execs=1)
     merges = []
-    for lens in ([100, 20, 300], [101, 21, 301], [1], [101, 5, 301, 77, 9], [400]):   # finish, join, shrink
+    for lens in ([100, 20, 300], [101, 21, 301], [1], [101, 5, 301, 77, 9], [400]):   # grow, no split, join, shrink
         w.plan(*paged_kv(lens, 16, shuffle_seed=len(lens)))
         merges.append(w.info.num_merge_rows > 0)
         out = _step(g, _layer(0, len(lens)))

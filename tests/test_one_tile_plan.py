@@ -1,6 +1,7 @@
 """The one-tile path of Planner.plan (rtattn.plan.one_tile: every request one query tile) against
-the numpy path (one_tile=False) on fuzzed batches: the same bytes in a buffer holding the same
-stale contents, the same PlanInfo, the same error for batches either path refuses."""
+the numpy path (Planner.one_tile_path = False) on fuzzed batches of the modes it takes: the same
+bytes in a buffer holding the same stale contents, the same PlanInfo, the same error for batches
+either path refuses."""
 from __future__ import annotations
 
 import numpy as np
@@ -11,8 +12,6 @@ from rtattn.plan.inspector import Planner
 from rtattn.plan.layout import indptr_from_lengths, paged_kv
 from rtattn.plan.tiles import TileConfig
 from plan_fuzz import plan_outcome as _plan
-
-MODES = ("auto", "balanced", "contiguous")
 
 
 def _kv(rng, batch, ps, qo):
@@ -36,7 +35,7 @@ def _kv(rng, batch, ps, qo):
 
 
 def _case(rng):
-    """(planner kwargs, plan args, plan kwargs) of one random one-tile batch, sometimes broken."""
+    """(planner kwargs, plan args) of one random one-tile batch, sometimes broken."""
     ps = int(rng.choice([1, 16, 64]))
     batch = int(rng.choice([1, 2, 7, 16, 33, 64, 65, 140, 256, 300]))
     tq = int(rng.choice([1, 2, 4, 8, 16]))
@@ -50,7 +49,7 @@ def _case(rng):
     tokens = int(qo.sum()) + int(rng.integers(0, 4))
     pk = dict(max_batch=batch + int(rng.integers(0, 3)), max_qo_tokens=tokens,
               max_pages=max(1, nnz + int(rng.integers(0, 3))), num_qo_heads=8 * group, num_kv_heads=8,
-              head_dim=128, page_size=ps, mode=str(rng.choice(MODES)), causal=bool(rng.random() < 0.6),
+              head_dim=128, page_size=ps, mode=str(rng.choice(one_tile.MODES)), causal=bool(rng.random() < 0.6),
               num_ctas=int(rng.choice([1, 3, 16, 33, 66, 132])), max_qo_len=min(tq, tokens), tile=tile,
               num_pages_pool=None if rng.random() < 0.2 else max(1, nnz) + int(rng.integers(0, 5)))
     args = [indptr_from_lengths(qo), kvp, idx, last]

@@ -11,8 +11,6 @@ from rtattn.plan.inspector import Planner
 from rtattn.plan.layout import indptr_from_lengths, paged_kv
 from plan_fuzz import plan_outcome as _plan
 
-MODES = ("auto", "balanced", "contiguous")
-
 
 def _lengths(rng, batch, page_size):
     kind = rng.integers(4)
@@ -47,7 +45,7 @@ def _case(rng):
     pk = dict(max_batch=batch + int(rng.integers(0, 3)), max_qo_tokens=max(1, int(qo.sum())) + int(rng.integers(0, 4)),
               max_pages=max(1, nnz + int(rng.integers(0, 3))), num_qo_heads=group * (32 // group if group < 32 else 1),
               num_kv_heads=32 // group if group < 32 else 1, head_dim=int(rng.choice([64, 128, 256])), page_size=ps,
-              mode=str(rng.choice(MODES)), causal=causal, num_ctas=int(rng.choice([3, 16, 33, 66, 132])),
+              mode=str(rng.choice(small.MODES)), causal=causal, num_ctas=int(rng.choice([3, 16, 33, 66, 132])),
               max_qo_len=max(1, int(qo.max())), num_pages_pool=max(1, nnz) + int(rng.integers(0, 5)))
     args = [None if decode and rng.random() < 0.3 else indptr_from_lengths(qo), kvp, idx, last]
     kw = {}
