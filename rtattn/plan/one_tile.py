@@ -12,9 +12,9 @@ become 0-d arrays where a ufunc reads them repeatedly. The schedule is the numpy
 chunk bound, auto's early choice, bound, LPT and loads, the same cuts, partial rows and merge map),
 so plan bytes and PlanInfo are identical (tests/test_one_tile_plan.py; the contiguous partition's
 rules are documented at inspector.Planner._contiguous). What the quick checks do not accept
-(other input forms, zero-page requests, ...) goes the numpy way, whose validation names the
-error; where a bound is exceeded the numpy path plans the validated batch and raises: errors
-have one source.
+(other input forms, zero-page requests, ...) goes on to the small path (rtattn.plan.small, if
+it is small enough) or the numpy way, whose validation names the error; where a bound is
+exceeded the numpy path plans the validated batch and raises: errors have one source.
 """
 from __future__ import annotations
 
