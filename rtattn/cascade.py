@@ -37,7 +37,7 @@ import re
 import numpy as np
 
 from rtattn.codegen.cstruct import FieldWriter
-from rtattn.codegen.spec import BUILTINS, AttentionSpec, Param
+from rtattn.codegen.spec import BUILTINS, AttentionSpec, Param, max_m_tiles
 from rtattn.families import choice, decode as decode_family
 from rtattn.families.prefill import MMAS, ROWS as PREFILL_ROWS, WGMMA_ROWS, check_kv_strides, choose_tile, wgmma_runs
 from rtattn.families.prefill import prefill_kernels, tile_config
@@ -187,14 +187,9 @@ def shared_group_rule(num_qo_heads: int, num_kv_heads: int, head_dim: int, prefi
                           prefill_rows=prefill_rows))
 
 
-def min_m_tiles(group: int) -> int:
-    """The fewest 16-row query tiles (m_tiles) a decode build of the levels holds for a head group."""
-    return 1 if group <= 16 else 2
-
-
 def default_m_tiles(group: int, head_dim: int) -> int:
     """CascadeWrapper's m_tiles default: two row tiles up to head_dim 128, else the fewest the group needs."""
-    return max(min_m_tiles(group), 2 if head_dim <= 128 else 1)
+    return max(decode_family.m_tiles_for(group), max_m_tiles(head_dim))
 
 
 def shared_level_kw(device: plan_devices.Device, num_qo_heads: int, num_kv_heads: int, head_dim: int,
@@ -351,7 +346,7 @@ class CascadeWrapper:
         if not isinstance(num_levels, int) or num_levels < 1:
             raise ValueError(f"num_levels must be a positive int, got {num_levels!r}")
         group = num_qo_heads // max(num_kv_heads, 1)
-        need = min_m_tiles(group)
+        need = decode_family.m_tiles_for(group)   # the fewest row tiles the head group needs
         if m_tiles is None:
             m_tiles = default_m_tiles(group, head_dim)
         if m_tiles not in (1, 2) or m_tiles < need:
