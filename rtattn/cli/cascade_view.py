@@ -40,7 +40,7 @@ def shared_prefix_batch(prefix: int, groups: tuple[int, int] | None, own, page_s
 
 
 def analyze_cascade(a, own, hq: int, hk: int) -> dict:
-    from rtattn.cascade import shared_level_kw
+    from rtattn.cascade import default_m_tiles, shared_level_kw
     from rtattn.plan.cascade import CascadePlanner
     from rtattn.plan.devices import get_device
     groups = None
@@ -56,7 +56,7 @@ def analyze_cascade(a, own, hq: int, hk: int) -> dict:
     kv_indptr, idx, last, pool = shared_prefix_batch(a.shared_prefix, groups, own, a.page_size, a.seed)
     B = len(own)
     g = hq // hk
-    rows = 16 if g <= 16 and a.head_dim > 128 else 32
+    rows = 16 * default_m_tiles(g, a.head_dim)   # (CascadeWrapper's decode rows)
     shared = {} if a.kernel == "decode" else shared_level_kw(get_device(a.device), hq, hk, a.head_dim, a.page_size, B)
     cp = CascadePlanner.create(B, B, pool, hq, hk, a.head_dim, a.page_size, num_levels=a.levels, device=a.device,
                                mode=a.mode, max_rows=rows, **shared)
