@@ -579,12 +579,12 @@ class CascadeWrapper:
         of launch list `name` (run(): the one it enqueues), or of every list (None)."""
         src = ctypes.addressof(launch.levels.args.buffer)
         lists = launch.lists
-        names = set(lists) if name is None else {name}
-        if names & PREFILL_LISTS:   # (the prefill kernel's call: one argument buffer in every list)
+        every = name is None   # (every list: the prefill lists come with "prefill"; "levels" has the fold)
+        if ("prefill" in lists) if every else name in PREFILL_LISTS:   # (its call: one argument buffer in every list)
             args = lists["prefill"][0].params
             ctypes.memmove(args.buffer, src, args.nbytes)
             self._write_prefill_ptrs(args.buffer, self._prefill_ptrs)
-        if names & FOLD_LISTS:   # (the fold's call: one argument buffer in every list)
+        if every or name in FOLD_LISTS:   # (the fold's call: one argument buffer in every list)
             ctypes.memmove(ctypes.addressof(lists["levels"][-1].params.buffer) + self._fold_out_at,
                            src + self._out_at, OUT_MEMBERS_BYTES)
 
