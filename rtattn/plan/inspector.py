@@ -385,18 +385,16 @@ class Planner:
                 and (info := one_tile.plan(self, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, window_left,
                                            out)) is not None):
             return info
-        fast = small.plan(self, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, window_left, out)
-        if fast is not None:
-            items, B, num_qo, (buf, views) = fast
-        else:
-            b = self.bounds
-            batch = validate_batch(qo_indptr, kv_indptr, kv_indices, kv_last_page_len,
-                                   self.page_size, num_pages=self.num_pages_pool,
-                                   causal=self.causal, max_batch=b.max_batch,
-                                   max_qo_tokens=b.max_qo_tokens, max_pages=b.max_pages,
-                                   max_qo_len=b.max_qo_len)
-            return self.plan_batch(batch, *self._buffer(out), window_left)
-        return self._info(items, B, num_qo, buf, views)
+        info = small.plan(self, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, window_left, out)
+        if info is not None:
+            return info
+        b = self.bounds
+        batch = validate_batch(qo_indptr, kv_indptr, kv_indices, kv_last_page_len,
+                               self.page_size, num_pages=self.num_pages_pool,
+                               causal=self.causal, max_batch=b.max_batch,
+                               max_qo_tokens=b.max_qo_tokens, max_pages=b.max_pages,
+                               max_qo_len=b.max_qo_len)
+        return self.plan_batch(batch, *self._buffer(out), window_left)
 
     def plan_batch(self, batch: Batch, buf, views, window_left: int | None = None) -> PlanInfo:
         """Plan a validated batch into `buf` (its field views `views`): the numpy path's schedule

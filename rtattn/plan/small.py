@@ -43,9 +43,8 @@ def lpt_deal(heap: list, keys: list, mask: int) -> list:
 
 
 def plan(p, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, window_left, out):
-    """Plan into p._buffer(out)'s (buffer, views), made once the batch is planned (as the numpy
-    path does), if this path takes the batch: (schedule dict, batch, query tokens, (buffer,
-    views)); else None (nothing written)."""
+    """PlanInfo if this path takes the batch (written into p._buffer(out), made once the batch is
+    planned, as the numpy path does), else None (nothing written)."""
     if (p.mode not in MODES or type(kv_indptr) is not np.ndarray or kv_indptr.dtype is not _I32
             or kv_indptr.ndim != 1 or kv_indptr.shape[0] > p.small_tiles + 1   # (a request has a tile at least)
             or (qo_indptr is not None and (type(qo_indptr) is not np.ndarray or qo_indptr.dtype is not _I32
@@ -57,12 +56,12 @@ def plan(p, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, window_left, out
         res = _schedule(p, qo, qo_len, kv_len, window_left)
     except _Numpy:
         return None
-    buf = p._buffer(out)
-    _write(p, buf[1], qo, qo_len, kp, kv_len, nnz, kv_indices, res)
+    buf, views = p._buffer(out)
+    _write(p, views, qo, qo_len, kp, kv_len, nnz, kv_indices, res)
     loads = np.zeros(p.num_ctas, dtype=np.int64)   # (CTAs past the list's end carry nothing)
     loads[:len(res["loads"])] = res["loads"]
     res["loads"] = loads
-    return res, len(qo_len), qo[-1], buf
+    return p._info(res, len(qo_len), qo[-1], buf, views)
 
 
 def _ints(a) -> list:
