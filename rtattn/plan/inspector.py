@@ -379,7 +379,7 @@ class Planner:
         None: no window, every tile reads from KV 0."""
         window_left = check_window(window_left)
         # (the fast paths' quick checks decide which batches they take: None for the rest; decode
-        # batches keep the numpy path's unsplit template)
+        # batches keep the numpy path's unsplit template; one_tile.plan's checks start from these)
         if (qo_indptr is not None and self.one_tile_path and type(kv_indptr) is np.ndarray
                 and kv_indptr.ndim == 1 and kv_indptr.shape[0] > one_tile.MIN_BATCH
                 and (info := one_tile.plan(self, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, window_left,

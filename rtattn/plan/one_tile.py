@@ -64,16 +64,17 @@ class Tiles:
 
 def plan(p, qo, kp, ids, last, window_left, out):
     """PlanInfo if this path takes the batch (written into p._buffer(out)), else None (nothing
-    written)."""
+    written). `kp` is a 1-D ndarray of more than MIN_BATCH entries (Planner.plan checks that
+    before the call)."""
     nd = np.ndarray
     if (window_left is not None or p.mode not in MODES or p.chunk_runs or type(qo) is not nd
-            or type(kp) is not nd or type(ids) is not nd or type(last) is not nd or qo.dtype is not _I32
+            or type(ids) is not nd or type(last) is not nd or qo.dtype is not _I32
             or kp.dtype is not _I32 or ids.dtype is not _I32 or last.dtype is not _I32
-            or qo.ndim != 1 or kp.ndim != 1 or ids.ndim != 1 or last.ndim != 1):
+            or qo.ndim != 1 or ids.ndim != 1 or last.ndim != 1):
         return None
     B = kp.shape[0] - 1
     b, ps, tq = p.bounds, p.page_size, p._tq
-    if B < 1 or qo.shape[0] != B + 1 or last.shape[0] != B or B > b.max_batch:
+    if qo.shape[0] != B + 1 or last.shape[0] != B or B > b.max_batch:
         return None
     nnz, nq = kp.item(-1), qo.item(-1)
     if (qo.item(0) or kp.item(0) or not B <= nnz <= b.max_pages or nnz * ps >= SAFE_KV_TOKENS
