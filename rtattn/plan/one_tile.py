@@ -148,54 +148,90 @@ def _schedule(p, tl, t, B, nq, lo, hi, kv_least):
     kvmax = kv.item(kv.argmax())
     contiguous = (p, tl, t, ends, kv_least)   # (auto's alternative, made when a bound asks for it)
     if kvmax + L - 1 - tail < 2 * L:   # unsplit: every tile one item, its cost the tile's length
-        return _balanced(p, t[:8], cost, total, L, contiguous, None, None)
+        res = _balanced(p, cost, total, L, contiguous, None)
+        if res is not None and res["mode"] == "balanced":
+            res["it"] = t[:8].take(res.pop("order"), axis=1)
+        return res
     nchunk = kv + _k(L - 1 - tail)   # Algorithm 1's chunks of L, a tail of <= L/8 in the last
     L0 = _k(L)
     nchunk //= L0
     if kv_least <= tail:   # a tile of at most the tail: still one chunk
         np.maximum(nchunk, 1, out=nchunk)
-    n = _ACC(nchunk).item(-1)
+    pend = _ACC(nchunk)
+    n = pend.item(-1)
+    if n > p.bounds.max_items:
+        return None
     # (every chunk pays its tile's fixed cost)
     total = kv_total + (n * lo if lo == hi else int(nchunk.dot(t[FIXED])))
-    con = None
-    if mode == "auto" and C < n <= min(2 * C, p.bounds.max_items):
+    con = last = None
+    if mode == "auto" and C < n <= 2 * C:
         # inspector.Planner._auto_contiguous_first (prefill tiles): the largest chunk and the mean
         mean = -(-total // C)
         if max(L + L // TAIL_FRACTION + hi, mean) * C > AUTO_IMBALANCE * total:
-            lastc = cost - nchunk * L0   # each tile's last chunk's cost, less L
-            b0 = max(L + lo, L + lastc.item(lastc.argmax()), mean)
+            last = cost - nchunk * L0   # each tile's last chunk's cost, less L
+            b0 = max(L + lo, L + last.item(last.argmax()), mean)
             if b0 * C > AUTO_IMBALANCE * total:
                 con = _contiguous(*contiguous)
                 if con is None or con["top"] < b0:
                     return con
-    lay = _pieces(p, tl, t, nchunk)
+    if n <= C:   # one chunk per CTA at most: the balanced plan, no bound to weigh
+        lay = _chunks(p, tl, t, nchunk, pend, L0)
+        if lay is None:
+            return None
+        it = lay[0]
+        c = it[KV_END] - it[KV_START]
+        c += it[FIXED]
+    else:   # auto may take the contiguous plan: decide on the chunks' costs, lay out what it keeps
+        lay = None   # (L plus the tile's fixed cost; a tile's last chunk what remains)
+        c = np.full(n, L + lo, dtype=np.int64) if lo == hi else t[FIXED].repeat(nchunk) + L0
+        if last is None:
+            last = cost - nchunk * L0
+        last += L0
+        c[pend - tl.one] = last
+    res = _balanced(p, c, total, L, contiguous, con)
+    if res is None or res["mode"] != "balanced":
+        return res
+    if lay is None:
+        lay = _chunks(p, tl, t, nchunk, pend, L0)
+        if lay is None:
+            return None
+    it, k, split = lay
+    if split:
+        res.update(_split_rows(p, it, k, split))
+    res["it"] = it[:8].take(res.pop("order"), axis=1)
+    return res
+
+
+def _chunks(p, tl, t, nchunk, pend, L0):
+    """Algorithm 1's chunks of L0 tokens (`nchunk` per tile, running counts `pend`) laid out in
+    tile order: (it, k, split) as _pieces gives them with KV_START and KV_END filled, or None
+    where a bound is exceeded."""
+    lay = _pieces(p, tl, t, nchunk, pend)
     if lay is None:
         return None
     it, k, pend, split = lay
     kv_start = k * L0
     it[KV_START] = kv_start
-    kv_end = kv_start + L0
-    kv_end[pend - 1] = kv   # a tile's last chunk ends at its end
-    it[KV_END] = kv_end
-    kv_end -= kv_start
-    kv_end += it[FIXED]
-    return _balanced(p, it[:8], kv_end, total, L, contiguous, con, split and _split_rows(p, it, k, split))
+    kv_start += L0
+    kv_start[pend - tl.one] = t[KV_END]   # a tile's last chunk ends at its end
+    it[KV_END] = kv_start
+    return it, k, split
 
 
-def _balanced(p, it, cost, total, L, contiguous, con, merges):
-    """The numpy path's balanced layout of items `it` (rows in layout order) of costs `cost`
-    (summing to `total`): longest first, LPT past one item per CTA, auto's bound and loads
-    against the contiguous partition (`con`, or made from `contiguous` when asked)."""
+def _balanced(p, cost, total, L, contiguous, con):
+    """The numpy path's balanced schedule of items of costs `cost` (in layout order, summing to
+    `total`): longest first, LPT past one item per CTA, auto's bound and loads against the
+    contiguous partition (`con`, or made from `contiguous` when asked). The schedule dict: the
+    contiguous plan's if auto takes it, else the balanced one with `order`, the layout indices
+    of the items in queue order (the caller lays them out); None where a bound is exceeded."""
     C, n, ar, auto = p.num_ctas, cost.shape[0], p._ar, p.mode == "auto"
     order = _sorted_keys(cost, -1, ar[:n])   # longest first, ties in layout order
     cs = cost[order]
     res = dict(n=n, L=int(L), merge_rows=0, partial_rows=0, split_tiles=0, mode="balanced")
-    if merges:
-        res.update(merges)
     if n <= C:   # one item per CTA at most: queue order is the sorted order
         loads = np.zeros(C, dtype=np.int64)
         loads[:n] = cs
-        res.update(loads=loads, wi=np.minimum(ar[1:C + 1], n), it=it.take(order, axis=1))
+        res.update(loads=loads, wi=np.minimum(ar[1:C + 1], n), order=order)
         return res
     if auto:
         bound = max(cs.item(0), cs.item(C - 1) + cs.item(C), -(-total // C))
@@ -217,7 +253,7 @@ def _balanced(p, it, cost, total, L, contiguous, con, merges):
             if con is None or con["top"] < top:
                 return con
     q = _sorted_keys(cta, 1, ar[:n])   # queue order: (cta, assignment order)
-    res.update(loads=loads, wi=_ACC(np.bincount(cta, minlength=C)), it=it.take(order[q], axis=1))
+    res.update(loads=loads, wi=_ACC(np.bincount(cta, minlength=C)), order=order[q])
     return res
 
 
@@ -236,14 +272,15 @@ def _sorted_keys(x, sign, index):
     return key
 
 
-def _pieces(p, tl, t, pieces):
+def _pieces(p, tl, t, pieces, pend=None):
     """The items of tiles cut into `pieces` consecutive pieces each (contiguous cuts or
-    Algorithm 1's chunks), in tile order: (it, every row of the table per item with KV_START
-    to fill and PARTIAL its tile's first partial row; each item's piece index k; pend, the
-    running piece counts; the merge entries of split tiles or None), or None where a bound is
-    exceeded."""
+    Algorithm 1's chunks; `pend` their running counts if known), in tile order: (it, every row
+    of the table per item with KV_START to fill and PARTIAL its tile's first partial row; each
+    item's piece index k; pend; the merge entries of split tiles or None), or None where a
+    bound is exceeded."""
     T, b, ar = t.shape[1], p.bounds, p._ar
-    pend = _ACC(pieces)
+    if pend is None:
+        pend = _ACC(pieces)
     n = pend.item(-1)
     if n > b.max_items:
         return None
