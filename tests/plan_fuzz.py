@@ -7,7 +7,7 @@ short arrays, page ids outside the pool, bad last-page lengths, exceeded bounds)
 arithmetic that could wrap), and names the arrays (or bounds) a refusal may blame.
 Used by tests/test_plan_fuzz.py (a seed set) and tools/fuzz_plan.py (100,000 cases).
 `plan_outcome(p, args, kw, stale)` is what two planning paths must agree on (bytes over a stale
-buffer, PlanInfo, the error): tests/test_small_plan.py and tests/test_one_tile_plan.py.
+buffer, PlanInfo, the error): tests/test_small_plan.py and tests/test_tile_table_plan.py.
 """
 from __future__ import annotations
 

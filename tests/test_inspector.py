@@ -585,7 +585,7 @@ def test_auto_early_contiguous_choice_changes_no_plan(monkeypatch, seed):
         for early in (True, False):
             p = Planner(batch, int(qo.sum()), int(kvp[-1]), 32, 8, 128, ps, num_ctas=C, max_qo_len=int(qo.max()),
                         causal=not case % 2)
-            p.small_tiles = 0
+            p.small_tiles, p.tile_table_path = 0, False   # (the numpy path's early choice)
             if not early:
                 monkeypatch.setattr(p, "_auto_contiguous_first", lambda *a: (None, False))
             else:

@@ -75,7 +75,7 @@ def test_small_path_plans_byte_identical_to_numpy_path(seed):
         pk, args, kw = _case(rng)
         fast, ref = Planner(**pk), Planner(**pk)
         fast.small_tiles, fast.small_tokens, ref.small_tiles = 64, 10**6, 0   # every case it can take; none
-        fast.one_tile_path = ref.one_tile_path = False   # (one-tile prefill batches: tests/test_one_tile_plan.py)
+        fast.tile_table_path = ref.tile_table_path = False   # (one-tile prefill batches: tests/test_tile_table_plan.py)
         stale = rng.integers(0, 256, fast.layout.plan_bytes, dtype=np.uint8)
         for _ in range(2):   # twice: the second plan lands on the first one's bytes
             got, want = _plan(fast, args, kw, stale), _plan(ref, args, kw, stale)

@@ -9,8 +9,8 @@ for batch 16-256 on our machine (shared/PERF.md).
 
 verify: bench_overhead's prefill rows (4 query tokens per request, KV U(768, 1280), causal, the
 prefill family's tile) on --verify-ctas CTAs (66: the H200's prefill wrapper grid), planned by the
-one-tile path (rtattn.plan.one_tile) and, in the `numpy us` column, by the numpy path
-(Planner.one_tile_path = False) on the same inputs: byte-identical plans, docs/perf-log.md "Host path v6".
+tile-table path (rtattn.plan.tile_table) and, in the `numpy us` column, by the numpy path
+(Planner.tile_table_path = False) on the same inputs: byte-identical plans, docs/perf-log.md "Host path v6".
 """
 from __future__ import annotations
 
@@ -84,7 +84,7 @@ def main(argv=None):
             numpy_us = "-"
             if kind == "verify":
                 ref = planner()
-                ref.one_tile_path = False
+                ref.tile_table_path = False
                 numpy_us = f"{bench(ref, qo, kv, reps)[0]:.1f}"
             print(f"{kind:8} {batch:6d} {qdesc:>8} {p.tile_q:6d} {info.num_items:6d} "
                   f"{info.num_split_tiles:6d} {med:10.1f} {p90:8.1f} {numpy_us:>9}")

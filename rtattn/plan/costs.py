@@ -1,6 +1,6 @@
 """The planner's cost model and split rules (integers, so ties and loads are exact); read by
-every path of Planner.plan (inspector: numpy; small: plain Python for small batches; one_tile:
-one query tile per request).
+every path of Planner.plan (inspector: numpy; small: plain Python for small batches; tile_table:
+prefill tiles as the columns of one table).
 
 Cost of an item: COST_ALPHA * query_tokens + COST_BETA * kv_tokens + COST_GAMMA (the unit is
 one KV token; rtattn.plan.inspector's docstring says why these values)."""

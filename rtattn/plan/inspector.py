@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import fields as F
-from . import one_tile, small
+from . import tile_table, small
 from .costs import AUTO_IMBALANCE, COST_ALPHA, COST_BETA, COST_GAMMA, MIN_CHUNK_TOKENS, TAIL_FRACTION
 from .devices import get_device
 from .layout import Batch, check_config, check_int, indptr_from_lengths, validate_batch
@@ -284,12 +284,13 @@ class Planner:
 
     `small_tiles`, `small_tokens`: plans of up to this many query tiles and tokens take the
     plain-Python path (rtattn.plan.small, byte-identical); 0 sends every plan the numpy way.
-    `one_tile_path`: batches of 4+ requests that are one query tile each take rtattn.plan.one_tile
-    (byte-identical), before the small path; False leaves them to the small path or the numpy way.
+    `tile_table_path`: prefill batches (4+ one-tile requests, or requests of several query tiles)
+    take rtattn.plan.tile_table (byte-identical), before the small path; False leaves them to the
+    small path or the numpy way.
     """
 
     small_tiles, small_tokens = small.SMALL_TILES, small.SMALL_TOKENS
-    one_tile_path = True
+    tile_table_path = True
 
     def __init__(self, max_batch: int, max_qo_tokens: int, max_pages: int,
                  num_qo_heads: int, num_kv_heads: int, head_dim: int, page_size: int, *,
@@ -356,7 +357,7 @@ class Planner:
         self._decode_items = np.empty((8, b.max_batch), dtype=np.int32)
         self._decode_items[0:2] = self._ar[:b.max_batch]
         self._decode_items[2], self._decode_items[3], self._decode_items[5:7] = 1, 0, -1
-        self._tiles = None   # rtattn.plan.one_tile's table (one_tile.Tiles), made on first use
+        self._tiles = None   # rtattn.plan.tile_table's table (tile_table.Tiles), made on first use
 
     # convenience ---------------------------------------------------------------
     @property
@@ -379,10 +380,10 @@ class Planner:
         None: no window, every tile reads from KV 0."""
         window_left = check_window(window_left)
         # (the fast paths' quick checks decide which batches they take: None for the rest; decode
-        # batches keep the numpy path's unsplit template; one_tile.plan's checks start from these)
-        if (qo_indptr is not None and self.one_tile_path and type(kv_indptr) is np.ndarray
-                and kv_indptr.ndim == 1 and kv_indptr.shape[0] > one_tile.MIN_BATCH
-                and (info := one_tile.plan(self, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, window_left,
+        # batches keep the numpy path's unsplit template; tile_table.plan's checks start from these)
+        if (qo_indptr is not None and self.tile_table_path and type(kv_indptr) is np.ndarray
+                and kv_indptr.ndim == 1 and kv_indptr.shape[0] > 1
+                and (info := tile_table.plan(self, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, window_left,
                                            out)) is not None):
             return info
         info = small.plan(self, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, window_left, out)

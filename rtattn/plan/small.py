@@ -2,8 +2,8 @@
 
 A batch-1 decode plan was ~60 numpy calls of ~1 us each on a few dozen numbers. Up to
 `Planner.small_tiles` query tiles and `small_tokens` query tokens (modes auto, balanced and
-contiguous), plan() takes this path (after rtattn.plan.one_tile, which takes one-tile batches of
-one_tile.MIN_BATCH requests or more): the schedule of rtattn.plan.inspector's numpy path
+contiguous), plan() takes this path (after rtattn.plan.tile_table, which takes one-tile batches of
+tile_table.MIN_BATCH requests or more and several-tile batches past small_tokens): the schedule of rtattn.plan.inspector's numpy path
 (tiles, Algorithm 1's chunks, auto's choice of the contiguous partition, LPT, partial rows,
 the merge map) on lists, written into the same views with the same writes, so plan bytes and
 PlanInfo are identical (tests/test_small_plan.py compares both paths on fuzzed batches). What this path does not take

@@ -1,5 +1,5 @@
-"""The one-tile path of Planner.plan (rtattn.plan.one_tile: every request one query tile) against
-the numpy path (Planner.one_tile_path = False) on fuzzed batches of the modes it takes: the same
+"""The tile-table path of Planner.plan (rtattn.plan.tile_table: prefill tiles as table columns) against
+the numpy path (Planner.tile_table_path = False) on fuzzed batches of the modes it takes: the same
 bytes in a buffer holding the same stale contents, the same PlanInfo, the same error for batches
 either path refuses."""
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rtattn.plan import one_tile
+from rtattn.plan import tile_table
 from rtattn.plan.inspector import Planner
 from rtattn.plan.layout import indptr_from_lengths, paged_kv
 from rtattn.plan.tiles import TileConfig
@@ -35,11 +35,16 @@ def _kv(rng, batch, ps, qo):
 
 
 def _case(rng):
-    """(planner kwargs, plan args) of one random one-tile batch, sometimes broken."""
+    """(planner kwargs, plan args) of one random batch of one-tile or several-tile requests,
+    sometimes broken."""
     ps = int(rng.choice([1, 16, 64]))
     batch = int(rng.choice([1, 2, 7, 16, 33, 64, 65, 140, 256, 300]))
     tq = int(rng.choice([1, 2, 4, 8, 16]))
     qo = rng.integers(1, tq + 1, batch) if rng.random() < 0.7 else np.full(batch, tq)
+    if rng.random() < 0.4:   # requests of several tiles (prefill, chunked prefill)
+        qo = rng.integers(1, int(rng.choice([2, 3, 8])) * tq + 1, batch)
+        if rng.random() < 0.3:
+            qo[rng.integers(batch)] = 40 * tq   # one long prompt
     kv = _kv(rng, batch, ps, qo)
     kvp, idx, last = paged_kv(kv, ps, shuffle_seed=int(rng.integers(1 << 30)))
     nnz = int(kvp[-1])
@@ -49,8 +54,8 @@ def _case(rng):
     tokens = int(qo.sum()) + int(rng.integers(0, 4))
     pk = dict(max_batch=batch + int(rng.integers(0, 3)), max_qo_tokens=tokens,
               max_pages=max(1, nnz + int(rng.integers(0, 3))), num_qo_heads=8 * group, num_kv_heads=8,
-              head_dim=128, page_size=ps, mode=str(rng.choice(one_tile.MODES)), causal=bool(rng.random() < 0.6),
-              num_ctas=int(rng.choice([1, 3, 16, 33, 66, 132])), max_qo_len=min(tq, tokens), tile=tile,
+              head_dim=128, page_size=ps, mode=str(rng.choice(tile_table.MODES)), causal=bool(rng.random() < 0.6),
+              num_ctas=int(rng.choice([1, 3, 16, 33, 66, 132])), max_qo_len=min(max(tq, int(qo.max()) + int(rng.integers(0, 3))), tokens), tile=tile,
               num_pages_pool=None if rng.random() < 0.2 else max(1, nnz) + int(rng.integers(0, 5)))
     args = [indptr_from_lengths(qo), kvp, idx, last]
     if rng.random() < 0.15:   # break one thing the quick checks must leave to validate_batch
@@ -67,16 +72,16 @@ def _case(rng):
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_one_tile_path_plans_byte_identical_to_numpy_path(seed, monkeypatch):
+def test_tile_table_path_plans_byte_identical_to_numpy_path(seed, monkeypatch):
     rng = np.random.default_rng(seed)
     taken = []
-    orig = one_tile._write
-    monkeypatch.setattr(one_tile, "_write", lambda p, v, res, *a: taken.append(res["mode"]) or orig(p, v, res, *a))
+    orig = tile_table._write
+    monkeypatch.setattr(tile_table, "_write", lambda p, v, res, *a: taken.append(res["mode"]) or orig(p, v, res, *a))
     for case in range(500):
         pk, args = _case(rng)
         fast, ref = Planner(**pk), Planner(**pk)
         fast.small_tiles = ref.small_tiles = 0   # (the small path takes the smallest batches first)
-        ref.one_tile_path = False
+        ref.tile_table_path = False
         stale = rng.integers(0, 256, fast.layout.plan_bytes, dtype=np.uint8)
         for _ in range(2):   # twice: the second plan lands on the first one's bytes
             got, want = _plan(fast, args, {}, stale), _plan(ref, args, {}, stale)
@@ -87,15 +92,15 @@ def test_one_tile_path_plans_byte_identical_to_numpy_path(seed, monkeypatch):
     assert len(taken) > 400 and taken.count("contiguous") > 100 and taken.count("balanced") > 100
 
 
-def test_other_batches_go_the_numpy_way(monkeypatch):
+def test_decode_and_window_batches_go_the_numpy_way(monkeypatch):
     calls = []
-    monkeypatch.setattr(one_tile, "_write", lambda *a: calls.append(1))
+    monkeypatch.setattr(tile_table, "_write", lambda *a: calls.append(1))
     kvp, idx, last = paged_kv([1000] * 64, 16)
     tile = TileConfig(tile_q=4, tile_kv=64, max_rows=16, stages=2, threads=128, smem_bytes=0, kernel="prefill")
     p = Planner(64, 512, int(kvp[-1]), 32, 8, 128, 16, num_ctas=66, tile=tile, max_qo_len=8, causal=True)
-    p.plan(indptr_from_lengths([8] * 64), kvp, idx, last)   # two tiles per request
     p.plan(None, kvp, idx, last)                             # decode: no qo_indptr
     p.plan(indptr_from_lengths([4] * 64), kvp, idx, last, window_left=100)
     assert calls == []
     p.plan(indptr_from_lengths([4] * 64), kvp, idx, last)
-    assert calls == [1]
+    p.plan(indptr_from_lengths([8] * 64), kvp, idx, last)   # two tiles per request
+    assert calls == [1, 1]

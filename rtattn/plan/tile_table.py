@@ -1,20 +1,23 @@
-"""Planner.plan() when every request is one query tile (multi-token verification, short prefill
-chunks: 1..tile_q query tokens per request, every request with KV pages), modes auto, balanced and
-contiguous, no window.
+"""Planner.plan() for prefill batches on one table whose columns are the query tiles: requests of
+one tile each (multi-token verification, short chunks: 1..tile_q query tokens, MIN_BATCH requests
+or more) or of several (prompts, chunked prefill over cached prefixes; past the small path's
+token count), every request with KV pages; modes auto, balanced and contiguous, no window.
 
 The numpy path spends such a plan on ~150 numpy calls of 0.3-2 us each, on a few dozen to a few
-hundred numbers (docs/perf-log.md "Host path v5"). Here the requests are the tiles, so one table
-per planner holds them (int64 rows: the eight item rows in inspector's order, then the per-tile
-values the cuts read): the checks and the lengths fill its rows, one `take` by each item's tile
-lays out every item row at once (contiguous cuts and Algorithm 1's chunks alike), another take
-of the same table the merge entries, stable sorts are one sort of unique keys, and Python ints
-become 0-d arrays where a ufunc reads them repeatedly. The schedule is the numpy path's (the same
-chunk bound, auto's early choice, bound, LPT and loads, the same cuts, partial rows and merge map),
-so plan bytes and PlanInfo are identical (tests/test_one_tile_plan.py; the contiguous partition's
-rules are documented at inspector.Planner._contiguous). What the quick checks do not accept
-(other input forms, zero-page requests, ...) goes on to the small path (rtattn.plan.small, if
-it is small enough) or the numpy way, whose validation names the error; where a bound is
-exceeded the numpy path plans the validated batch and raises: errors have one source.
+hundred numbers (docs/perf-log.md "Host path v5"). Here one table per planner holds the tiles
+(int64 rows: the eight item rows in inspector's order, then the per-tile values the cuts read):
+the checks and the lengths fill its rows (one-tile requests are their own tiles; several-tile
+requests are laid out as inspector's tiles with one `repeat` of their rows), one `take` by each
+item's tile lays out every item row at once (contiguous cuts and Algorithm 1's chunks alike),
+another take of the same table the merge entries, stable sorts are one sort of unique keys, and
+Python ints become 0-d arrays where a ufunc reads them repeatedly. Auto decides on costs and lays
+out only the plan it keeps. The schedule is the numpy path's (the same chunk bound, auto's early
+choice, bound, LPT and loads, the same cuts, partial rows and merge map), so plan bytes and
+PlanInfo are identical (tests/test_tile_table_plan.py; the contiguous partition's rules are
+documented at inspector.Planner._contiguous). What the quick checks do not accept (other input
+forms, zero-page requests, ...) goes on to the small path (rtattn.plan.small, if it is small
+enough) or the numpy way, whose validation names the error; where a bound is exceeded the numpy
+path plans the validated batch and raises: errors have one source.
 """
 from __future__ import annotations
 
@@ -50,13 +53,17 @@ def _k(x) -> np.ndarray:
 
 
 class Tiles:
-    """A planner's tile table (int64[12, max_batch], the constant rows filled) and the 0-d
-    constants its arithmetic reads."""
+    """A planner's tile table (int64[12, max_tiles], the constant rows filled), the request
+    rows that several-tile batches lay out tiles from, and the 0-d constants the arithmetic
+    reads."""
 
-    def __init__(self, max_batch: int, page_size: int):
-        self.table = np.zeros((12, max_batch), dtype=np.int64)
-        self.table[REQUEST] = np.arange(max_batch)
+    def __init__(self, max_batch: int, max_tiles: int, page_size: int):
+        cols = max(max_batch, max_tiles)
+        self.table = np.zeros((12, cols), dtype=np.int64)
+        self.table[REQUEST] = np.arange(cols)
         self.table[PARTIAL:MERGE + 1] = -1
+        self.requests_are_tiles = True   # (the REQUEST row is 0, 1, ...: one-tile batches read it so)
+        self.req = np.zeros((4, max_batch), dtype=np.int64)   # qo start, q len, kv len, page start
         ps = page_size
         self.ps32, self.page_mask, self.ps_less1 = np.array(ps, dtype=np.int32), _k(-ps), _k(ps - 1)
         self.alpha, self.gamma, self.zero, self.one = _k(COST_ALPHA), _k(COST_GAMMA), _k(0), _k(1)
@@ -64,8 +71,8 @@ class Tiles:
 
 def plan(p, qo, kp, ids, last, window_left, out):
     """PlanInfo if this path takes the batch (written into p._buffer(out)), else None (nothing
-    written). `kp` is a 1-D ndarray of more than MIN_BATCH entries (Planner.plan checks that
-    before the call)."""
+    written). `kp` is a 1-D ndarray of two entries or more (Planner.plan checks that before the
+    call)."""
     nd = np.ndarray
     if (window_left is not None or p.mode not in MODES or p.chunk_runs or type(qo) is not nd
             or type(ids) is not nd or type(last) is not nd or qo.dtype is not _I32
@@ -76,6 +83,8 @@ def plan(p, qo, kp, ids, last, window_left, out):
     b, ps, tq = p.bounds, p.page_size, p._tq
     if qo.shape[0] != B + 1 or last.shape[0] != B or B > b.max_batch:
         return None
+    if B < MIN_BATCH and qo.item(-1) <= B * tq:   # (one-tile, or few tokens: the small path's)
+        return None
     nnz, nq = kp.item(-1), qo.item(-1)
     if (qo.item(0) or kp.item(0) or not B <= nnz <= b.max_pages or nnz * ps >= SAFE_KV_TOKENS
             or ids.shape[0] < nnz or nq > b.max_qo_tokens or B * tq >= 2**31 or B >= 2**20):
@@ -84,7 +93,12 @@ def plan(p, qo, kp, ids, last, window_left, out):
     # their exact running sum (the sums stay below B x tile_q < 2**31), so monotone.
     q = qo[1:] - qo[:-1]
     qmin, qmax = q.item(q.argmin()), q.item(q.argmax())
-    if qmin < 1 or qmax > tq or qmax > b.max_qo_len or kp.item(kp.argmin()) < 0:
+    if qmin < 1 or qmax > b.max_qo_len or kp.item(kp.argmin()) < 0:
+        return None
+    multi = qmax > tq   # some request is several query tiles
+    if multi and nq <= p.small_tokens:   # (few tokens: the small path's, if its tiles are few)
+        return None
+    if not multi and B < MIN_BATCH:
         return None
     pages = kp[1:] - kp[:-1]   # (kv_indptr >= 0: exact)
     lmin, lmax = last.item(last.argmin()), last.item(last.argmax())
@@ -93,7 +107,7 @@ def plan(p, qo, kp, ids, last, window_left, out):
         return None
     tl = p._tiles
     if tl is None:   # (made on the first plan this path takes: decode planners never need it)
-        tl = p._tiles = Tiles(b.max_batch, ps)
+        tl = p._tiles = Tiles(b.max_batch, b.max_tiles, ps)
     kv = pages * tl.ps32
     kv += last
     kv -= tl.ps32
@@ -106,29 +120,77 @@ def plan(p, qo, kp, ids, last, window_left, out):
     u = ids[:nnz].view(np.uint32)   # (a negative id is >= 2**31 as unsigned)
     if u.item(u.argmax()) >= (2**31 if pool is None else min(pool, 2**31)):
         return None
-    t = tl.table[:, :B]
-    t[QO_START] = qo[:B]
-    t[QO_LEN] = q
-    t[KV_END] = kv
-    t[PAGE_START] = kp[:B]
+    if multi:
+        t = _tiles_of(p, tl, qo, q, kv, kp, B)
+        if t is None:
+            return None
+        tlen = t[QO_LEN]
+        qmin = tlen.item(tlen.argmin())   # (a request's last tile may be short)
+        kv_least = t[KV_END].item(t[KV_END].argmin())
+        tmax = tq
+    else:
+        if not tl.requests_are_tiles:   # (a several-tile plan left its tiles' requests there)
+            tl.table[REQUEST] = p._ar[:tl.table.shape[1]]
+            tl.requests_are_tiles = True
+        t = tl.table[:, :B]
+        t[QO_START] = qo[:B]
+        t[QO_LEN] = q
+        t[KV_END] = kv
+        t[PAGE_START] = kp[:B]
+        tmax = qmax
+    T = t.shape[1]
     fixed = t[FIXED]   # each tile's fixed cost, from lo to hi
-    lo, hi = COST_ALPHA * qmin + COST_GAMMA, COST_ALPHA * qmax + COST_GAMMA
+    lo, hi = COST_ALPHA * qmin + COST_GAMMA, COST_ALPHA * tmax + COST_GAMMA
     if lo == hi:
         fixed.fill(lo)
     else:
         np.multiply(t[QO_LEN], tl.alpha, out=fixed)
         fixed += tl.gamma
-    res = _schedule(p, tl, t, B, nq, lo, hi, kv_least)
+    res = _schedule(p, tl, t, T, nq, lo, hi, kv_least)
     buf, views = p._buffer(out)
     if res is None:   # a bound exceeded: the numpy path's error, on this batch
-        batch = Batch(qo, kp, ids, last, t[QO_LEN].copy(), t[KV_END].copy(), ps, qmax)
+        batch = Batch(qo, kp, ids, last, q.astype(np.int64), kv.astype(np.int64), ps, qmax)
         return p.plan_batch(batch, buf, views)
-    _write(p, views, res, qo, kp, ids, kv, t, B, nnz, nq)
+    _write(p, views, res, qo, q, kp, ids, kv, B, nnz, nq)
     return p._info(res, B, nq, buf, views)
 
 
-def _schedule(p, tl, t, B, nq, lo, hi, kv_least):
-    """inspector.Planner._schedule for one-tile requests (`lo`, `hi`: the least and largest
+def _tiles_of(p, tl, qo, q, kv, kp, B):
+    """The tile table's columns for requests of several query tiles (inspector.Planner._schedule's
+    tiles: request-major, tile_q rows each, a request's last tile what remains; causal tiles see
+    up to their last row), or None past max_tiles (the numpy path decides)."""
+    tq = p._tq
+    ntile = q + (tq - 1)
+    ntile //= tq
+    tend = _ACC(ntile)
+    T = tend.item(-1)
+    if T > tl.table.shape[1] or T > p.bounds.max_tiles:
+        return None
+    r = tl.req[:, :B]
+    r[0], r[1], r[2], r[3] = qo[:B], q, kv, kp[:B]
+    x = r.repeat(ntile, axis=1)   # each tile's request's row
+    t = tl.table[:, :T]
+    t_req = p._ar[:B].repeat(ntile)
+    t[REQUEST] = t_req
+    tl.requests_are_tiles = False
+    off = p._ar[:T] - (tend - ntile).take(t_req)
+    off *= tq   # the tile's first query row in its request
+    np.add(x[0], off, out=t[QO_START])
+    qlen = t[QO_LEN]
+    np.subtract(x[1], off, out=qlen)
+    np.minimum(qlen, tq, out=qlen)
+    if p.causal:   # kv - q + off + qlen: the horizon of the tile's last row
+        np.subtract(x[2], x[1], out=t[KV_END])
+        t[KV_END] += off
+        t[KV_END] += qlen
+    else:
+        t[KV_END] = x[2]
+    t[PAGE_START] = x[3]
+    return t
+
+
+def _schedule(p, tl, t, T, nq, lo, hi, kv_least):
+    """inspector.Planner._schedule on the table's tiles (`lo`, `hi`: the least and largest
     tile's fixed cost; `kv_least`: a lower bound of every tile's KV): the schedule dict (with
     the items `it`, rows in queue order, and `wi`, work_indptr[1:]), or None where a bound is
     exceeded (the numpy path plans the batch and raises)."""
@@ -139,7 +201,7 @@ def _schedule(p, tl, t, B, nq, lo, hi, kv_least):
     total = ends.item(-1)
     if mode == "contiguous":
         return _contiguous(p, tl, t, ends, kv_least)
-    kv_total = total - COST_ALPHA * nq - COST_GAMMA * B
+    kv_total = total - COST_ALPHA * nq - COST_GAMMA * T
     L = max(-(-kv_total // C), p.min_chunk)
     L = -(-L // ps) * ps
     if L >= SAFE_KV_TOKENS:
@@ -334,7 +396,7 @@ def _split_rows(p, it, k, split) -> dict:
 
 
 def _contiguous(p, tl, t, ends, kv_least):
-    """inspector.Planner._contiguous (not chunk runs) on one-tile requests with KV (`kv_least`:
+    """inspector.Planner._contiguous (not chunk runs) on the table's tiles, all with KV (`kv_least`:
     a lower bound of every tile's): the schedule dict with its heaviest CTA load (`top`), or
     None where a bound is exceeded (the numpy path raises)."""
     C, ar = p.num_ctas, p._ar
@@ -377,11 +439,11 @@ def _contiguous(p, tl, t, ends, kv_least):
     return res
 
 
-def _write(p, v, res, qo, kp, ids, kv, t, B, nnz, nq) -> None:
+def _write(p, v, res, qo, q, kp, ids, kv, B, nnz, nq) -> None:
     """inspector.Planner._write: the same arrays, the same extents."""
     C, n = p.num_ctas, res["n"]
     v["req_qo_start"][:B] = qo[:B]
-    v["req_qo_len"][:B] = t[QO_LEN]
+    v["req_qo_len"][:B] = q
     v["req_kv_page_start"][:B] = kp[:B]
     v["req_kv_len"][:B] = kv
     v["kv_indices"][:nnz] = ids[:nnz]
