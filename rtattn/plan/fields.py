@@ -345,6 +345,16 @@ class PlanLayout:
                 for f in PLAN_FIELDS]
 
 
+def write_requests(v: dict, B: int, qo_indptr, qo_len, kv_indptr, kv_len, nnz: int, kv_indices) -> None:
+    """The requests' rows (query start and length, first page, KV length) and the page table's
+    first `nnz` ids into the views `v` of a plan buffer (every planner path writes these alike)."""
+    v["req_qo_start"][:B] = qo_indptr[:B]
+    v["req_qo_len"][:B] = qo_len
+    v["req_kv_page_start"][:B] = kv_indptr[:B]
+    v["req_kv_len"][:B] = kv_len
+    v["kv_indices"][:nnz] = kv_indices[:nnz]
+
+
 def write_merge_and_info(v: dict, res: dict, info: tuple) -> None:
     """The merge map of a schedule `res` (merge_rows, m_indptr, m_row, m_start, m_stride) and
     the plan_info header (PLAN_INFO_NAMES' values) into the views `v` of a plan buffer."""

@@ -759,12 +759,8 @@ class Planner:
 
     def _write(self, v: dict, batch: Batch, it: dict) -> None:
         B, n, C = batch.batch, it["n"], self.num_ctas
-        v["req_qo_start"][:B] = batch.qo_indptr[:B]
-        v["req_qo_len"][:B] = batch.qo_len
-        v["req_kv_page_start"][:B] = batch.kv_indptr[:B]
-        v["req_kv_len"][:B] = batch.kv_len
-        nnz = batch.kv_indptr.item(-1)
-        v["kv_indices"][:nnz] = batch.kv_indices[:nnz]
+        F.write_requests(v, B, batch.qo_indptr, batch.qo_len, batch.kv_indptr, batch.kv_len,
+                         batch.kv_indptr.item(-1), batch.kv_indices)
         wi = v["work_indptr"]
         wi[0] = 0
         wi[1:C + 1] = _ACC(it["counts"])   # (an int64 accumulate cast on the fly into wi is slower)

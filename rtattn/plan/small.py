@@ -19,7 +19,7 @@ from operator import itemgetter
 import numpy as np
 
 from .costs import AUTO_IMBALANCE, COST_ALPHA, COST_BETA, COST_GAMMA, TAIL_FRACTION
-from .fields import write_merge_and_info
+from .fields import write_merge_and_info, write_requests
 
 # Crossovers with the numpy path on the development machine (docs/perf-log.md "Host path v3"): the
 # Python cost grows with items, and with query rows (a split tile's merge entries and partial rows).
@@ -335,11 +335,7 @@ def _shift(res: dict, t_k0) -> dict:
 def _write(p, v, qo, qo_len, kp, kv_len, nnz, kv_indices, res) -> None:
     """inspector.Planner._write from lists: the same arrays, the same extents."""
     B, n, C = len(qo_len), res["n"], p.num_ctas
-    v["req_qo_start"][:B] = qo[:B]
-    v["req_qo_len"][:B] = qo_len
-    v["req_kv_page_start"][:B] = kp[:B]
-    v["req_kv_len"][:B] = kv_len
-    v["kv_indices"][:nnz] = kv_indices[:nnz]
+    write_requests(v, B, qo, qo_len, kp, kv_len, nnz, kv_indices)
     wi = v["work_indptr"]
     wi[0] = 0
     counts = res["counts"]

@@ -25,7 +25,7 @@ import numpy as np
 
 from . import inspector   # (lpt_assign; inspector imports this module: read at call time)
 from .costs import AUTO_IMBALANCE, COST_ALPHA, COST_GAMMA, TAIL_FRACTION
-from .fields import write_merge_and_info
+from .fields import write_merge_and_info, write_requests
 from .layout import Batch
 
 MODES = ("auto", "balanced", "contiguous")
@@ -442,11 +442,7 @@ def _contiguous(p, tl, t, ends, kv_least):
 def _write(p, v, res, qo, q, kp, ids, kv, B, nnz, nq) -> None:
     """inspector.Planner._write: the same arrays, the same extents."""
     C, n = p.num_ctas, res["n"]
-    v["req_qo_start"][:B] = qo[:B]
-    v["req_qo_len"][:B] = q
-    v["req_kv_page_start"][:B] = kp[:B]
-    v["req_kv_len"][:B] = kv
-    v["kv_indices"][:nnz] = ids[:nnz]
+    write_requests(v, B, qo, q, kp, kv, nnz, ids)
     wi = v["work_indptr"]
     wi[0] = 0
     wi[1:C + 1] = res["wi"]
