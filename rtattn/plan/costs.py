@@ -11,3 +11,6 @@ COST_GAMMA = 64
 AUTO_IMBALANCE = 1.06  # mode "auto": slowest CTA / mean load above which contiguous is tried
 MIN_CHUNK_TOKENS = 128
 TAIL_FRACTION = 8      # a tile's last chunk of <= L / TAIL_FRACTION tokens joins the one before
+# Planner(queue_order="request") keeps LPT's assignment when its own heaviest CTA weighs more than
+# this times LPT's (rtattn.plan.order; docs/perf-log.md "prefill queue order").
+QUEUE_ORDER_SLACK = 1.02

@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import fields as F
-from . import tile_table, small
+from . import order as queue_orders, small, tile_table
 from .costs import AUTO_IMBALANCE, COST_ALPHA, COST_BETA, COST_GAMMA, MIN_CHUNK_TOKENS, TAIL_FRACTION
 from .devices import get_device
 from .layout import Batch, check_config, check_int, indptr_from_lengths, validate_batch
@@ -111,6 +111,7 @@ class PlanInfo:
     buffer: np.ndarray
     views: dict = field(repr=False)
     mode: str = ""             # the mode that made it (what "auto" chose)
+    queue_order: str = "lpt"   # the queue order it took (Planner queue_order, or LPT's: rtattn.plan.order)
 
     @property
     def max_load(self) -> int:
@@ -287,6 +288,9 @@ class Planner:
     `tile_table_path`: prefill batches (4+ one-tile requests, or requests of several query tiles)
     take rtattn.plan.tile_table (byte-identical), before the small path; False leaves them to the
     small path or the numpy way.
+    `queue_order`: "lpt" (default) or "request" (rtattn.plan.order: a request's items dealt
+    together, modes auto and balanced; the numpy path only, so such a planner turns the tile-table
+    and small paths off; PlanInfo.queue_order says which order a plan took).
     """
 
     small_tiles, small_tokens = small.SMALL_TILES, small.SMALL_TOKENS
@@ -299,7 +303,7 @@ class Planner:
                  max_rows: int | None = None, max_qo_len: int | None = None,
                  num_ctas: int | None = None, chunk_tokens: int | None = None,
                  min_chunk_tokens: int = MIN_CHUNK_TOKENS, num_pages_pool: int | None = None,
-                 chunk_runs: bool | None = None):
+                 chunk_runs: bool | None = None, queue_order: str = "lpt"):
         self.group = check_config(num_qo_heads, num_kv_heads, head_dim, page_size, num_ctas=num_ctas)
         for name, v in (("max_batch", max_batch), ("max_qo_tokens", max_qo_tokens),
                         ("max_pages", max_pages)):
@@ -313,6 +317,9 @@ class Planner:
         self.page_size = int(page_size)
         self.causal = bool(causal)
         self.mode = mode
+        self.queue_order = queue_orders.check_queue_order(queue_order)
+        if queue_order != "lpt":   # the fast paths deal LPT only: every plan the numpy way
+            self.tile_table_path, self.small_tiles = False, 0
         mql = int(max_qo_len) if max_qo_len else int(max_qo_tokens)
         self.tile = tile or select_tile(self.device, num_qo_heads, num_kv_heads, head_dim, mql, kernel=kernel,
                                         max_rows=max_rows,
@@ -402,7 +409,9 @@ class Planner:
         and writers (the cascade's flat plan lays the decode part of its plan set out this way)."""
         items = self._schedule(batch, window_left)
         self._write(views, batch, items)
-        return self._info(items, batch.batch, batch.qo_indptr.item(-1), buf, views)
+        info = self._info(items, batch.batch, batch.qo_indptr.item(-1), buf, views)
+        info.queue_order = items.get("queue_order", "lpt")   # (contiguous plans: their own order)
+        return info
 
     def _info(self, items: dict, B: int, num_qo: int, buf, views) -> PlanInfo:
         return PlanInfo(items["n"], items["merge_rows"], items["partial_rows"], B,
@@ -476,6 +485,7 @@ class Planner:
         # Items: rows request, qo_start, qo_len, kv_start, kv_end, partial, merge, and
         # kv_page_start (filled by _write).
         cost = con = ends = None
+        taken = "lpt"   # the queue order the assignment takes (queue_order, or LPT's)
         if mode == "auto" and maxc > 1:
             ends = _ACC(nchunk, dtype=np.int64)
             # (n <= C or over max_items: the balanced layout decides, or refuses; past 2 items per
@@ -567,12 +577,19 @@ class Planner:
                         con = self._contiguous(decode, t_req, t_qs, t_qlen, t_kv, partials)
                     if _top(con["loads"]) < top:
                         return _shift(con, t_k0)
+            if self.queue_order != "lpt" and order is not None and mode in ("auto", "balanced"):
+                # (auto's partition is decided above on LPT's loads; only the queues change)
+                r_order, r_cta, r_loads = queue_orders.request_rounds(it[0], cost, C, self._ar)
+                keep = queue_orders.within_slack(r_loads, _top(loads))
+                if keep:
+                    order, cta, loads = r_order, r_cta, r_loads
+                    taken = self.queue_order
             q = cta.argsort(kind="stable")     # queue order: (cta, assignment order)
             final = q if order is None else order[q]
             counts = np.bincount(cta, minlength=C)
         res = dict(n=n, L=int(L), loads=loads, counts=counts, items=it, final=final,
                    merge_rows=0, partial_rows=0, split_tiles=0,
-                   mode="balanced" if mode == "auto" else mode)
+                   mode="balanced" if mode == "auto" else mode, queue_order=taken)
         if maxc > 1:
             self._partials(res, it, nchunk, t_qlen, t_qs, i_tile, i_chunk, decode, partials, t_kv)
             res["i_tile"] = i_tile
