@@ -34,14 +34,16 @@ class BatchPrefillWrapper(PlannedWrapper):
                  avg_qo_len: float | None = None, variant="causal", dtype: str = "bfloat16",
                  kv_layout: str = "NHD", mode: str = "auto", chunk_tokens: int = 2048, pdl: bool = True,
                  num_ctas: int | None = None, tile: dict | None = None, device=None, workspace=None,
-                 num_pages_pool: int | None = None):
+                 num_pages_pool: int | None = None, queue_order: str = "lpt"):
         """`max_pages` bounds the pages of one step (paged KV); `max_kv_tokens` the KV tokens
         (ragged KV). `avg_qo_len` (default: max_qo_len or 1024, whichever is smaller) picks
         the query tile: the smallest of 16..128 fused rows covering avg_qo_len x group; on an
         H200 from 128 tokens the wgmma kernel's 64 rows, 128 where the KV bound per request
         (max_pages x page_size / max_batch) reaches 2048 tokens (rtattn.families.prefill).
         `tile`: overrides of the tile policy (mma, rows, tile_kv, num_warps, stages), for A/B runs.
-        `num_pages_pool` (paged KV): as BatchDecodeWrapper's: plan() refuses page ids >= it."""
+        `num_pages_pool` (paged KV): as BatchDecodeWrapper's: plan() refuses page ids >= it.
+        `queue_order`: the planner's ("lpt", the default, or "request": a request's tiles run side by
+        side, rtattn.plan.order; an A/B path until measured)."""
         if kv_layout not in PREFILL_KV_LAYOUTS:
             raise ValueError(f"kv_layout must be one of {PREFILL_KV_LAYOUTS}, got {kv_layout!r}")
         self.ragged = kv_layout == "ragged"
@@ -77,7 +79,7 @@ class BatchPrefillWrapper(PlannedWrapper):
                                tile=family.tile_config(self.tile, head_dim, self.group, self.kernels.ctas_per_sm),
                                max_qo_len=mql, chunk_tokens=chunk_tokens,
                                causal=self.spec.causal,
-                               num_pages_pool=None if self.ragged else num_pages_pool)
+                               num_pages_pool=None if self.ragged else num_pages_pool, queue_order=queue_order)
         self._pool_given = num_pages_pool is not None and not self.ragged
         self._ragged_ids = np.arange(max_pages if self.ragged else 0, dtype=np.int32)
         self._setup_buffers(workspace)

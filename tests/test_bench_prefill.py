@@ -109,3 +109,14 @@ def test_prebuild_compiles_what_the_wrapper_would_load(monkeypatch, capsys):
     assert f"prebuilt {2 * len(want)} rtattn prefill instances for sm_90" in capsys.readouterr().out
     assert [t for v, t, a in built if v == "causal"] == want
     assert {a for *_, a in built} == {"sm_90"} and len({v for v, *_ in built}) == 2
+
+
+def test_queue_order_option_and_what_a_plan_took(monkeypatch):
+    from rtattn.families import prefill as family
+    monkeypatch.setattr(family, "compile_prefill", lambda *a, **k: None)
+    assert bench.main(["--prebuild", "sm_90", "--rows", "16x1024", "--queue-order", "lpt", "request"]) == 0
+    with pytest.raises(SystemExit):
+        bench.main(["--prebuild", "sm_90", "--rows", "16x1024", "--queue-order", "fifo"])
+    assert bench.queue_taken({}) == "" and bench.queue_taken({"queue_order": "lpt", "queue_order_asked": "lpt"}) == ""
+    assert bench.queue_taken({"queue_order": "request", "queue_order_asked": "request"}) == ", q=request"
+    assert bench.queue_taken({"queue_order": "lpt", "queue_order_asked": "request"}) == ", q=lpt (asked request)"

@@ -257,3 +257,18 @@ def test_decode_graphs_step_runs_the_prefill_wrapper():
         want, _ = ref.reference_attention(f64(q), f64(k), f64(v), qi, ip, idx, last, ps, ref.Variant(causal=True))
         assert rel_error(out.float().cpu().numpy(), want) < 2e-2
     assert g.stats["replays"] == 2
+
+
+def test_queue_order_reaches_the_planner(fake_gpu):
+    qo = kv = [1024] * 16
+    ip, idx, last = paged_kv(kv, 16, shuffle_seed=2)
+    plans = {}
+    for order in ("lpt", "request"):
+        w = PW.BatchPrefillWrapper(32, 32, 128, 16, max_batch=16, max_qo_tokens=16384, max_pages=1024,
+                                   queue_order=order)
+        assert w.planner.queue_order == order
+        plans[order] = w.plan(indptr_from_lengths(qo), ip, idx, last)
+    assert plans["lpt"].queue_order == "lpt" and plans["request"].queue_order == "request"
+    assert plans["request"].max_load == plans["lpt"].max_load   # equal requests: balanced either way
+    with pytest.raises(ValueError, match="queue_order"):
+        PW.BatchPrefillWrapper(32, 32, 128, 16, max_batch=16, max_qo_tokens=16384, max_pages=1024, queue_order="x")

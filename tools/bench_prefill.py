@@ -6,6 +6,7 @@ the prefill rows of shared/PERF.md, one process, the same inputs for every libra
     python tools/bench_prefill.py --rt-tiles default q128_kv32_w8_s3 q64_kv32_w4_s3_b3   # tile A/B
     python tools/bench_prefill.py --rt-tiles default sync   # the family's kernel vs mma.sync
     python tools/bench_prefill.py --libs rt fa2 --rt-tiles default x   # the KV stream across items (tile cross)
+    python tools/bench_prefill.py --rows 16x1024 32x512 --shapes 32:32:128:16 --queue-order lpt request   # plan queue order A/B
     python tools/bench_prefill.py --rows 'mtd*' --libs rt rtdec fa2        # multi-token decode
     python tools/bench_prefill.py --rows '8x2048*'          # 8 x 2048 causal and its variant rows
     python tools/bench_prefill.py --rows '*-window' 8x2048  # every window row and a causal twin
@@ -259,12 +260,12 @@ def parse_tile(tag: str) -> dict:
     return out
 
 
-def bench_rtattn(ctx, x: Inputs, tile: str | None) -> dict:
+def bench_rtattn(ctx, x: Inputs, tile: str | None, queue_order: str = "lpt") -> dict:
     import torch
     from rtattn.prefill_wrapper import BatchPrefillWrapper
     w = BatchPrefillWrapper(HQ, HKV, D, PAGE, max_batch=len(x.qo), max_qo_tokens=x.tokens, max_pages=x.pages,
                             max_qo_len=int(x.qo.max()), variant=rt_spec(x.row.variant),
-                            tile=parse_tile(tile) if tile else None)
+                            tile=parse_tile(tile) if tile else None, queue_order=queue_order)
     t0 = time.perf_counter()
     w.plan(x.qo_indptr, x.indptr, x.indices, x.last, window_left=WINDOW if x.row.variant == "window" else None)
     plan_us = (time.perf_counter() - t0) * 1e6
@@ -275,7 +276,7 @@ def bench_rtattn(ctx, x: Inputs, tile: str | None) -> dict:
     res = _measure(ctx, x, calls, outs)
     res.update(plan_us=plan_us, tile=w.tile.tag, num_ctas=w.num_ctas, items=w.info.num_items,
                merge_rows=w.info.num_merge_rows, regs=w.kernels.attention.attributes()["num_regs"],
-               ctas_per_sm=w.kernels.ctas_per_sm)
+               ctas_per_sm=w.kernels.ctas_per_sm, queue_order=w.info.queue_order, queue_order_asked=queue_order)
     return res
 
 
@@ -412,6 +413,12 @@ def parse_shapes(specs) -> list[tuple[str, int, int]]:
     return out
 
 
+def queue_taken(r: dict) -> str:
+    """', q=ORDER' for a plan whose queue order is not LPT's, or that asked for another and kept LPT's."""
+    asked, took = r.get("queue_order_asked", "lpt"), r.get("queue_order", "lpt")
+    return "" if asked == took == "lpt" else f", q={took}" + ("" if took == asked else f" (asked {asked})")
+
+
 def shape_name() -> str:
     return f"{HQ}/{HKV} d{D} p{PAGE}"
 
@@ -427,13 +434,13 @@ def run_rows(ctx, rows, args, t0: float) -> dict:
         x = Inputs(row)
         res = {}
         for lib in args.libs:
-            for tile in (args.rt_tiles if lib == "rt" else [None]):
+            for tile, order in ([(t, o) for t in args.rt_tiles for o in args.queue_order] if lib == "rt" else [(None, "lpt")]):
                 tile = None if tile == "default" else tile
-                key = lib if tile is None else f"rt:{tile}"
+                key = (lib if tile is None else f"rt:{tile}") + ("" if order == "lpt" else f"+{order}")
                 try:
                     with torch.cuda.stream(ctx.stream):
                         if lib == "rt":
-                            res[key] = bench_rtattn(ctx, x, tile)
+                            res[key] = bench_rtattn(ctx, x, tile, order)
                         elif lib in ("fa2", "fa3"):
                             res[key] = bench_flashinfer(ctx, x, lib)
                         elif lib in ("sdpa", "sdpa-flash"):
@@ -445,12 +452,15 @@ def run_rows(ctx, rows, args, t0: float) -> dict:
         results[row.name] = res
         cells = []
         for key, r in res.items():
-            tile = f" [{r['tile']}]" if r.get("ok") and "tile" in r else ""   # the kernel and tile that ran
+            tile = f" [{r['tile']}{queue_taken(r)}]" if r.get("ok") and "tile" in r else ""   # the kernel and tile that ran
             cells.append(f"{key} {r['tflops']:.0f} ({r['us']:.0f} us){tile}" if r.get("ok") and "tflops" in r else
                          f"{key} {'ERR' if 'error' in r else 'WRONG' if r.get('rel_err') == r.get('rel_err') else '-'}")
         rt = next((r for k, r in res.items() if k.startswith("rt") and r.get("ok")), None)
         fa2 = res.get("fa2", {})
         ratio = f" ratio vs fa2 {rt['tflops'] / fa2['tflops']:.2f}" if rt and fa2.get("ok") else ""
+        ratio += "".join(f" | {k} / {k.rsplit('+', 1)[0]} {r['tflops'] / res[k.rsplit('+', 1)[0]]['tflops']:.3f}"
+                         for k, r in res.items() if k.startswith("rt") and "+" in k and r.get("ok")
+                         and res.get(k.rsplit("+", 1)[0], {}).get("ok"))   # a queue order against LPT's
         choice = f" | {family_choice(x)}" if "rtdec" in args.libs and row.variant == "causal" else ""
         print(f"{row.name:22s} " + " | ".join(cells) + ratio + choice, flush=True)
         for key, r in res.items():
@@ -489,6 +499,8 @@ def main(argv=None) -> int:
                          "sdpa (torch SDPA, cuDNN backend), sdpa-flash (torch SDPA, flash backend)")
     ap.add_argument("--rt-tiles", nargs="*", default=[None],
                     help="tile overrides to A/B, e.g. default q128_kv32_w8_s3 ('default': the policy's tile, key rt)")
+    ap.add_argument("--queue-order", nargs="*", default=["lpt"], choices=["lpt", "request"],
+                    help="plan queue orders to A/B for every rt tile (lpt: the default, key rt; request: key rt+request)")
     ap.add_argument("--samples", type=int, default=20)
     ap.add_argument("--budget-s", type=float, default=400, help="stop starting rows after this many seconds")
     ap.add_argument("--json", help="write the results here")

@@ -16,6 +16,7 @@
 #   INVARIANT_MODES="auto batch-invariant batch-invariant+c256" ...   # bench-invariant's --rt-modes
 #   CASCADE_LIBS=rt-casc,rt-wg,fi-casc PREFILL_TILES="default x" ...   # bench_cascade's libs (CASCADE_ARGS=--breakdown), bench_prefill's tile A/B
 #   PREFILL_SHAPES="32:8:64:16 ..." PREFILL_SHAPE_ROWS="16x1024 ..."   # bench-prefill-shapes' neighbourhood (HQ:HKV:D:PAGE)
+#   PREFILL_QUEUE_ORDERS="lpt request" ...   # bench-prefill-shapes' plan queue orders (rt, rt+request) A/B
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1
@@ -96,8 +97,10 @@ stage bench-prefill "$T_BENCH" "$PY" tools/bench_prefill.py --libs rt fa2 --rt-t
 stage bench-prefill-peers "$T_BENCH" "$PY" tools/bench_prefill.py --libs rt fa3 sdpa sdpa-flash --samples 10 \
     --budget-s "$((T_BENCH - 30))" --rows 16x1024 4x4096 32x512 1x16384
 read -r -a PF_SHAPES <<< "${PREFILL_SHAPES:-32:8:64:16 32:8:256:16 32:32:128:16 32:4:128:16 32:2:128:16 32:8:128:1 32:8:128:64}"
+read -r -a PF_ORDERS <<< "${PREFILL_QUEUE_ORDERS:-lpt}"
 stage bench-prefill-shapes "$T_BENCH" "$PY" tools/bench_prefill.py --libs rt fa2 --samples 5 --budget-s "$((T_BENCH - 10))" \
-    --shapes "${PF_SHAPES[@]}" --rows ${PREFILL_SHAPE_ROWS:-16x1024 32x512 4x4096 16xheavy1024}   # the neighbourhood, one process
+    --shapes "${PF_SHAPES[@]}" --rows ${PREFILL_SHAPE_ROWS:-16x1024 32x512 4x4096 16xheavy1024} \
+    --queue-order "${PF_ORDERS[@]}"   # the neighbourhood, one process
 stage bench-family "$((T_BENCH + 10))" bash -c "$PY tools/bench_prefill.py --libs rt rtdec --rows 'mtd*' --budget-s $((T_BENCH / 2 - 5)) && \
     $PY tools/bench_decode.py --no-flashinfer --rows 'g*' b16-all1024-kv8 s64x4096 --rt-modes auto auto+prefill \
     --deadline $((T_BENCH / 2 - 5))"
