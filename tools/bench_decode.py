@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Decode benchmark: rtattn vs FlashInfer 0.7.4 on the shared/PERF.md rows, one process.
 
-    source tools/peer_setup.sh && python tools/bench_decode.py            # all 14 rows
+    source tools/peer_setup.sh && python tools/bench_decode.py            # every row but the n-* ones
+    python tools/bench_decode.py --nbhd                                   # the neighbourhood (n-*), 14 rows
     python tools/bench_decode.py --quick                                  # 3 rows
     python tools/bench_decode.py --quick --fp8                            # 3 rows + the fp8 KV rows
     python tools/bench_decode.py --rows 'b16-*-kv4' s256x4096 --no-flashinfer
@@ -10,7 +11,9 @@
 
 bf16, head_dim 128, page 16, NHD, pages scattered (random permutation of page ids), unless a
 row says otherwise: variant rows (v*: soft-cap, sliding window, attention sinks), wide head
-groups (g16-*, g32-*) and token-level pages (p1-*) name their variant, heads and page size.
+groups (g16-*, g32-*), token-level pages (p1-*) and the neighbourhood (n-*: heads 28/4, 40/8, 64/8,
+16/8 d256 with soft-cap 50, 32/32 on 128-token pages, 8/1 on 2-token pages, batch 1 to 512; only with
+--nbhd or --rows) name their variant, heads and page size.
 Window rows count the bytes of the KV a query can see (min(kv, window + 1) tokens). FlashInfer
 0.7.4's cc/tc decode has no attention sinks: sinks rows time its plain (or window) path, a
 lower bound of what a sink would cost it. fp8 rows (f8-*, -e4m3 / -e5m2): bf16 q, a KV cache of
@@ -133,18 +136,46 @@ def _rows() -> list[Row]:
                                ("f8-256x4096-e5m2", "s256x4096", "float8_e5m2", None)):
         r = by_name[base]
         rows.append(Row(name, f"{r.label} {name[-4:]}", r.hq, r.hkv, r.gen, (cc, None), r.seed, kv=kv))
-    return rows
+    return rows + _nbhd_rows(c1024, c4096, c2048)
+
+
+def _nbhd_rows(c1024, c4096, c2048) -> list[Row]:
+    """The neighbourhood (n-*): shapes of real models and batches no other row has -- head groups
+    5 and 7, 64 query heads, Gemma-2's d256 16/8 with its soft-cap 50, MHA on 128-token pages, one
+    KV head on 2-token pages, d64 on 64-token pages, batch 1 x 32K, 512 x 512, 128 heavy-tailed.
+    No PERF.md figure for any; FlashInfer in the same run is the peer."""
+    none = (None,)
+    c16k4 = lambda r: np.full(16, 4096, np.int64)  # noqa: E731
+    return [
+        Row("n-q28k4-16x1024", "16x1024 28/4 (g=7)", 28, 4, c1024, none, "b16-all1024"),
+        Row("n-q28k4-64x4096", "64x4096 28/4 (g=7)", 28, 4, c4096, none, "s64x4096"),
+        Row("n-q40k8-16x1024", "16x1024 40/8 (g=5)", 40, 8, c1024, none, "b16-all1024"),
+        Row("n-q40k8-64x4096", "64x4096 40/8 (g=5)", 40, 8, c4096, none, "s64x4096"),
+        Row("n-q64k8-64x4096", "64x4096 64/8", 64, 8, c4096, none, "s64x4096"),
+        Row("n-q16k8-d256-16x4096", "16x4096 16/8 d256", 16, 8, c16k4, none, "n-16x4096", head_dim=256),
+        Row("n-q16k8-d256-cap50", "16x4096 cap50 16/8 d256", 16, 8, c16k4, none, "n-16x4096", head_dim=256,
+            soft_cap=50.0, twin="n-q16k8-d256-16x4096"),
+        Row("n-q32k32-p128-16x1024", "16x1024 32/32 page 128", 32, 32, c1024, none, "b16-all1024", page=128),
+        Row("n-q8k1-p2-16x1024", "16x1024 8/1 page 2", 8, 1, c1024, none, "b16-all1024", page=2),
+        Row("n-q28k4-p4-64x2048", "64x2048 28/4 page 4", 28, 4, c2048, none, "g-64x2048", page=4),
+        Row("n-q28k4-1x32768", "1x32768 28/4 (g=7)", 28, 4, lambda r: np.array([32768], np.int64), none, "s1x32k"),
+        Row("n-512x512", "512x512 32/8", 32, 8, lambda r: np.full(512, 512, np.int64), none, "n-512x512"),
+        Row("n-128xheavy1024", "128xheavy(1024) 32/8", 32, 8, lambda r: bc.lengths_heavy(r, 128, 1024), none,
+            "n-128xheavy1024"),
+        Row("n-d64-p64-64x2048", "64x2048 32/8 d64 page 64", 32, 8, c2048, none, "g-64x2048", head_dim=64, page=64),
+    ]
 
 
 ROWS = _rows()
 QUICK = ["b16-all1024-kv4", "b16-heavy-kv8", "s256x4096"]
 NEW = ["b16-all1024-kv8", "s64x4096", "v*", "g*", "p1-*", "d256-*"]   # issue 11's rows and their plain twins
 FP8 = ["f8-*"]
+NBHD = ["n-*"]   # the neighbourhood (_nbhd_rows): only when asked for (--nbhd, --rows 'n-*')
 
 
 def select_rows(patterns) -> list[Row]:
-    if not patterns:
-        return list(ROWS)
+    if not patterns:   # every row but the neighbourhood's
+        return [r for r in ROWS if not any(fnmatch.fnmatchcase(r.name, p) for p in NBHD)]
     picked = [r for r in ROWS if any(fnmatch.fnmatchcase(r.name, p) for p in patterns)]
     unknown = [p for p in patterns if not any(fnmatch.fnmatchcase(r.name, p) for r in ROWS)]
     if unknown:
@@ -155,6 +186,19 @@ def select_rows(patterns) -> list[Row]:
 def row_bytes(row: Row, lens) -> tuple[int, int]:
     return bc.decode_bytes(row.visible(lens), row.hq, row.hkv, row.head_dim,
                            kv_itemsize=1 if row.kv != "bfloat16" else None)
+
+
+def gpu_seconds(rows, samples: int = 30, warmup: int = 5, passes: int = len(LIBS)) -> float:
+    """A-priori GPU time of timing `rows` (each pass: one eager call per copy, the graph's capture
+    run, `warmup` + `samples` replays of launches_per_graph calls, at bench_common.estimate_us per
+    call). Host work (inputs, references, plans, FlashInfer's JIT builds) is not in it."""
+    total_us = 0.0
+    for row in rows:
+        nbytes = sum(row_bytes(row, row.lengths()))
+        est, copies = bc.estimate_us(nbytes), bc.rotation_copies(nbytes)
+        n = bc.launches_per_graph(est, copies)
+        total_us += passes * est * (2 * copies + n * (warmup + samples + 1))
+    return total_us / 1e6
 
 
 # ---------------------------------------------------------------- results and the table
@@ -582,6 +626,8 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help=f"only {' '.join(QUICK)}")
     ap.add_argument("--new", action="store_true", help=f"issue 11's rows: {' '.join(NEW)} (with --quick: both)")
     ap.add_argument("--fp8", action="store_true", help="add the fp8 KV rows (f8-*)")
+    ap.add_argument("--nbhd", action="store_true",
+                    help="add the neighbourhood rows (n-*: other heads, groups, head dims, pages, batches)")
     ap.add_argument("--prebuild-fi", action="store_true",
                     help="only JIT-build FlashInfer's modules for the selected rows, then exit")
     ap.add_argument("--rows", nargs="+", metavar="NAME", help="row names or glob patterns")
@@ -600,7 +646,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.selftest:
         return selftest()
-    picks = args.rows or ((QUICK if args.quick else []) + (NEW if args.new else []) + (FP8 if args.fp8 else [])) or None
+    picks = args.rows or ((QUICK if args.quick else []) + (NEW if args.new else []) + (FP8 if args.fp8 else [])
+                          + (NBHD if args.nbhd else [])) or None
     rows = select_rows(picks)
     if args.prebuild_fi:
         return prebuild_flashinfer(rows)
@@ -613,7 +660,8 @@ def main(argv=None) -> int:
     import torch
     ctx.stream = torch.cuda.Stream()
     ctx.meta.update(gpu=torch.cuda.get_device_name(), torch=torch.__version__, rows=[r.name for r in rows])
-    ctx.log(f"{ctx.meta['gpu']}, torch {torch.__version__}, {len(rows)} rows")
+    ctx.log(f"{ctx.meta['gpu']}, torch {torch.__version__}, {len(rows)} rows "
+            f"(~{gpu_seconds(rows, args.samples):.0f} s of timed GPU work predicted)")
     if not args.no_flashinfer:
         try:
             import flashinfer
@@ -642,7 +690,7 @@ def selftest() -> int:
         assert sorted(x) == sorted(y), "stratified: only the order depends on the seed"
     x = bc.lengths_heavy(np.random.default_rng(0), 4, 8192, sigma=3.0)  # clipping must be absorbed
     assert x.sum() == 4 * 8192 and x.max() <= bc.HEAVY_MAX and x.min() >= 1, x
-    heavy = [r for r in ROWS if "heavy" in r.name]
+    heavy = [r for r in ROWS if "heavy" in r.name and r.name.startswith("b16-")]
     assert all((r.lengths() == heavy[0].lengths()).all() for r in heavy), "same lengths for every head count"
     assert all((r.lengths() == r.lengths()).all() for r in heavy)
     assert max(int(r.lengths().max()) for r in heavy) > 2 * 1024, "heavy rows should have a tail"
@@ -681,8 +729,39 @@ def selftest() -> int:
     st = bc.summarize([5, 1, 3, 2, 4])
     assert st["median"] == 3 and st["p10"] == 1 and st["p90"] == 5
     assert abs(bc.geomean([1, 4]) - 2) < 1e-12
-    # rows: 14, unique names, selection by name and glob
-    assert len(ROWS) == 29 and len({r.name for r in ROWS}) == 29
+    # rows: unique names, selection by name and glob; the neighbourhood only when asked for
+    assert len(ROWS) == 43 and len({r.name for r in ROWS}) == 43
+    nb = select_rows(NBHD)
+    assert len(nb) == 14 and all(r.name.startswith("n-") for r in nb) and len(select_rows(None)) == 29
+    assert not set(select_rows(None)) & set(nb) and [r.name for r in select_rows(["n-*"])] == [r.name for r in nb]
+    groups = {r.hq // r.hkv for r in nb}
+    assert {5, 7, 8, 2, 1, 4} <= groups and {2, 4, 16, 64, 128} <= {r.page for r in nb}
+    assert {64, 128, 256} == {r.head_dim for r in nb} and {1, 512, 128} <= {len(r.lengths()) for r in nb}
+    cap = next(r for r in nb if r.soft_cap)
+    assert (cap.soft_cap, cap.head_dim, cap.hq, cap.hkv, cap.variant) == (50.0, 256, 16, 8, "soft_cap")
+    twin = next(r for r in nb if r.name == cap.twin)
+    assert (twin.lengths() == cap.lengths()).all() and row_bytes(twin, twin.lengths()) == row_bytes(cap, cap.lengths())
+    heavy = next(r for r in nb if "heavy" in r.name)
+    assert heavy.lengths().sum() == 128 * 1024 and heavy.lengths().max() > 4 * 1024 and heavy.lengths().max() <= bc.HEAVY_MAX
+    for r in nb:   # page tables at the row's own page size: every token, pages scattered
+        lens = r.lengths()
+        ip, idx, last = bc.page_table(bc.rng_for(r.seed, 1), lens, r.page)
+        assert ((np.diff(ip) - 1) * r.page + last == lens).all() and r.hq % r.hkv == 0, r.name
+        assert len(r.name) <= 22 and r.perf_md == (None,), r.name   # the table's row column; no PERF.md figure
+    # bytes: 28/4 moves the same KV as 32/4 (7/8 of its q and o); 64/8 the KV of 32/8, twice the q and o
+    by = {r.name: r for r in ROWS}
+    kv7, qo7 = row_bytes(by["n-q28k4-16x1024"], np.full(16, 1024))
+    kv4, qo4 = row_bytes(by["b16-all1024-kv4"], np.full(16, 1024))
+    assert kv7 == kv4 and 8 * qo7 == 7 * qo4
+    assert sum(row_bytes(by["n-512x512"], by["n-512x512"].lengths())) == 512 * 512 * 8 * 128 * 4 + 512 * 32 * 128 * 4
+    # the neighbourhood's timed GPU work (3 passes, graph-timed) stays well inside gpu_all's stage
+    t_nb = gpu_seconds(nb)
+    assert 1.0 < t_nb < 30.0, t_nb
+    print(f"neighbourhood: {len(nb)} rows, {sum(sum(row_bytes(r, r.lengths())) for r in nb) / 1e9:.1f} GB per "
+          f"call set, ~{t_nb:.1f} s of timed GPU work (3 passes)")
+    for r in nb:
+        print(f"  {r.name:<22} {r.label:<26} {sum(row_bytes(r, r.lengths())) / 1e6:8.1f} MB  "
+              f"{gpu_seconds([r]):5.2f} s")
     f8 = select_rows(FP8)
     assert [r.kv for r in f8] == ["float8_e4m3fn"] * 3 + ["float8_e5m2"] and f8[2].seed == "s256x4096"
     assert sum(row_bytes(f8[2], f8[2].lengths())) == 256 * 4096 * 8 * 128 * 2 + 256 * 32 * 128 * 2 * 2
