@@ -10,7 +10,9 @@ Rows (shared/PERF.md "Composable formats"): decode, one shared prefix of 1K/8K/3
 batch 16/64, each request's own suffix 128 tokens, 32/8 heads, head_dim 128, page 16, bf16,
 pages scattered. Tree rows ("automatic-level plans"): a system prompt shared by all, groups of
 requests sharing their own prompt, suffix 128; rtattn builds the levels itself
-(share_prefixes=True) and FlashInfer's cascade is given the same levels.
+(share_prefixes=True) and FlashInfer's cascade is given the same levels. Neighbourhood rows (nb-*,
+no PERF.md figure): one shared prefix of 2K / 4K / 16K tokens x batch 8 / 32 / 128 at 32/4, 64/8
+and 28/4 heads, each request's own suffix U(64, 512) tokens (its last page partly filled).
 
 Libraries, one process, same inputs: fi-casc (MultiLevelCascadeAttentionWrapper), fi-cc and
 fi-tc (BatchDecodeWithPagedKVCacheWrapper over each request's whole page table: single
@@ -73,34 +75,58 @@ def rows():
     out = [(f"p{p}x{b}", dict(system=p, groups=((b, 0),))) for p in (1024, 8192, 32768) for b in (16, 64)]
     out += [("tree-1Kx8x8K", dict(system=1024, groups=((8, 8192),) * 8)),
             ("tree-4Kx16x1K", dict(system=4096, groups=((4, 1024),) * 16))]
-    return out
+    return out + NBHD_ROWS
+
+
+# the neighbourhood: other heads (HEADS), batches and prefixes, suffixes of U(64, 512) tokens
+NB_SUFFIX = (64, 512)
+NBHD_ROWS = [(f"nb-{p // 1024}Kx{b}-q{hq}k{hkv}", dict(system=p, groups=((b, 0),), heads=(hq, hkv), suffix=NB_SUFFIX))
+             for p, b, (hq, hkv) in ((2048, 8, (32, 4)), (2048, 128, (32, 4)), (16384, 32, (32, 4)),
+                                     (4096, 32, (64, 8)), (4096, 128, (64, 8)), (16384, 8, (64, 8)),
+                                     (2048, 32, (28, 4)))]
+
+
+def heads(spec: dict) -> tuple[int, int]:
+    """(query heads, KV heads) of a row (HQ/HKV unless it names its own)."""
+    return spec.get("heads", (HQ, HKV))
+
+
+def suffix_lengths(spec: dict, seed: int = 0) -> np.ndarray:
+    """Each request's own suffix in tokens: SUFFIX, or U(lo, hi) at stratified quantiles."""
+    B = sum(n for n, _ in spec["groups"])
+    suffix = spec.get("suffix", SUFFIX)
+    if isinstance(suffix, int):
+        return np.full(B, suffix, np.int64)
+    return bc.lengths_uniform(np.random.default_rng(seed + 7), B, *suffix)
 
 
 def page_tables(spec: dict, seed: int = 0):
     """Requests = system prompt + their group's prompt + own suffix; page ids scattered."""
     rng = np.random.default_rng(seed)
-    sp, gp, own = spec["system"] // PAGE, [g // PAGE for _, g in spec["groups"]], SUFFIX // PAGE
-    B = sum(n for n, _ in spec["groups"])
-    total = sp + sum(gp) + B * own
+    sp, gp = spec["system"] // PAGE, [g // PAGE for _, g in spec["groups"]]
+    suffix = suffix_lengths(spec, seed)
+    B, own = len(suffix), -(-suffix // PAGE)
+    total = sp + sum(gp) + int(own.sum())
     ids = rng.permutation(total).astype(np.int32)
     system, at, reqs = ids[:sp], sp, []
     for (n, _), p in zip(spec["groups"], gp):
         group, at = ids[at:at + p], at + p
         for _ in range(n):
-            reqs.append(np.concatenate([system, group, ids[at:at + own]]))
-            at += own
+            mine = int(own[len(reqs)])
+            reqs.append(np.concatenate([system, group, ids[at:at + mine]]))
+            at += mine
     kv_indptr = np.zeros(B + 1, np.int32)
     kv_indptr[1:] = np.cumsum([len(r) for r in reqs])
-    return kv_indptr, np.concatenate(reqs), np.full(B, PAGE, np.int32), total
+    return kv_indptr, np.concatenate(reqs), (suffix - (own - 1) * PAGE).astype(np.int32), total
 
 
 # ---------------------------------------------------------------- plan() host time (CPU)
-def shared_kw(batch: int) -> dict:
+def shared_kw(batch: int, hq: int = HQ, hkv: int = HKV) -> dict:
     """CascadePlanner.create's prefill arguments as CascadeWrapper plans shared groups of up to
     `batch` decode queries (H200 description, the default kernel): tile, cost rule, threshold, join_levels."""
     from rtattn.cascade import shared_level_kw
     from rtattn.plan.devices import get_device
-    return shared_level_kw(get_device("h200"), HQ, HKV, D, PAGE, batch)
+    return shared_level_kw(get_device("h200"), hq, hkv, D, PAGE, batch)
 
 
 def bench_plan(reps: int) -> None:
@@ -118,7 +144,7 @@ def bench_plan(reps: int) -> None:
             ts.append(time.perf_counter() - t0)
         return float(np.median(ts) * 1e6)
 
-    print(f"plan() host time, h200 description, {HQ}/{HKV} heads, page {PAGE} (median us of {reps}; "
+    print(f"plan() host time, h200 description, {HQ}/{HKV} heads (nb-*: their own), page {PAGE} (median us of {reps}; "
           f"plain and cascade interleaved; the cascade plans as CascadeWrapper: shared groups on prefill tiles)")
     print("each call is another decode step (the requests' last pages fill up: 8 page tables in turn); 'cold' "
           "forgets the shared groups' schedules before every call (a step after requests joined or left)")
@@ -126,12 +152,12 @@ def bench_plan(reps: int) -> None:
           f"{'cold ratio':>10} {'levels given':>12}")
     for name, spec in rows():
         kv_indptr, idx, last, total = page_tables(spec)
-        B = len(last)
+        B, (hq, hkv) = len(last), heads(spec)
         steps = [1 + (np.arange(B, dtype=np.int32) + k) % PAGE for k in range(8)]
         qo = np.arange(B + 1, dtype=np.int32)
-        plain = Planner(B, B, int(kv_indptr[-1]), HQ, HKV, D, PAGE)
+        plain = Planner(B, B, int(kv_indptr[-1]), hq, hkv, D, PAGE)
         pbuf = plain.layout.allocate()
-        casc = CascadePlanner.create(B, B, total, HQ, HKV, D, PAGE, num_levels=3, max_rows=32, **shared_kw(B))
+        casc = CascadePlanner.create(B, B, total, hq, hkv, D, PAGE, num_levels=3, max_rows=32, **shared_kw(B, hq, hkv))
         cbuf = casc.planset.allocate()
         lv = share_prefixes(kv_indptr, idx, last, PAGE, max_levels=3)
         step = iter(range(1 << 62))
@@ -155,7 +181,8 @@ def reference(q, k, v, kv_indptr, kv_indices, kv_last_page_len):
     (k, v: [pages, PAGE, HKV, D]); query head h reads KV head h // (HQ // HKV)."""
     import torch
     pages = torch.from_numpy(kv_indices.astype(np.int64)).to(k.device)
-    B, g = len(kv_last_page_len), HQ // HKV
+    (B, HQ, D), HKV = q.shape, k.shape[2]
+    g = HQ // HKV
     out = torch.empty(B, HQ, D, device=k.device)
     for b in range(B):
         s, e = int(kv_indptr[b]), int(kv_indptr[b + 1])
@@ -176,7 +203,8 @@ class Inputs:
         import torch
         self.kv_indptr, self.idx, self.last, self.pages = page_tables(spec, seed)
         self.B = len(self.last)
-        self.lens = np.diff(self.kv_indptr).astype(np.int64) * PAGE
+        self.hq, self.hkv = HQ, HKV = heads(spec)
+        self.lens = (np.diff(self.kv_indptr).astype(np.int64) - 1) * PAGE + self.last
         self.unique_bytes = self.pages * PAGE * HKV * D * 2 * bc.BF16 + 2 * self.B * HQ * D * bc.BF16
         self.copies = copies or bc.rotation_copies(self.unique_bytes)
         g = torch.Generator(device=device).manual_seed(seed + 1)
@@ -211,12 +239,12 @@ def measure(x: Inputs, stream, calls, outs, samples: int) -> dict:
     return {"us": t["median"], "err": err, "ok": err < TOL}
 
 
-def wrapper_shared_tile(batch: int, mma: str = "auto"):
+def wrapper_shared_tile(batch: int, mma: str = "auto", group: int = HQ // HKV):
     """The shared tile CascadeWrapper picks on the H200 for `batch` decode queries (rt-128's test:
     its rows on mma.sync; rt-ov1's and rt-wide's: its CTAs per SM)."""
     from rtattn.cascade import shared_prefill_tile
     from rtattn.plan.devices import get_device
-    return shared_prefill_tile(get_device("h200"), D, HQ // HKV, PAGE, batch, mma)
+    return shared_prefill_tile(get_device("h200"), D, group, PAGE, batch, mma)
 
 
 @contextlib.contextmanager
@@ -248,7 +276,7 @@ def bench_lib(lib: str, x: Inputs, stream, ws, samples: int, breakdown: bool = F
         import flashinfer
         qo, kvp, ids, last = fi_levels(x)
         w = flashinfer.MultiLevelCascadeAttentionWrapper(len(qo), ws, "NHD")
-        w.plan(qo, kvp, ids, last, HQ, HKV, D, PAGE, q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16)
+        w.plan(qo, kvp, ids, last, x.hq, x.hkv, D, PAGE, q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16)
         try:   # write into our output where this version takes out= (else one copy, ~1 µs)
             w.run(x.q[0], x.kv[0], out=outs[0])
             calls = [lambda c=c: w.run(x.q[c], x.kv[c], out=outs[c]) for c in range(x.copies)]
@@ -260,23 +288,24 @@ def bench_lib(lib: str, x: Inputs, stream, ws, samples: int, breakdown: bool = F
         import flashinfer
         w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", use_tensor_cores=lib == "fi-tc")
         a = [torch.from_numpy(t).cuda() for t in (x.kv_indptr, x.idx, x.last)]
-        w.plan(*a, HQ, HKV, D, PAGE, q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16)
+        w.plan(*a, x.hq, x.hkv, D, PAGE, q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16)
         calls = [lambda c=c: w.run(x.q[c], x.kv[c], out=outs[c]) for c in range(x.copies)]
     elif lib == "rt-single":
         from rtattn import BatchDecodeWrapper
-        w = BatchDecodeWrapper(HQ, HKV, D, PAGE, max_batch=x.B, max_pages=int(x.kv_indptr[-1]))
+        w = BatchDecodeWrapper(x.hq, x.hkv, D, PAGE, max_batch=x.B, max_pages=int(x.kv_indptr[-1]))
         w.plan(x.kv_indptr, x.idx, x.last, stream=stream)
         launches = [w.prepare(x.q[c], *x.kv[c], out=outs[c], stream=stream) for c in range(x.copies)]
         calls = [lambda l=l: l(torch.cuda.current_stream()) for l in launches]
     else:
         from rtattn import CascadeWrapper
-        if lib == "rt-128" and wrapper_shared_tile(x.B, "sync").rows == 128:
+        g = x.hq // x.hkv
+        if lib == "rt-128" and wrapper_shared_tile(x.B, "sync", g).rows == 128:
             return {"skipped": "the wrapper's own tile is 128 rows here (rt-pre)"}
-        if lib in ("rt-ov1", "rt-wide") and wrapper_shared_tile(x.B).min_blocks == 1:
+        if lib in ("rt-ov1", "rt-wide") and wrapper_shared_tile(x.B, group=g).min_blocks == 1:
             return {"skipped": "the shared tile runs one CTA per SM here (rt-casc)"}
         with tile_rows(128 if lib == "rt-128" else None):
             # max_pages: the page table's length, so that the flat plan fits where it is chosen
-            w = CascadeWrapper(3, HQ, HKV, D, PAGE, max_batch=x.B, max_pages=int(x.kv_indptr[-1]), **RT_CASC[lib])
+            w = CascadeWrapper(3, x.hq, x.hkv, D, PAGE, max_batch=x.B, max_pages=int(x.kv_indptr[-1]), **RT_CASC[lib])
         t0 = time.perf_counter()
         w.plan(None, x.kv_indptr, x.idx, x.last, share_prefixes=True, stream=stream)
         info.update(plan_us=(time.perf_counter() - t0) * 1e6, levels=w.info.num_levels, list=w.launch_list(),
@@ -406,19 +435,34 @@ def selftest(reference_checks: bool = True) -> int:
     for name, spec in rows():
         kv_indptr, idx, last, total = page_tables(spec)
         B = sum(n for n, _ in spec["groups"])
-        sp, own = spec["system"] // PAGE, SUFFIX // PAGE
-        assert len(last) == B and (last == PAGE).all() and sorted(set(idx.tolist())) == list(range(total)), name
+        suffix = suffix_lengths(spec)
+        sp, own = spec["system"] // PAGE, -(-suffix // PAGE)
+        assert len(last) == B and ((1 <= last) & (last <= PAGE)).all() and sorted(set(idx.tolist())) == list(range(total)), name
+        assert ((own - 1) * PAGE + last == suffix).all(), f"{name}: the last page holds the suffix's tail"
         reqs = [idx[kv_indptr[b]:kv_indptr[b + 1]] for b in range(B)]
         assert all((r[:sp] == reqs[0][:sp]).all() for r in reqs), name
         at = 0
         for n, g in spec["groups"]:
             grp = reqs[at:at + n]
-            assert all(len(r) == sp + g // PAGE + own and (r[:sp + g // PAGE] == grp[0][:sp + g // PAGE]).all()
-                       for r in grp), name
+            assert all(len(r) == sp + g // PAGE + own[at + i] and (r[:sp + g // PAGE] == grp[0][:sp + g // PAGE]).all()
+                       for i, r in enumerate(grp)), name
             at += n
-        assert len({int(p) for r in reqs for p in r[-own:]}) == B * own, f"{name}: suffixes must be private"
+        assert len({int(p) for r, o in zip(reqs, own) for p in r[len(r) - o:]}) == own.sum(), f"{name}: suffixes must be private"
         lv = share_prefixes(kv_indptr, idx, last, PAGE, max_levels=3)
         assert len(lv) == (3 if name.startswith("tree") else 2) and (lv[0].kv_indices == reqs[0][:sp]).all(), name
+    # the neighbourhood: its own heads and suffixes; the PERF.md rows keep theirs (full 128-token suffixes)
+    nb = [(n, s) for n, s in rows() if n.startswith("nb-")]
+    assert len(nb) == 7 and {heads(s) for _, s in nb} == {(32, 4), (64, 8), (28, 4)}
+    assert {s["system"] for _, s in nb} == {2048, 4096, 16384} and {s["groups"][0][0] for _, s in nb} == {8, 32, 128}
+    for name, spec in nb:
+        suffix = suffix_lengths(spec)
+        assert suffix.min() >= 64 and suffix.max() <= 512 and len(set(suffix.tolist())) > 1, name
+        assert (suffix_lengths(spec) == suffix).all(), "deterministic"
+        assert name == f"nb-{spec['system'] // 1024}Kx{len(suffix)}-q{heads(spec)[0]}k{heads(spec)[1]}", name
+        kw = shared_kw(len(suffix), *heads(spec))   # the H200's shared tile serves every neighbourhood row
+        assert kw and kw["prefill_tile"].max_rows >= heads(spec)[0] // heads(spec)[1], name
+    assert all(heads(s) == (HQ, HKV) and (suffix_lengths(s) == SUFFIX).all() for n, s in rows() if not n.startswith("nb-"))
+    assert fnmatch.filter([n for n, _ in rows()], "nb-*") == [n for n, _ in nb]
     # the table and the verdict: a wrong output keeps its time, gets no ratio, fails the run
     res = {"rt-casc": {"us": 20.0, "err": 1e-3, "ok": True}, "fi-casc": {"us": 25.0, "err": 1e-3, "ok": True},
            "rt-single": {"us": 30.0, "err": 1e-3, "ok": True}, "fi-cc": {"us": 40.0, "err": 1e-3, "ok": True}}
@@ -451,16 +495,17 @@ def _selftest_reference() -> None:
     from rtattn.plan.cascade import CascadePlanner, execute_cascade
     from rtattn.plan.reference import reference_attention
     import torch
-    for spec in (dict(system=64, groups=((3, 32), (2, 0))), dict(system=32, groups=((4, 0),))):
+    for spec in (dict(system=64, groups=((3, 32), (2, 0))), dict(system=32, groups=((4, 0),)),
+                 dict(system=48, groups=((5, 0),), heads=(28, 4), suffix=(9, 70))):   # an nb-* row, small
         x = Inputs(spec, seed=3, device="cpu", copies=2)
         f64 = lambda t: t.float().numpy().astype(np.float64)  # noqa: E731
         qo = np.arange(x.B + 1, dtype=np.int32)
         o64, _ = reference_attention(f64(x.q[0]), f64(x.kv[0][0]), f64(x.kv[0][1]), qo, x.kv_indptr, x.idx, x.last, PAGE)
         err = np.linalg.norm(x.ref.numpy() - o64) / np.linalg.norm(o64)
         assert err < 1e-5, f"bench reference vs float64 reference: {err:.1e}"
-        kw = shared_kw(x.B)
+        kw = shared_kw(x.B, x.hq, x.hkv)
         kw.pop("prefill_saving_us")   # (every shared group on prefill tiles: these small groups would stay on decode)
-        cp = CascadePlanner.create(x.B, x.B, x.pages, HQ, HKV, D, PAGE, num_levels=3, **kw)
+        cp = CascadePlanner.create(x.B, x.B, x.pages, x.hq, x.hkv, D, PAGE, num_levels=3, **kw)
         info = cp.plan_shared(None, x.kv_indptr, x.idx, x.last)
         assert info.num_levels >= 2
         outs = [torch.from_numpy(execute_cascade(info, f64(x.q[c]), f64(x.kv[c][0]), f64(x.kv[c][1]))[0]).float()
