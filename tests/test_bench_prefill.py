@@ -51,9 +51,14 @@ def test_tile_tags_and_shapes():
 
 def test_shapes_name_the_neighbourhood_and_bad_ones_are_refused(monkeypatch, capsys):
     assert bench.parse_shapes(["32:8:64:16", "32:32:128:1"]) == [("32:8", 64, 16), ("32:32", 128, 1)]
-    for bad in ("32:8:64", "32:8:x:16"):
+    for bad in ("32:8:64", "32:8:x:16", "nbhd2"):
         with pytest.raises(SystemExit, match="HQ:HKV:D:PAGE"):
             bench.parse_shapes([bad])
+    # the named neighbourhood: groups 7, 5, 8 (64 heads), 2 (d256), MHA on 128-token pages, d64 on 2-token pages
+    nb = bench.parse_shapes(["nbhd"])
+    assert nb == [("28:4", 128, 16), ("40:8", 128, 16), ("64:8", 128, 16), ("16:8", 256, 16), ("32:32", 128, 128),
+                  ("32:8", 64, 2)]
+    assert bench.parse_shapes(["32:8:64:16", "nbhd"]) == [("32:8", 64, 16)] + nb
     from rtattn.families import prefill as family
     built = []
     monkeypatch.setattr(family, "compile_prefill", lambda spec, tile, arch, quiet=None: built.append(
@@ -68,6 +73,12 @@ def test_shapes_name_the_neighbourhood_and_bad_ones_are_refused(monkeypatch, cap
         bench.set_shape(f"{shape[0]}:{shape[1]}", shape[2], shape[3])
     assert built == [(64, "wg_q128_kv64_w8_s3_pp_b2"), (256, "wg_q128_kv32_w8_s3_pp_b1")]
     assert "32/8 d256 p16 wg_q128_kv64_s3_pp_b2: skipped" in capsys.readouterr().out
+    built.clear()
+    try:   # every neighbourhood shape has a tile for its rows (the policy refuses none of them)
+        assert bench.main(["--prebuild", "sm_90", "--rows", "16x1024", "chunk16x4096+512", "--shapes", "nbhd"]) == 0
+    finally:
+        bench.set_shape(f"{shape[0]}:{shape[1]}", shape[2], shape[3])
+    assert {d for d, _ in built} == {64, 128, 256} and "skipped" not in capsys.readouterr().out
 
 
 def test_variant_rows_run_after_their_causal_twin_and_globs_select_them():

@@ -11,6 +11,7 @@ the prefill rows of shared/PERF.md, one process, the same inputs for every libra
     python tools/bench_prefill.py --rows '8x2048*'          # 8 x 2048 causal and its variant rows
     python tools/bench_prefill.py --rows '*-window' 8x2048  # every window row and a causal twin
     python tools/bench_prefill.py --rows 16x1024 --shapes 32:8:64:16 32:32:128:1   # the neighbourhood, one process
+    python tools/bench_prefill.py --rows 16x1024 chunk16x4096+512 --shapes nbhd   # SHAPE_SETS["nbhd"]: model shapes
 
 32/8 heads, D = 128, bf16, page 16, pages scattered (--heads, --head-dim, --page change them, --shapes runs several;
 rows named *-plain are non-causal; NAME-softcap/-alibi/-window are causal with that variant and
@@ -402,13 +403,20 @@ class Ctx:
         self.samples, self.fi_ws = samples, None
 
 
+# Named --shapes sets. nbhd: real models' heads the other rows lack -- Qwen2.5-7B 28/4 (g=7),
+# Qwen2.5-14B 40/8 (g=5), Llama-3-70B 64/8, Gemma-2 16/8 d256, Phi-3 32/32 on 128-token pages --
+# and d64 32/8 on 2-token pages.
+SHAPE_SETS = {"nbhd": ("28:4:128:16", "40:8:128:16", "64:8:128:16", "16:8:256:16", "32:32:128:128", "32:8:64:2")}
+
+
 def parse_shapes(specs) -> list[tuple[str, int, int]]:
-    """--shapes 'HQ:HKV:D:PAGE' ... -> [(heads, head dim, page)] (the neighbourhood in one process)."""
+    """--shapes 'HQ:HKV:D:PAGE' or a SHAPE_SETS name ... -> [(heads, head dim, page)] (the
+    neighbourhood in one process)."""
     out = []
-    for spec in specs:
+    for spec in (x for name in specs for x in SHAPE_SETS.get(name, (name,))):
         parts = spec.split(":")
         if len(parts) != 4 or not all(p.isdigit() for p in parts):
-            raise SystemExit(f"--shapes {spec!r}: write HQ:HKV:D:PAGE, e.g. 32:8:64:16")
+            raise SystemExit(f"--shapes {spec!r}: write HQ:HKV:D:PAGE, e.g. 32:8:64:16, or one of {sorted(SHAPE_SETS)}")
         out.append((f"{parts[0]}:{parts[1]}", int(parts[2]), int(parts[3])))
     return out
 
@@ -508,7 +516,8 @@ def main(argv=None) -> int:
     ap.add_argument("--head-dim", type=int, default=D, help="64, 128 or 256")
     ap.add_argument("--page", type=int, default=PAGE, help="page size (1 to 128, a power of two)")
     ap.add_argument("--shapes", nargs="*", metavar="HQ:HKV:D:PAGE",
-                    help="run the rows at each of these shapes in turn, one process (instead of --heads/--head-dim/--page)")
+                    help="run the rows at each of these shapes in turn, one process (instead of --heads/--head-dim/"
+                         f"--page); a name of {sorted(SHAPE_SETS)} stands for its shapes")
     ap.add_argument("--prebuild", metavar="ARCH", help="only compile rtattn's instances for ARCH (sm_90), no GPU")
     args = ap.parse_args(argv)
     shapes = parse_shapes(args.shapes) if args.shapes else [(args.heads, args.head_dim, args.page)]
