@@ -182,6 +182,9 @@ INVARIANT_CASES = {
                                          variant="sliding_window_sinks", window=3000),
     "soft_cap 32/8 d256 p16": dict(kv=[2500, 100, 3000], heads=(32, 8), d=256, ps=16, variant="soft_cap"),
     "plain 32/8 fused merge": dict(kv=[3000, 17, 1024, 9000], heads=(32, 8), d=128, ps=16, fused=True),
+    # the neighbourhood (ids with "nbhd": gpu_all.sh's nbhd stage): groups 7 and 5, 4- and 128-token pages
+    "plain 28/4 d128 p4 (g=7, nbhd)": dict(kv=[3000, 17, 1024, 9000, 4096], heads=(28, 4), d=128, ps=4),
+    "soft_cap 40/8 d256 p128 (g=5, nbhd)": dict(kv=[2500, 100, 3000], heads=(40, 8), d=256, ps=128, variant="soft_cap"),
 }
 
 

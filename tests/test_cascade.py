@@ -496,6 +496,11 @@ def test_prefill_kernels_let_the_next_grid_launch_only_after_their_wait():
 
 
 # ----------------------------------------------------------------------------- GPU tier
+def nbhd(*values, id: str):
+    """A neighbourhood case (gpu_all.sh's nbhd stage: pytest -m gpu -k nbhd): groups 3, 5, 7, pages 4 and 128."""
+    return pytest.param(*values, id=f"{id}-nbhd")
+
+
 @pytest.mark.gpu
 def test_gpu_small_cascade_matches_float64():
     """Small and isolated first: 4 requests over one 64-token prefix."""
@@ -509,7 +514,9 @@ def test_gpu_small_cascade_matches_float64():
 @pytest.mark.gpu
 @pytest.mark.parametrize("heads, D, ps, levels, dtype", [
     ((32, 8), 128, 16, 3, "bfloat16"), ((32, 32), 64, 16, 2, "bfloat16"), ((32, 2), 128, 1, 2, "bfloat16"),
-    ((32, 1), 128, 16, 3, "bfloat16"), ((8, 8), 256, 16, 2, "bfloat16"), ((32, 4), 128, 16, 2, "float16")])
+    ((32, 1), 128, 16, 3, "bfloat16"), ((8, 8), 256, 16, 2, "bfloat16"), ((32, 4), 128, 16, 2, "float16"),
+    nbhd((28, 4), 128, 16, 3, "bfloat16", id="28/4-d128-p16-L3"), nbhd((40, 8), 128, 128, 2, "bfloat16", id="40/8-d128-p128-L2"),
+    nbhd((12, 4), 64, 4, 2, "bfloat16", id="12/4-d64-p4-L2")])
 def test_gpu_cascade_matches_float64(heads, D, ps, levels, dtype):
     rng = np.random.default_rng(D + ps)
     batch = shared_batch(rng, ps, groups=((5, 40 // ps + 1), (3, 3), (1, 2)), system_pages=max(1, 300 // ps), loners=2,
@@ -706,7 +713,8 @@ def test_gpu_graph_replays_across_the_launch_lists():
 @pytest.mark.gpu
 @pytest.mark.parametrize("variant, heads, D, ps, B", [(v, h, 128, 16, 20) for v, h in CASES_32_8] + [
     ("plain", (32, 32), 64, 1, 40), ("plain", (8, 8), 256, 64, 40), ("causal", (32, 1), 128, 16, 20),
-    ("plain", (32, 4), 128, 16, 64)])
+    ("plain", (32, 4), 128, 16, 64), nbhd("plain", (28, 4), 128, 16, 32, id="plain-28/4-B32"),
+    nbhd("soft_cap", (28, 4), 128, 16, 20, id="soft_cap-28/4-B20"), nbhd("causal", (40, 8), 128, 128, 24, id="causal-40/8-p128-B24")])
 def test_gpu_joined_levels_match_float64_and_the_fold(variant, heads, D, ps, B):
     """join_levels=True: the prefix on prefill tiles, each suffix row written by the decode kernel
     after joining the prefix's states (no fold kernel): float64 reference with poisoned outputs,
@@ -730,7 +738,8 @@ def test_gpu_joined_levels_match_float64_and_the_fold(variant, heads, D, ps, B):
 @pytest.mark.gpu
 @pytest.mark.parametrize("variant, join, heads, D, B", [
     ("plain", False, (32, 8), 128, 16), ("causal", True, (32, 8), 128, 16), ("alibi", False, (32, 8), 128, 64),
-    ("plain", True, (32, 8), 128, 64), ("sigmoid", True, (32, 32), 64, 40), ("plain", False, (8, 8), 256, 64)])
+    ("plain", True, (32, 8), 128, 64), ("sigmoid", True, (32, 32), 64, 40), ("plain", False, (8, 8), 256, 64),
+    nbhd("plain", True, (28, 4), 128, 32, id="plain-join-28/4-B32"), nbhd("causal", False, (40, 8), 128, 16, id="causal-40/8-B16")])
 def test_gpu_shared_levels_on_the_wgmma_kernel_match_float64(variant, join, heads, D, B):
     """prefill_mma="wgmma": the shared prefix on the prefill family's sm_90a kernel (64- and
     128-row tiles), folded or joined: float64 reference with poisoned outputs, and the bits of a

@@ -137,8 +137,15 @@ def _check(case, got_o, got_lse, var=ref.Variant(), dtype="bfloat16"):
         assert lerr < 2e-2, f"LSE max abs error {lerr:.2e}"
 
 
+# The neighbourhood's cases (gpu_all.sh's nbhd stage: pytest -m gpu -k nbhd): groups 3, 5, 6 and 7,
+# pages 2, 4 and 128, on the tests' own parameters.
+def nbhd(*values, id: str):
+    return pytest.param(*values, id=f"{id}-nbhd")
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("heads", [(32, 32), (32, 8), (32, 4), (8, 1)], ids=lambda h: f"{h[0]}/{h[1]}")
+@pytest.mark.parametrize("heads", [(32, 32), (32, 8), (32, 4), (8, 1), nbhd((28, 4), id="28/4"), nbhd((40, 8), id="40/8")],
+                         ids=lambda h: f"{h[0]}/{h[1]}")
 @pytest.mark.parametrize("page_size", [1, 16])
 @pytest.mark.parametrize("lengths", ["const:1024", "heavy", "long_short", "uniform:1:64"])
 def test_decode_matches_reference(heads, page_size, lengths):
@@ -154,16 +161,19 @@ def test_decode_matches_reference(heads, page_size, lengths):
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("kv_layout", ["NHD", "HND"])
-def test_head_dims_dtypes_layouts(head_dim, dtype, kv_layout):
+@pytest.mark.parametrize("heads, page_size", [pytest.param((16, 4), 16, id="16/4-p16"), nbhd((28, 4), 2, id="28/4-p2"),
+                                              nbhd((28, 4), 128, id="28/4-p128"), nbhd((12, 4), 4, id="12/4-p4")])
+def test_head_dims_dtypes_layouts(head_dim, dtype, kv_layout, heads, page_size):
     from decode_cases import make_case
     rng = np.random.default_rng(head_dim)
-    case = make_case(rng.integers(1, 3000, 9), 16, 4, head_dim, 16, dtype=dtype, kv_layout=kv_layout, seed=head_dim)
+    case = make_case(rng.integers(1, 3000, 9), *heads, head_dim, page_size, dtype=dtype, kv_layout=kv_layout,
+                     seed=head_dim)
     o, lse, _ = _run(case, dtype=dtype)
     _check(case, o, lse, dtype=dtype)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("page_size", [8, 32])
+@pytest.mark.parametrize("page_size", [8, 32, nbhd(2, id="p2"), nbhd(4, id="p4"), nbhd(128, id="p128")])
 def test_other_page_sizes(page_size):
     from decode_cases import make_case
     case = make_case([1, 7, 8, 9, 700, 2049], 32, 8, 128, page_size, seed=page_size)
@@ -333,22 +343,26 @@ def test_sinks_fold_once_per_row(window, fused, qo_len):
 @pytest.mark.gpu
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize("cap", [30.0, 1.5])
-def test_soft_cap_fast_tanh_within_tolerance(head_dim, cap):
+@pytest.mark.parametrize("heads, page_size", [pytest.param((32, 8), 16, id="32/8-p16"), nbhd((28, 4), 2, id="28/4-p2"),
+                                              nbhd((28, 4), 128, id="28/4-p128"), nbhd((48, 8), 4, id="48/8-p4")])
+def test_soft_cap_fast_tanh_within_tolerance(head_dim, cap, heads, page_size):
     """tanh.approx.f32 against float64: O and LSE inside the bf16 tolerance, logits large
     enough (q scaled by 4) that the cap bites."""
     from decode_cases import make_case
-    case = make_case([3000, 17, 900, 6000], 32, 8, head_dim, 16, seed=head_dim)
+    case = make_case([3000, 17, 900, 6000], *heads, head_dim, page_size, seed=head_dim)
     case.q = case.q * 4
     o, lse, _ = _run(case, variant="soft_cap", params={"soft_cap": cap})
     _check(case, o, lse, ref.Variant(logits_soft_cap=cap))
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("heads", [(32, 2), (32, 1), (64, 4)], ids=lambda h: f"{h[0]}/{h[1]}")
+@pytest.mark.parametrize("heads", [(32, 2), (32, 1), (64, 4), nbhd((28, 4), id="28/4"), nbhd((40, 8), id="40/8")],
+                         ids=lambda h: f"{h[0]}/{h[1]}")
 @pytest.mark.parametrize("variant", ["plain", "soft_cap", "sliding_window_sinks"])
 @pytest.mark.parametrize("page_size", [1, 16])
 def test_wide_groups_and_token_pages(heads, variant, page_size):
-    """g = 16 and 32 (one and two 16-row tiles) with every new variant, page sizes 1 and 16."""
+    """g = 16 and 32 (one and two 16-row tiles), and the neighbourhood's g = 7 and 5 (rows left over in a
+    16-row tile), with every new variant, page sizes 1 and 16."""
     from decode_cases import make_case
     rng = np.random.default_rng(heads[1] * 10 + page_size)
     case = make_case(rng.integers(1, 5000, 13), *heads, 128, page_size, seed=int(rng.integers(1 << 30)))

@@ -357,7 +357,11 @@ def kernel(request):
 
 
 GQA_PAGE_CASES = [((32, 32), 16, True), ((32, 8), 1, True), ((32, 8), 16, True), ((32, 8), 64, True),
-                  ((32, 4), 16, True), ((32, 2), 16, True), ((32, 8), 16, False), ((32, 2), 64, False)]
+                  ((32, 4), 16, True), ((32, 2), 16, True), ((32, 8), 16, False), ((32, 2), 64, False),
+                  # the neighbourhood (gpu_all.sh's nbhd stage: -k nbhd): groups 5, 7, 6, 3; pages 128, 2, 4
+                  *(pytest.param(h, ps, causal, id=f"{h[0]}/{h[1]}-{ps}-{causal}-nbhd") for h, ps, causal in (
+                      ((40, 8), 128, True), ((28, 4), 128, True), ((28, 4), 2, True), ((48, 8), 4, True),
+                      ((12, 4), 16, False), ((28, 4), 128, False)))]
 
 
 @pytest.mark.gpu
@@ -508,6 +512,14 @@ CROSS_CASES = {  # name: (kv_lens, qo_lens, (H, Hk), head_dim, page, variant, dt
     "sync-q64-d256-sinks": ([700, 129, 1], [700, 64, 1], (16, 4), 256, 16, "sinks", "bfloat16", "sync", 64, 3,
                             False),
     "sync-q32-rope-ragged": ([900, 300], [300, 300], (16, 4), 128, 1, "rope", "float16", "sync", 32, 2, True),
+    # the neighbourhood (-k nbhd): multi-token decode (2-16 query tokens over cached prefixes) at g = 7, a
+    # tile's rows not a multiple of the group (64 rows: 9 tokens; 32 rows: 4), 128-token pages
+    "multi-token-28/4-wg64-nbhd": ([1000, 2000, 17, 300, 4096], [16, 9, 2, 3, 5], (28, 4), 128, 16, "causal", "bfloat16",
+                                   "wgmma", 64, 2, False),
+    "multi-token-28/4-sync32-p128-nbhd": ([1000, 2000, 17, 300, 4096], [16, 9, 2, 3, 5], (28, 4), 128, 128, "causal",
+                                          "bfloat16", "sync", 32, 2, False),
+    "causal-40/8-wg128-p128-nbhd": ([300, 1024, 77, 5, 1], None, (40, 8), 128, 128, "causal", "bfloat16", "wgmma", 128,
+                                    2, False),
 }
 
 
