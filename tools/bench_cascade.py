@@ -3,6 +3,7 @@
 
     source tools/peer_setup.sh && python tools/bench_cascade.py        # PERF.md rows + tree rows
     python tools/bench_cascade.py --rows 'p8192*' --no-flashinfer
+    python tools/bench_cascade.py --rows 'nb-*'                        # the neighbourhood (not in the default run)
     python tools/bench_cascade.py --plan                                # plan() host time, no GPU
     python tools/bench_cascade.py --selftest                            # no GPU (torch optional)
 
@@ -80,6 +81,7 @@ def rows():
 
 # the neighbourhood: other heads (HEADS), batches and prefixes, suffixes of U(64, 512) tokens
 NB_SUFFIX = (64, 512)
+DEFAULT_ROWS = ("p*", "tree-*")   # what runs without --rows (and what --plan times): every row but nb-*
 NBHD_ROWS = [(f"nb-{p // 1024}Kx{b}-q{hq}k{hkv}", dict(system=p, groups=((b, 0),), heads=(hq, hkv), suffix=NB_SUFFIX))
              for p, b, (hq, hkv) in ((2048, 8, (32, 4)), (2048, 128, (32, 4)), (16384, 32, (32, 4)),
                                      (4096, 32, (64, 8)), (4096, 128, (64, 8)), (16384, 8, (64, 8)),
@@ -151,6 +153,8 @@ def bench_plan(reps: int) -> None:
     print(f"{'row':>14} {'batch':>5} {'levels':>6} {'plain':>8} {'cascade':>8} {'ratio':>6} {'cold':>8} "
           f"{'cold ratio':>10} {'levels given':>12}")
     for name, spec in rows():
+        if not any(fnmatch.fnmatch(name, p) for p in DEFAULT_ROWS):
+            continue
         kv_indptr, idx, last, total = page_tables(spec)
         B, (hq, hkv) = len(last), heads(spec)
         steps = [1 + (np.arange(B, dtype=np.int32) + k) % PAGE for k in range(8)]
@@ -379,7 +383,8 @@ def failures(table) -> list[str]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rows", nargs="*", default=["*"], help="row name patterns (fnmatch)")
+    ap.add_argument("--rows", nargs="*", default=list(DEFAULT_ROWS),
+                    help=f"row name patterns (fnmatch; default {' '.join(DEFAULT_ROWS)}: the neighbourhood, nb-*, when asked for)")
     ap.add_argument("--no-flashinfer", action="store_true")
     ap.add_argument("--libs", default=",".join(LIBS), help="comma-separated subset of " + ",".join(LIBS))
     ap.add_argument("--plan", action="store_true", help="plan() host time only (no GPU)")
@@ -463,6 +468,7 @@ def selftest(reference_checks: bool = True) -> int:
         assert kw and kw["prefill_tile"].max_rows >= heads(spec)[0] // heads(spec)[1], name
     assert all(heads(s) == (HQ, HKV) and (suffix_lengths(s) == SUFFIX).all() for n, s in rows() if not n.startswith("nb-"))
     assert fnmatch.filter([n for n, _ in rows()], "nb-*") == [n for n, _ in nb]
+    assert [n for n, _ in rows() if any(fnmatch.fnmatch(n, p) for p in DEFAULT_ROWS)] == [n for n, _ in rows()][:8]
     # the table and the verdict: a wrong output keeps its time, gets no ratio, fails the run
     res = {"rt-casc": {"us": 20.0, "err": 1e-3, "ok": True}, "fi-casc": {"us": 25.0, "err": 1e-3, "ok": True},
            "rt-single": {"us": 30.0, "err": 1e-3, "ok": True}, "fi-cc": {"us": 40.0, "err": 1e-3, "ok": True}}
