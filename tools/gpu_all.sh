@@ -17,6 +17,10 @@
 #   CASCADE_LIBS=rt-casc,rt-wg,fi-casc PREFILL_TILES="default x" ...   # bench_cascade's libs (CASCADE_ARGS=--breakdown), bench_prefill's tile A/B
 #   PREFILL_SHAPES="32:8:64:16 ..." PREFILL_SHAPE_ROWS="16x1024 ..."   # bench-prefill-shapes' neighbourhood (HQ:HKV:D:PAGE)
 #   PREFILL_QUEUE_ORDERS="lpt request" ...   # bench-prefill-shapes' plan queue orders (rt, rt+request) A/B
+#   ONLY=nbhd bash tools/gpu_all.sh          # the neighbourhood alone, ~8 min at most (docs/perf-log.md "Neighbourhood"):
+#     nbhd-tier (pytest -m gpu -k nbhd: groups 3/5/6/7, pages 2/4/128), nbhd-decode (bench_decode --nbhd),
+#     nbhd-cascade (bench_cascade --rows 'nb-*'), nbhd-prefill (bench_prefill --shapes nbhd); only when ONLY names
+#     them (or "nbhd"); T_NBHD_TIER / T_NBHD_BENCH their limits, NBHD_PREFILL_SHAPES / NBHD_PREFILL_ROWS the prefill set
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1
@@ -28,6 +32,8 @@ LOGS=${LOGS:-/tmp/gpu_all}
 mkdir -p "$OUT" "$LOGS"
 PY=${PYTHON:-python3}
 T_SMOKE=${T_SMOKE:-60} T_TIER=${T_TIER:-300} T_BENCH=${T_BENCH:-90}
+T_NBHD_TIER=${T_NBHD_TIER:-150} T_NBHD_BENCH=${T_NBHD_BENCH:-110}
+case " ${ONLY:-} " in *" nbhd "*) ONLY="$ONLY nbhd-tier nbhd-decode nbhd-cascade nbhd-prefill" ;; esac   # the group
 declare -a SUMMARY
 read -r -a BD_ARGS <<< "${BENCH_DECODE_ARGS:---quick --fp8}"   # word-split, never glob-expanded
 
@@ -50,8 +56,11 @@ source tools/kcache.sh   # KCACHE: a carried CUBIN cache, so the device compiles
 PEER_DIR=${PEER_DIR:-$PWD/.peer} source tools/peer_setup.sh > "$LOGS/peer.log" 2>&1
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | head -1
 
-# FlashInfer's JIT builds (CPU) overlap stages 1-2 (fa3's prefill module takes ~90 s).
-timeout 300 "$PY" tools/bench_decode.py --prebuild-fi "${BD_ARGS[@]}" > "$LOGS/fi-prebuild.log" 2>&1 &
+# FlashInfer's JIT builds (CPU) overlap stages 1-2 (fa3's prefill module takes ~90 s); none of these when ONLY
+# names only neighbourhood stages (their own builds are below: the wait after the tier must stay short).
+NB_ONLY=
+[ -n "${ONLY:-}" ] && [ -z "$(printf '%s\n' $ONLY | grep -v '^nbhd')" ] && NB_ONLY=1
+[ -n "$NB_ONLY" ] || timeout 300 "$PY" tools/bench_decode.py --prebuild-fi "${BD_ARGS[@]}" > "$LOGS/fi-prebuild.log" 2>&1 &
 case " ${ONLY:-bench-prefill} " in *" bench-prefill "*|*" bench-overhead "*)   # fa2's JIT builds beside the first stages
     # (causal, soft-cap, ALiBi and window modules; bench-overhead times fa2's prefill plan() on its
     # prefill rows: the causal module)
@@ -62,6 +71,15 @@ case " ${ONLY:-bench-prefill-shapes} " in *" bench-prefill-shapes "*)   # fa2's 
 esac
 case " ${ONLY:-bench-prefill-peers} " in *" bench-prefill-peers "*)
     timeout 300 "$PY" tools/bench_prefill.py --libs fa3 --rows 32x512 --samples 2 > "$LOGS/fi-prebuild-fa3.log" 2>&1 & ;;
+esac
+# The neighbourhood's stages run only when ONLY names them; their FlashInfer modules build beside nbhd-tier:
+# decode cc/tc of the n-* rows (d64, d256 + soft-cap), fa2's causal d64 / d128 / d256 (unless a stage above builds them).
+case " ${ONLY:-} " in *" nbhd-decode "*)
+    timeout 300 "$PY" tools/bench_decode.py --prebuild-fi --nbhd > "$LOGS/fi-prebuild-nbhd.log" 2>&1 & ;;
+esac
+case " ${ONLY:-} " in *" bench-prefill "*|*" bench-overhead "*|*" bench-prefill-shapes "*) ;; *" nbhd-prefill "*)
+    timeout 300 "$PY" tools/bench_prefill.py --libs fa2 --shapes 32:8:64:16 32:8:128:16 32:8:256:16 --rows 32x512 --samples 1 \
+        > "$LOGS/fi-prebuild-nbhd-fa2.log" 2>&1 & ;;
 esac
 
 last_case() {   # last_case SCRIPT: the index of tools/SCRIPT.py's last smoke case (its CASES), one process per case
@@ -80,6 +98,10 @@ grep -h -E "^(ok |BAD|EXC)" "$LOGS/smoke-cascade.log" | sort | uniq -c | sort -r
 stage smoke-invariant "$((T_SMOKE + 30))" "$PY" tools/smoke_decode.py --invariant
 stage gpu-tier "$T_TIER" env OUT="$LOGS/tier" PYTEST_ARGS="${TIER_ARGS:--n 8 -vv}" SAN_PARALLEL=1 SAN_TIMEOUT="${SAN_TIMEOUT:-70}" \
     bash tools/gpu_check.sh ${GPU_CHECK_ARGS:-}
+case " ${ONLY:-} " in *" nbhd-tier "*)   # the neighbourhood's GPU cases (ids ending -nbhd), while the modules above build
+    stage nbhd-tier "$T_NBHD_TIER" "$PY" -m pytest -m gpu -k nbhd ${NBHD_TIER_ARGS:--n 8} -q -rfE -p no:cacheprovider \
+        --junitxml="$LOGS/nbhd-junit.xml" tests/test_decode.py tests/test_prefill.py tests/test_cascade.py ;;
+esac
 wait
 
 stage demo-tp 100 env NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
@@ -104,6 +126,15 @@ stage bench-prefill-shapes "$T_BENCH" "$PY" tools/bench_prefill.py --libs rt fa2
 stage bench-family "$((T_BENCH + 10))" bash -c "$PY tools/bench_prefill.py --libs rt rtdec --rows 'mtd*' --budget-s $((T_BENCH / 2 - 5)) && \
     $PY tools/bench_decode.py --no-flashinfer --rows 'g*' b16-all1024-kv8 s64x4096 --rt-modes auto auto+prefill \
     --deadline $((T_BENCH / 2 - 5))"
+
+case " ${ONLY:-} " in *" nbhd-"*)   # the neighbourhood's benchmarks against FlashInfer (only when asked for)
+    stage nbhd-decode "$T_NBHD_BENCH" "$PY" tools/bench_decode.py --nbhd --deadline "$((T_NBHD_BENCH - 15))"
+    stage nbhd-cascade "$((T_NBHD_BENCH - 20))" "$PY" tools/bench_cascade.py --rows 'nb-*' --deadline "$((T_NBHD_BENCH - 50))" \
+        --samples 15 --libs "${CASCADE_LIBS:-rt-casc,rt-dec,rt-single,fi-casc,fi-cc}"
+    read -r -a NB_SHAPES <<< "${NBHD_PREFILL_SHAPES:-nbhd}"
+    stage nbhd-prefill "$T_NBHD_BENCH" "$PY" tools/bench_prefill.py --libs rt fa2 --samples 5 --budget-s "$((T_NBHD_BENCH - 15))" \
+        --shapes "${NB_SHAPES[@]}" --rows ${NBHD_PREFILL_ROWS:-16x1024 chunk16x4096+512 mtd64x4096-q4} ;;
+esac
 
 [ -z "${KCACHE_BACK:-}" ] || kcache_back "$OUT/kcache-new.tgz"   # KCACHE_BACK=1: bring back what was compiled here
 echo "== gpu_all summary (logs: \$OUT/logs.tgz)"
