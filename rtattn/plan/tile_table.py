@@ -63,7 +63,9 @@ class Tiles:
         self.table[REQUEST] = np.arange(cols)
         self.table[PARTIAL:MERGE + 1] = -1
         self.requests_are_tiles = True   # (the REQUEST row is 0, 1, ...: one-tile batches read it so)
-        self.req = np.zeros((4, max_batch), dtype=np.int64)   # qo start, q len, kv len, page start
+        # several-tile requests' rows, in the table's row numbers (REQUEST constant; FIRST: first tile)
+        self.req = np.zeros((FIRST + 1, max_batch), dtype=np.int64)
+        self.req[REQUEST] = np.arange(max_batch)
         ps = page_size
         self.ps32, self.page_mask, self.ps_less1 = np.array(ps, dtype=np.int32), _k(-ps), _k(ps - 1)
         self.alpha, self.gamma, self.zero, self.one = _k(COST_ALPHA), _k(COST_GAMMA), _k(0), _k(1)
@@ -166,26 +168,29 @@ def _tiles_of(p, tl, qo, q, kv, kp, B):
     T = tend.item(-1)
     if T > tl.table.shape[1] or T > p.bounds.max_tiles:
         return None
-    r = tl.req[:, :B]
-    r[0], r[1], r[2], r[3] = qo[:B], q, kv, kp[:B]
-    x = r.repeat(ntile, axis=1)   # each tile's request's row
+    r = tl.req[:, :B]   # the requests' rows, repeated once for their tiles
+    r[QO_START], r[QO_LEN], r[PAGE_START] = qo[:B], q, kp[:B]
+    if p.causal:   # a tile's KV: kv - q + its last row + 1 (the horizon of its last row)
+        np.subtract(kv, q, out=r[KV_END])
+    else:
+        r[KV_END] = kv
+    np.subtract(tend, ntile, out=r[FIRST])   # the request's first tile
+    x = r.repeat(ntile, axis=1)
     t = tl.table[:, :T]
-    t_req = p._ar[:B].repeat(ntile)
-    t[REQUEST] = t_req
+    t[REQUEST] = x[REQUEST]
     tl.requests_are_tiles = False
-    off = p._ar[:T] - (tend - ntile).take(t_req)
+    off = p._ar[:T] - x[FIRST]
     off *= tq   # the tile's first query row in its request
-    np.add(x[0], off, out=t[QO_START])
+    np.add(x[QO_START], off, out=t[QO_START])
     qlen = t[QO_LEN]
-    np.subtract(x[1], off, out=qlen)
+    np.subtract(x[QO_LEN], off, out=qlen)
     np.minimum(qlen, tq, out=qlen)
-    if p.causal:   # kv - q + off + qlen: the horizon of the tile's last row
-        np.subtract(x[2], x[1], out=t[KV_END])
-        t[KV_END] += off
+    if p.causal:
+        np.add(x[KV_END], off, out=t[KV_END])
         t[KV_END] += qlen
     else:
-        t[KV_END] = x[2]
-    t[PAGE_START] = x[3]
+        t[KV_END] = x[KV_END]
+    t[PAGE_START] = x[PAGE_START]
     return t
 
 
