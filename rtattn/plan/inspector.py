@@ -409,16 +409,14 @@ class Planner:
         and writers (the cascade's flat plan lays the decode part of its plan set out this way)."""
         items = self._schedule(batch, window_left)
         self._write(views, batch, items)
-        info = self._info(items, batch.batch, batch.qo_indptr.item(-1), buf, views)
-        info.queue_order = items.get("queue_order", "lpt")   # (contiguous plans: their own order)
-        return info
+        return self._info(items, batch.batch, batch.qo_indptr.item(-1), buf, views)
 
     def _info(self, items: dict, B: int, num_qo: int, buf, views) -> PlanInfo:
         return PlanInfo(items["n"], items["merge_rows"], items["partial_rows"], B,
                         num_qo, self.num_ctas, self._tq, self.page_size,
                         items["L"], items["split_tiles"], items["loads"],
                         buf if isinstance(buf, np.ndarray) else np.frombuffer(buf, np.uint8),
-                        views, items["mode"])
+                        views, items["mode"], items.get("queue_order", "lpt"))   # (fast paths, contiguous: LPT's)
 
     def _buffer(self, out):
         """(buffer, its field views): `out`, or a new buffer when None."""

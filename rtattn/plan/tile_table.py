@@ -89,10 +89,10 @@ def plan(p, qo, kp, ids, last, window_left, out):
         return None
     nnz, nq = kp.item(-1), qo.item(-1)
     if (qo.item(0) or kp.item(0) or not B <= nnz <= b.max_pages or nnz * ps >= SAFE_KV_TOKENS
-            or ids.shape[0] < nnz or nq > b.max_qo_tokens or B * tq >= 2**31 or B >= 2**20):
+            or ids.shape[0] < nnz or nq > b.max_qo_tokens or B * b.max_qo_len >= 2**31 or B >= 2**20):
         return None
-    # Query lengths in int32: if every difference is in [1, tile_q] (as wrapped), qo_indptr is
-    # their exact running sum (the sums stay below B x tile_q < 2**31), so monotone.
+    # Query lengths in int32: if every difference is in [1, max_qo_len] (as wrapped), qo_indptr is
+    # their exact running sum (the sums stay below B x max_qo_len < 2**31), so monotone.
     q = qo[1:] - qo[:-1]
     qmin, qmax = q.item(q.argmin()), q.item(q.argmax())
     if qmin < 1 or qmax > b.max_qo_len or kp.item(kp.argmin()) < 0:
