@@ -58,31 +58,6 @@ struct PrefillItem {
   }
 };
 
-// The blocks [first, end) of an item that its fused rows [row_lo, row_hi) see (a warpgroup's
-// own rows of a larger tile): the item's range clipped to those rows' queries (VisibleKV), none
-// when no row is valid. A block outside has all its weights zero for those rows (computing it
-// would change no bit of their state), so they may skip its products -- the causal diagonal's far
-// blocks for a tile's first rows, and every block for the rows past a short item.
-struct RowBlocks {
-  uint32_t packed;  // first | count << 16, one register (items have < 2^16 blocks: KV < 2^21 tokens)
-
-  template <int TILE_KV, class P, class Variant>
-  __device__ __forceinline__ void init(const P& p, const Variant& var, const PrefillItem<Variant>& it, int heads,
-                                       int row_lo, int row_hi) {
-    packed = 0;
-    if (row_lo >= it.rows_valid) return;
-    int lo = it.lo, hi = it.hi;
-    var.VisibleKV(p, var.q_pos(it.qo_idx0 + row_lo / heads),
-                  var.q_pos(it.qo_idx0 + (min(row_hi, it.rows_valid) - 1) / heads), lo, hi);
-    if (hi <= lo) return;
-    const int first = (lo - it.lo) / TILE_KV, end = (hi - it.lo + TILE_KV - 1) / TILE_KV;
-    packed = uint32_t(first) | uint32_t(end - first) << 16;
-  }
-  __device__ __forceinline__ int first() const { return int(packed & 0xffffu); }
-  __device__ __forceinline__ int end() const { return int(packed & 0xffffu) + int(packed >> 16); }
-  __device__ __forceinline__ bool has(int blk) const { return uint32_t(blk) - (packed & 0xffffu) < (packed >> 16); }
-};
-
 // Query rows -> the q tile by cp.async; rows past the item are zeros (their results are never
 // written). Issued before the KV tiles, they join the first pipeline group: one round trip for q
 // and KV together (a register round trip per row waited on each load: several microseconds per

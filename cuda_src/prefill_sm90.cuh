@@ -28,15 +28,6 @@
 // at once with the tensor cores idle. The same products on the same operands: bitwise the same
 // outputs.
 //
-// ROW_SKIP ("_rs"): each warpgroup clips the item's KV range to its own rows' queries (RowBlocks)
-// and skips the products of a block its mask hides entirely -- on a causal 128-row tile of one
-// head (g = 1) the first warpgroup skips the diagonal's last 64 keys, a quarter of the products
-// there -- and of every block where its rows are past a short item's. Such a block's weights are
-// all zero: the outputs are bitwise those of computing it. The skipping warpgroup still issues its
-// share of the copies and passes its turns. A tile field: ptxas spills a few registers in the KV
-// loop for it at d128 two CTAs per SM (56 / 116 B), worth it only where the diagonal is a large
-// share (the policy's group sizes).
-//
 // FMA_EXP2 ("_fe"): half of the softmax's exp2 on the FMA pipe (fma_exp2), the other half and a
 // soft cap's tanh on the MUFU, whose 16 lanes per clock otherwise bound a soft-capped block.
 #pragma once
@@ -81,7 +72,7 @@ struct WarpgroupTurns {
 };
 
 template <class Variant, class P, int WGS, int TILE_KV, int STAGES, bool PAGED, bool CROSS = false,
-          bool PINGPONG = false, bool FMA_EXP2 = false, bool ROW_SKIP = false>
+          bool PINGPONG = false, bool FMA_EXP2 = false>
 __device__ __forceinline__ void prefill_sm90_persistent(const P& p, char* smem) {
   static_assert(!PINGPONG || WGS == 2, "turns are taken between two warpgroups");
   using T = typename P::DType;
@@ -172,8 +163,6 @@ __device__ __forceinline__ void prefill_sm90_persistent(const P& p, char* smem) 
     if constexpr (Variant::has_logits_transform || Variant::has_linear_bias) row_ids();
     GroupBias<Variant> bias;
     bias.init(p, var, row_qo_idx, row_qo_head, lane);
-    RowBlocks mine;  // ROW_SKIP: the blocks this warpgroup's own 64 rows see
-    if constexpr (ROW_SKIP) mine.template init<TILE_KV>(p, var, it, heads, 64 * wg, 64 * wg + 64);
 
     float o[DT][4];
     RowSoftmax<Variant::use_softmax, NT, DT, FMA_EXP2> sm;
@@ -183,11 +172,8 @@ __device__ __forceinline__ void prefill_sm90_persistent(const P& p, char* smem) 
 #pragma unroll
       for (int e = 0; e < 4; ++e) o[dn][e] = 0.f;
 
-    // One KV block; `run` (compile-time, so the products are never behind a runtime branch): this
-    // warpgroup computes it, else it only takes its part in the copies, the turns and the next
-    // item's q, which every thread of the CTA shares.
-    auto block = [&](auto masked, int blk, auto run) {
-      constexpr bool kMasked = decltype(masked)::value, kRun = decltype(run)::value;
+    auto block = [&](auto masked, int blk) {
+      constexpr bool kMasked = decltype(masked)::value;
       const int st = (CROSS ? blocks_done + blk : blk) % STAGES;
       T* ks = k_stage(st);
       const int pos0 = lo + blk * TILE_KV;
@@ -199,17 +185,15 @@ __device__ __forceinline__ void prefill_sm90_persistent(const P& p, char* smem) 
 
       // ---- S = Q K^T (asynchronous; the next tile's copies are issued meanwhile)
       float s[NT][4];
+      bias.start(s, pos0);  // wgmma adds q.k to it from the first k-step on
       const uint32_t k_base = smem_addr(ks);
       if constexpr (PINGPONG) WarpgroupTurns::before_qk(wg);
-      if constexpr (kRun) {
-        bias.start(s, pos0);  // wgmma adds q.k to it from the first k-step on
-        wgmma_fence();
+      wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < KT; ++kk)
-          WgmmaSS<T, TILE_KV>::run(s, kmajor_desc(q_base, QTile::slab_bytes, kk),
-                                   kmajor_desc(k_base, KVTile::slab_bytes, kk), kk > 0 || Variant::has_linear_bias);
-        wgmma_commit();
-      }
+      for (int kk = 0; kk < KT; ++kk)
+        WgmmaSS<T, TILE_KV>::run(s, kmajor_desc(q_base, QTile::slab_bytes, kk),
+                                 kmajor_desc(k_base, KVTile::slab_bytes, kk), kk > 0 || Variant::has_linear_bias);
+      wgmma_commit();
       if constexpr (PINGPONG) WarpgroupTurns::after_qk(wg);
       if constexpr (CROSS) {
         const int ns = (blocks_done + blk + STAGES - 1) % STAGES;  // the stage block n - 1 used
@@ -217,10 +201,8 @@ __device__ __forceinline__ void prefill_sm90_persistent(const P& p, char* smem) 
       } else {
         next_kv_tile<STAGES, TILE_KV>(ld, p, it, k_stage, v_stage, blk);
       }
-      if constexpr (kRun) {
-        wgmma_wait<0>();
-        fence_accumulators(s);
-      }
+      wgmma_wait<0>();
+      fence_accumulators(s);
       if constexpr (CROSS) {
         // The item's last QK^T is done: the next item's q rows into this warpgroup's rows, in
         // this block's group (which the next item's first block waits for).
@@ -236,28 +218,22 @@ __device__ __forceinline__ void prefill_sm90_persistent(const P& p, char* smem) 
         cp_async_commit();
       }
 
+      if constexpr (kMasked && Variant::has_logits_mask && !Variant::has_logits_transform) row_ids();
       uint32_t pa[KS][4];
-      if constexpr (kRun) {
-        if constexpr (kMasked && Variant::has_logits_mask && !Variant::has_logits_transform) row_ids();
-        logits_to_p<kMasked>(p, var, sm, s, o, pa, pos0, hi, row_qo_idx, row_qo_head, kv_head, lane);
-      }
+      logits_to_p<kMasked>(p, var, sm, s, o, pa, pos0, hi, row_qo_idx, row_qo_head, kv_head, lane);
 
       // ---- O += P V
       const uint32_t v_base = smem_addr(v_stage(st));
-      if constexpr (kRun) fence_accumulators(o);
+      fence_accumulators(o);
       if constexpr (PINGPONG) WarpgroupTurns::before_pv(wg);
-      if constexpr (kRun) {
-        wgmma_fence();
+      wgmma_fence();
 #pragma unroll
-        for (int j = 0; j < KS; ++j)
-          WgmmaRS<T, D>::run(o, pa[j], sw128_desc(v_base + j * 2048, KVTile::slab_bytes, 1024));
-        wgmma_commit();
-      }
+      for (int j = 0; j < KS; ++j)
+        WgmmaRS<T, D>::run(o, pa[j], sw128_desc(v_base + j * 2048, KVTile::slab_bytes, 1024));
+      wgmma_commit();
       if constexpr (PINGPONG) WarpgroupTurns::after_pv(wg);
-      if constexpr (kRun) {
-        wgmma_wait<0>();
-        fence_accumulators(o);
-      }
+      wgmma_wait<0>();
+      fence_accumulators(o);
     };
 
     for (int blk = 0; blk < num_blocks; ++blk) {
@@ -268,12 +244,10 @@ __device__ __forceinline__ void prefill_sm90_persistent(const P& p, char* smem) 
       }
       fence_proxy_async();
       __syncthreads();  // tile blk (and q) landed for everyone; everyone is past tile blk - 1
-      if (ROW_SKIP && !mine.has(blk)) {  // uniform over the warpgroup
-        block(BoolConst<false>{}, blk, BoolConst<false>{});
-      } else if (it.template needs_mask<TILE_KV>(p, var, lo + blk * TILE_KV)) {
-        block(BoolConst<true>{}, blk, BoolConst<true>{});
+      if (it.template needs_mask<TILE_KV>(p, var, lo + blk * TILE_KV)) {
+        block(BoolConst<true>{}, blk);
       } else {
-        block(BoolConst<false>{}, blk, BoolConst<true>{});
+        block(BoolConst<false>{}, blk);
       }
     }
     if constexpr (CROSS) {

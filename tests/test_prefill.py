@@ -170,27 +170,6 @@ def test_pingpong_and_three_ctas_per_sm_are_tile_fields():
         P.choose_tile(H200, 128, 4, 1024, mma="sync", fma_exp2=True)
 
 
-def test_row_skip_is_a_tile_field():
-    """'_rs': each warpgroup of a 128-row wgmma tile skips the blocks its own rows' mask hides, on
-    at head groups up to WGMMA_ROW_SKIP_MAX_GROUP or when asked; refused where it does not apply; the
-    template takes it as its last flag, off leaving the kernel as it was."""
-    from rtattn.codegen.render import render_prefill
-    from rtattn.codegen.spec import BUILTINS
-    t = P.choose_tile(H200, 128, 1, 1024, row_skip=True)
-    assert (t.row_skip, t.tag) == (True, "wg_q128_kv32_w8_s3_pp_rs_b2")
-    for g in (1, 2, 4, 8):
-        assert P.choose_tile(H200, 128, g, 1024).row_skip == (g <= P.WGMMA_ROW_SKIP_MAX_GROUP)
-    assert not P.choose_tile(H200, 128, 1, 1024, row_skip=False).row_skip
-    with pytest.raises(ValueError, match="row_skip"):
-        P.choose_tile(H200, 128, 1, 1024, rows=64, row_skip=True)
-    with pytest.raises(ValueError, match="row_skip"):
-        P.choose_tile(H200, 128, 1, 4, mma="sync", row_skip=True)
-    spec = BUILTINS["causal"](dtype="bfloat16", head_dim=128)
-    for skip in (True, False):
-        src = render_prefill(spec, P.choose_tile(H200, 128, 1, 1024, row_skip=skip)).source
-        assert re.search(r"prefill_sm90_persistent<.*, %s>\(p, smem\)" % ("true" if skip else "false"), src)
-
-
 @pytest.mark.parametrize("tile", [dict(rows=128, pingpong=True, fma_exp2=True), dict(rows=64, tile_kv=32, ctas_per_sm=3),
                                   dict(rows=128, tile_kv=32, stages=3, ctas_per_sm=2, pingpong=True)])
 def test_pingpong_and_three_ctas_compile_without_spills(tile, isolated_cache):
@@ -203,7 +182,7 @@ def test_pingpong_and_three_ctas_compile_without_spills(tile, isolated_cache):
     t = P.choose_tile(H200, 128, 4, 1024, mma="wgmma", **tile)
     spec = BUILTINS["causal" if t.rows == 128 and t.min_blocks == 2 else "alibi"](dtype="bfloat16", head_dim=128)
     src = render_prefill(spec, t).source
-    flags = ", ".join("true" if f else "false" for f in (t.pingpong, t.fma_exp2, t.row_skip))
+    flags = ", ".join("true" if f else "false" for f in (t.pingpong, t.fma_exp2))
     assert re.search(r"prefill_sm90_persistent<.*, %s>\(p, smem\)" % flags, src)
     log = _ptxas_log(spec, t, src)
     assert re.search(r"\b0 bytes spill stores, 0 bytes spill loads", log.split("Used")[0]), log[:400]
@@ -650,54 +629,6 @@ def test_pingpong_and_three_ctas_per_sm_match_the_reference(name):
         o0, lse0, _ = run_prefill(case, variant, dtype, params, ragged=ragged, num_ctas=num_ctas,
                                   tile={"mma": "wgmma", **tile, "pingpong": False})
         assert np.array_equal(o, o0) and np.array_equal(lse, lse0)
-
-
-# Each warpgroup skipping the blocks its own rows' mask hides (PrefillTile.row_skip): the causal
-# diagonal at g = 1 / 2 and windows (128 / g tokens per tile), rows past short items (the last
-# tiles of ragged prompts), cached prefixes, split KV, every kernel shape that takes it.
-RS_KV32 = {"rows": 128, "tile_kv": 32, "stages": 3, "ctas_per_sm": 2, "pingpong": True}
-ROW_SKIP_CASES = {  # name: (kv_lens, qo_lens, (H, Hk), head_dim, page, variant, dtype, tile, num_ctas)
-    "rs-causal-g1-kv32": ([300, 1024, 77, 5, 1, 129], None, (8, 8), 128, 16, "causal", "bfloat16", RS_KV32, 4),
-    "rs-causal-g2-cached-fp16": ([513, 1500, 64, 200], [1, 700, 64, 130], (16, 8), 128, 16, "causal", "float16",
-                                 RS_KV32, 3),
-    "rs-window-g1-page1": ([900, 300, 1200], None, (8, 8), 128, 1, "sliding_window", "bfloat16", RS_KV32, 3),
-    "rs-soft-cap-g1-split": ([3000, 200], [3000, 10], (4, 4), 128, 16, "soft_cap", "bfloat16", RS_KV32, 3),
-    "rs-alibi-g4-short-items": ([300, 40, 77, 5], [300, 10, 17, 5], (32, 8), 128, 16, "alibi", "bfloat16",
-                                RS_KV32, 4),
-    "rs-causal-kv128-g1": ([300, 1024, 77, 5, 1], None, (8, 8), 128, 64, "causal", "bfloat16",
-                           {"rows": 128, "pingpong": True}, 3),
-    "rs-custom-mask-g1-ragged": ([200, 300, 33], [50, 300, 33], (4, 4), 128, 1, "custom_mask", "bfloat16",
-                                 RS_KV32, 2),
-    "rs-sinks-g1-d64": ([2000, 300], [64, 300], (8, 8), 64, 16, "sinks", "bfloat16", D64_KV64, 5),
-    "rs-causal-g1-d256": ([300, 1024, 77, 5, 1], None, (8, 8), 256, 16, "causal", "bfloat16", D256_PP, 4),
-    "rs-window-g2-d256-fp16": ([900, 300, 1200], None, (8, 4), 256, 16, "sliding_window", "float16", D256_PP, 3),
-}
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("name", list(ROW_SKIP_CASES))
-def test_row_skip_matches_the_reference_and_the_tile_without_it(name):
-    """tile row_skip=True against the float64 reference (poisoned outputs), and bitwise the same
-    tile without it: a block skipped by a warpgroup has all its weights zero for that warpgroup's
-    rows, so computing it changes no bit."""
-    from prefill_cases import TOL, errors, make_case, run_prefill, variant_args
-    from rtattn.runtime import Device
-    if Device().arch != "sm_90":
-        pytest.skip("the wgmma kernel needs a cc 9.0 device")
-    kv, qo, (H, Hk), D, ps, variant, dtype, tile, num_ctas = ROW_SKIP_CASES[name]
-    qo = kv if qo is None else qo
-    case = make_case(kv, H, Hk, D, ps, dtype=dtype, qo_lens=qo, seed=len(name))
-    params, var = variant_args(variant, H, qo, kv, np.random.default_rng(len(name)))
-    ragged = name.endswith("ragged")
-    got = {}
-    for skip in (True, False):
-        got[skip] = run_prefill(case, variant, dtype, params, ragged=ragged, num_ctas=num_ctas,
-                                tile={"mma": "wgmma", **tile, "row_skip": skip})
-        assert got[skip][2].tile.row_skip == skip
-    (o, lse, _), (o0, lse0, _) = got[True], got[False]
-    eo, el = errors(case, o, lse, var)
-    assert eo < TOL[dtype] and el < 2e-2, (eo, el)
-    assert np.array_equal(o, o0) and np.array_equal(lse, lse0)
 
 
 @pytest.mark.gpu

@@ -59,10 +59,6 @@ CROSS_HEAD_DIMS = (64, 128)
 # same products in another order (bitwise the same outputs), +3-9 % on every 128-row row measured
 # (v12).
 WGMMA_PINGPONG = True
-# Each warpgroup of a 128-row wgmma tile skips the blocks its own rows' mask hides
-# (PrefillTile.row_skip): at head groups up to this (one or two query heads per KV head, where a
-# 128-row tile spans 128 / g tokens and the causal diagonal is a large share of the blocks); 0: off.
-WGMMA_ROW_SKIP_MAX_GROUP = 0
 WGMMA_SMALL_ACC = 88  # accumulator registers per thread with which one more CTA fits the registers (wgmma_ctas_cap)
 
 
@@ -78,7 +74,6 @@ class PrefillTile:
     cross: bool = False  # the KV stream (and q) runs across items (template CROSS of either kernel)
     pingpong: bool = False  # two warpgroups take turns on the tensor cores (wgmma, 128 rows; PINGPONG)
     fma_exp2: bool = False  # half the softmax's exp2 on the FMA pipe (wgmma; FMA_EXP2)
-    row_skip: bool = False  # each warpgroup skips the blocks its own rows' mask hides (wgmma, 128 rows; ROW_SKIP)
 
     def __post_init__(self):
         if self.mma not in MMAS:
@@ -89,9 +84,6 @@ class PrefillTile:
         if self.pingpong and (self.mma != "wgmma" or self.rows != 128):
             raise ValueError(f"prefill pingpong=True takes turns between two warpgroups: the wgmma kernel at "
                              f"128 rows (got mma={self.mma!r}, rows={self.rows})")
-        if self.row_skip and (self.mma != "wgmma" or self.rows != 128):
-            raise ValueError(f"prefill row_skip=True skips per warpgroup of a 128-row wgmma tile "
-                             f"(got mma={self.mma!r}, rows={self.rows})")
         if self.fma_exp2 and self.mma != "wgmma":
             raise ValueError(f"prefill fma_exp2=True is built for the wgmma kernel (got mma={self.mma!r})")
         if self.rows not in ROWS:
@@ -119,8 +111,7 @@ class PrefillTile:
     @property
     def tag(self) -> str:
         flags = "".join(part for part, on in (("_ragged", not self.paged), ("_x", self.cross),
-                                              ("_pp", self.pingpong), ("_fe", self.fma_exp2),
-                                              ("_rs", self.row_skip)) if on)
+                                              ("_pp", self.pingpong), ("_fe", self.fma_exp2)) if on)
         return (f"{'wg_' if self.mma == 'wgmma' else ''}q{self.rows}_kv{self.tile_kv}_w{self.num_warps}"
                 f"_s{self.stages}{flags}_b{self.min_blocks}")
 
@@ -142,7 +133,7 @@ def choose_tile(device, head_dim: int, group: int, avg_qo_len: float = 1024, *, 
                 rows: int | None = None, tile_kv: int | None = None, num_warps: int | None = None,
                 stages: int | None = None, ctas_per_sm: int | None = None, mma: str | None = None,
                 avg_kv_len: float | None = None, cross: bool = False, pingpong: bool | None = None,
-                fma_exp2: bool = False, linear_bias: bool = False, row_skip: bool | None = None) -> PrefillTile:
+                fma_exp2: bool = False, linear_bias: bool = False) -> PrefillTile:
     """The tile for a workload. mma: the kernel (MMAS); by default "wgmma" on cc 9.0 for queries
     of WGMMA_MIN_QO tokens or more on average unless the caller fixes another shape (rows,
     num_warps) or more than 2 CTAs per SM, else "sync". On mma.sync: the smallest ROWS covering
@@ -156,8 +147,7 @@ def choose_tile(device, head_dim: int, group: int, avg_qo_len: float = 1024, *, 
     the shared memory. cross: the KV stream across items (an A/B path, off by default) on
     whichever kernel the rest picks. pingpong: the two warpgroups of a 128-row wgmma tile take
     turns (None: WGMMA_PINGPONG there). fma_exp2: half the softmax's exp2 on the FMA pipe (the
-    wgmma kernel; an A/B path). row_skip: each warpgroup of a 128-row wgmma tile skips the blocks its
-    own rows' mask hides (None: at head groups up to WGMMA_ROW_SKIP_MAX_GROUP). linear_bias: the variant's (AttentionSpec.linear_bias): at the head
+    wgmma kernel; an A/B path). linear_bias: the variant's (AttentionSpec.linear_bias): at the head
     dims of WGMMA_BIAS_SPILLS it takes the long-KV tile at every KV length, where its registers fit
     (at two CTAs per SM ptxas spills 8-20 B)."""
     dev = plan_devices.get_device(device)
@@ -182,10 +172,8 @@ def choose_tile(device, head_dim: int, group: int, avg_qo_len: float = 1024, *, 
                              f"head dims {CROSS_HEAD_DIMS} (at 256 its cursor's registers spill in the KV loop)")
         if pingpong is None:   # (the cross-item stream, an A/B path, keeps the turn-less tile it was measured on)
             pingpong = WGMMA_PINGPONG and rows == 128 and not cross
-        if row_skip is None:
-            row_skip = rows == 128 and group <= WGMMA_ROW_SKIP_MAX_GROUP
         return replace(_wgmma_tile(dev, head_dim, rows, paged, tile_kv, stages, ctas_per_sm), cross=bool(cross),
-                       pingpong=bool(pingpong), fma_exp2=bool(fma_exp2), row_skip=bool(row_skip))
+                       pingpong=bool(pingpong), fma_exp2=bool(fma_exp2))
     if rows is None:
         need = max(group, avg_qo_len * group)
         rows = next((r for r in ROWS if r >= need), ROWS[-1])
@@ -201,7 +189,7 @@ def choose_tile(device, head_dim: int, group: int, avg_qo_len: float = 1024, *, 
     if stages is None:
         stages = 2 if head_dim > 128 else 3
     tile = PrefillTile(rows, tile_kv, num_warps, stages, paged, cross=bool(cross), pingpong=bool(pingpong),
-                       fma_exp2=bool(fma_exp2), row_skip=bool(row_skip))
+                       fma_exp2=bool(fma_exp2))
     if cross and (tile.mma_q != 1 or num_warps > 4):
         raise ValueError(f"prefill cross=True with the mma.sync tile {tile.tag}: the stream's cursor spills in its KV "
                          f"loop; it takes tiles of one 16-row group per warp and at most 4 warps (rows <= 64)")
