@@ -17,6 +17,7 @@
 #   CASCADE_LIBS=rt-casc,rt-wg,fi-casc PREFILL_TILES="default x" ...   # bench_cascade's libs (CASCADE_ARGS=--breakdown), bench_prefill's tile A/B
 #   PREFILL_SHAPES="32:8:64:16 ..." PREFILL_SHAPE_ROWS="16x1024 ..."   # bench-prefill-shapes' neighbourhood (HQ:HKV:D:PAGE)
 #   PREFILL_QUEUE_ORDERS="lpt request" ...   # bench-prefill-shapes' plan queue orders (rt, rt+request) A/B
+#   FUZZ_BASE=2000 FUZZ_PROCS=12 T_FUZZ=150 ... # the fuzz stage's seeds (tools/fuzz_gpu.py: random workloads vs float64)
 #   ONLY=nbhd bash tools/gpu_all.sh          # the neighbourhood alone, ~8 min at most (docs/perf-log.md "Neighbourhood"):
 #     nbhd-tier (pytest -m gpu -k nbhd: groups 3/5/6/7, pages 2/4/128), nbhd-decode (bench_decode --nbhd),
 #     nbhd-cascade (bench_cascade --rows 'nb-*'), nbhd-prefill (bench_prefill --shapes nbhd); only when ONLY names
@@ -33,6 +34,7 @@ mkdir -p "$OUT" "$LOGS"
 PY=${PYTHON:-python3}
 T_SMOKE=${T_SMOKE:-60} T_TIER=${T_TIER:-300} T_BENCH=${T_BENCH:-90}
 T_NBHD_TIER=${T_NBHD_TIER:-150} T_NBHD_BENCH=${T_NBHD_BENCH:-110}
+T_FUZZ=${T_FUZZ:-150} FUZZ_PROCS=${FUZZ_PROCS:-12} FUZZ_BASE=${FUZZ_BASE:-1000}
 case " ${ONLY:-} " in *" nbhd "*) ONLY="$ONLY nbhd-tier nbhd-decode nbhd-cascade nbhd-prefill" ;; esac   # the group
 declare -a SUMMARY
 read -r -a BD_ARGS <<< "${BENCH_DECODE_ARGS:---quick --fp8}"   # word-split, never glob-expanded
@@ -96,6 +98,10 @@ grep -h -E "^(ok |BAD|EXC)" "$LOGS/smoke-prefill-alt.log" | sort | uniq -c | sor
 stage smoke-cascade "$((T_SMOKE + 40))" bash -c "for i in \$(seq 0 $CASC_LAST); do timeout 90 $PY tools/smoke_cascade.py \$i & done; wait"
 grep -h -E "^(ok |BAD|EXC)" "$LOGS/smoke-cascade.log" | sort | uniq -c | sort -rn | head -5
 stage smoke-invariant "$((T_SMOKE + 30))" "$PY" tools/smoke_decode.py --invariant
+# Random workloads against float64 (tools/fuzz_gpu.py), FUZZ_PROCS processes of 20 seeds from FUZZ_BASE
+stage fuzz "$((T_FUZZ + 40))" bash -c "for i in \$(seq 0 $((FUZZ_PROCS - 1))); do s=\$(($FUZZ_BASE + i * 20)); \
+    timeout $((T_FUZZ + 30)) $PY tools/fuzz_gpu.py --seeds \$s:\$((s + 20)) --budget-s $T_FUZZ & done; wait"
+grep -h -E "^(FAIL|EXC)|cases passed" "$LOGS/fuzz.log" | sort | uniq -c | sort -rn | head -8
 stage gpu-tier "$T_TIER" env OUT="$LOGS/tier" PYTEST_ARGS="${TIER_ARGS:--n 8 -vv}" SAN_PARALLEL=1 SAN_TIMEOUT="${SAN_TIMEOUT:-70}" \
     bash tools/gpu_check.sh ${GPU_CHECK_ARGS:-}
 case " ${ONLY:-} " in *" nbhd-tier "*)   # the neighbourhood's GPU cases (ids ending -nbhd), while the modules above build
