@@ -24,6 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import inspector   # (lpt_assign; inspector imports this module: read at call time)
+from . import uniform
 from .costs import AUTO_IMBALANCE, COST_ALPHA, COST_GAMMA, TAIL_FRACTION
 from .fields import write_merge_and_info, write_requests
 from .layout import Batch
@@ -69,6 +70,24 @@ class Tiles:
         ps = page_size
         self.ps32, self.page_mask, self.ps_less1 = np.array(ps, dtype=np.int32), _k(-ps), _k(ps - 1)
         self.alpha, self.gamma, self.zero, self.one = _k(COST_ALPHA), _k(COST_GAMMA), _k(0), _k(1)
+        self.uniform = None   # rtattn.plan.uniform's scratch (uniform.Scratch), made on first use
+        self._uniform = {}    # qu -> (the bytes of qo_indptr qu x 0..max_batch (int32), qu repeated)
+        self.max_batch = max_batch
+
+    def _uniform_rows(self, qu: int):
+        r = self._uniform.get(qu)
+        if r is None:
+            r = self._uniform[qu] = ((np.arange(self.max_batch + 1, dtype=np.int32) * np.int32(qu)).tobytes(),
+                                     np.full(self.max_batch, qu, dtype=np.int32))
+        return r
+
+    def uniform_qo(self, qu: int, B: int) -> bytes:
+        """The bytes of a qo_indptr of B requests of qu tokens each."""
+        return self._uniform_rows(qu)[0][:4 * (B + 1)]
+
+    def uniform_q(self, qu: int) -> np.ndarray:
+        """qu per request (int32, max_batch of them: slice it)."""
+        return self._uniform_rows(qu)[1]
 
 
 def plan(p, qo, kp, ids, last, window_left, out):
@@ -93,9 +112,18 @@ def plan(p, qo, kp, ids, last, window_left, out):
         return None
     # Query lengths in int32: if every difference is in [1, max_qo_len] (as wrapped), qo_indptr is
     # their exact running sum (the sums stay below B x max_qo_len < 2**31), so monotone.
-    q = qo[1:] - qo[:-1]
-    qmin, qmax = q.item(q.argmin()), q.item(q.argmax())
-    if qmin < 1 or qmax > b.max_qo_len or kp.item(kp.argmin()) < 0:
+    tl = p._tiles
+    if tl is None:   # (made on the first plan this path takes: decode planners never need it)
+        tl = p._tiles = Tiles(b.max_batch, b.max_tiles, ps)
+    qmax = qo.item(1)
+    if 1 <= qmax <= min(tq, b.max_qo_len) and qo.tobytes() == tl.uniform_qo(qmax, B):
+        q, qmin = None, qmax   # every request qmax tokens, one tile (the bytes of qmax x 0..B: no diff)
+    else:
+        q = qo[1:] - qo[:-1]
+        qmin, qmax = q.item(q.argmin()), q.item(q.argmax())
+        if qmin < 1 or qmax > b.max_qo_len:
+            return None
+    if kp.item(kp.argmin()) < 0:
         return None
     multi = qmax > tq   # some request is several query tiles
     if multi and nq <= p.small_tokens:   # (few tokens: the small path's, if its tiles are few)
@@ -107,15 +135,12 @@ def plan(p, qo, kp, ids, last, window_left, out):
     pmin = pages.item(pages.argmin())
     if pmin < 1 or lmin < 1 or lmax > ps:
         return None
-    tl = p._tiles
-    if tl is None:   # (made on the first plan this path takes: decode planners never need it)
-        tl = p._tiles = Tiles(b.max_batch, b.max_tiles, ps)
     kv = pages * tl.ps32
     kv += last
     kv -= tl.ps32
     kv_least = (pmin - 1) * ps + lmin   # no tile's KV is shorter
     if p.causal and qmax > kv_least:   # (else every KV outlasts every query)
-        d = kv - q
+        d = kv - (qmax if q is None else q)
         if d.item(d.argmin()) < 0:
             return None
     pool = p.num_pages_pool
@@ -131,6 +156,11 @@ def plan(p, qo, kp, ids, last, window_left, out):
         kv_least = t[KV_END].item(t[KV_END].argmin())
         tmax = tq
     else:
+        if qmin == qmax and (info := uniform.plan(p, tl, lambda: p._buffer(out), qo, qmin, kv, kp, ids, B, nnz, nq,
+                                                  kv_least, SAFE_KV_TOKENS)) is not None:
+            return info
+        if q is None:
+            q = tl.uniform_q(qmax)[:B]
         if not tl.requests_are_tiles:   # (a several-tile plan left its tiles' requests there)
             tl.table[REQUEST] = p._ar[:tl.table.shape[1]]
             tl.requests_are_tiles = True
@@ -213,7 +243,7 @@ def _schedule(p, tl, t, T, nq, lo, hi, kv_least):
         return None
     tail = L // TAIL_FRACTION
     kvmax = kv.item(kv.argmax())
-    contiguous = (p, tl, t, ends, kv_least)   # (auto's alternative, made when a bound asks for it)
+    contiguous = (_contiguous, p, tl, t, ends, kv_least)   # (auto's alternative, made when a bound asks for it)
     if kvmax + L - 1 - tail < 2 * L:   # unsplit: every tile one item, its cost the tile's length
         res = _balanced(p, cost, total, L, contiguous, None)
         if res is not None and res["mode"] == "balanced":
@@ -238,7 +268,7 @@ def _schedule(p, tl, t, T, nq, lo, hi, kv_least):
             last = cost - nchunk * L0   # each tile's last chunk's cost, less L
             b0 = max(L + lo, L + last.item(last.argmax()), mean)
             if b0 * C > AUTO_IMBALANCE * total:
-                con = _contiguous(*contiguous)
+                con = contiguous[0](*contiguous[1:])
                 if con is None or con["top"] < b0:
                     return con
     if n <= C:   # one chunk per CTA at most: the balanced plan, no bound to weigh
@@ -288,7 +318,8 @@ def _chunks(p, tl, t, nchunk, pend, L0):
 def _balanced(p, cost, total, L, contiguous, con):
     """The numpy path's balanced schedule of items of costs `cost` (in layout order, summing to
     `total`): longest first, LPT past one item per CTA, auto's bound and loads against the
-    contiguous partition (`con`, or made from `contiguous` when asked). The schedule dict: the
+    contiguous partition (`con`, or made by `contiguous`, (function, its arguments), when asked:
+    a dict with its heaviest load `top`, or None where a bound is exceeded). The schedule dict: the
     contiguous plan's if auto takes it, else the balanced one with `order`, the layout indices
     of the items in queue order (the caller lays them out); None where a bound is exceeded."""
     C, n, ar, auto = p.num_ctas, cost.shape[0], p._ar, p.mode == "auto"
@@ -304,7 +335,7 @@ def _balanced(p, cost, total, L, contiguous, con):
         bound = max(cs.item(0), cs.item(C - 1) + cs.item(C), -(-total // C))
         if bound * C > AUTO_IMBALANCE * total:
             if con is None:
-                con = _contiguous(*contiguous)
+                con = contiguous[0](*contiguous[1:])
             if con is None or con["top"] < bound:
                 return con
     if cs.item(0) == cs.item(n - 1):
@@ -316,7 +347,7 @@ def _balanced(p, cost, total, L, contiguous, con):
         top = loads.item(loads.argmax())
         if top * C > AUTO_IMBALANCE * total:
             if con is None:
-                con = _contiguous(*contiguous)
+                con = contiguous[0](*contiguous[1:])
             if con is None or con["top"] < top:
                 return con
     q = _sorted_keys(cta, 1, ar[:n])   # queue order: (cta, assignment order)

@@ -1,0 +1,288 @@
+"""tile_table's one-tile batches whose requests all have the same query length qu (multi-token
+verification: a few draft tokens per request, every step), where the contiguous partition is the
+plan (mode contiguous, or auto's early choice at a few chunks per CTA): laid out and written
+straight into the plan with about half the table path's numpy calls (docs/perf-log.md "Host
+path v8").
+
+With one query length every tile has the same fixed cost f = 4 qu + 64, tile t's query rows are
+[qu t, qu t + qu), and a split tile's partial rows and merge entries are runs of qu, so the item
+rows, partial rows and merge map are products of item, tile and row numbers (cached qu x 0..n-1
+per qu) instead of columns laid out in the table and copied. The arithmetic keeps to one dtype
+(int64) with 0-d constants: a Python int operand or a cast in a ufunc costs ~2x the call. The
+schedule is the table path's decision for decision (the chunk bound, auto's early contiguous
+choice, the same cuts, loads, partial rows and merge map): the bytes are
+(tests/test_tile_table_plan.py). What it does not plan (auto's balanced schedules, short tiles
+whose chunk count is clamped, bounds exceeded) goes back to the table path with nothing written.
+"""
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+
+from . import inspector, tile_table   # (PlanInfo, _balanced; both import this module: read at call time)
+from .costs import AUTO_IMBALANCE, COST_ALPHA, COST_GAMMA, TAIL_FRACTION
+
+_ACC = np.add.accumulate
+
+
+class Scratch:
+    """A planner's buffers and constants for this path (made on its first uniform plan)."""
+
+    def __init__(self, b):
+        self.kv = np.zeros(b.max_batch, dtype=np.int64)
+        self.kv_rows = np.zeros((2, b.max_items + 1), dtype=np.int64)   # [KV start, end] of item j - 1
+        self.tile = np.zeros(b.max_batch, dtype=np.int64)
+        self.ar32 = np.arange(max(b.max_items, b.max_merge_rows) + 1, dtype=np.int32)
+        self.c = [np.zeros((), dtype=np.int64) for _ in range(4)]   # f, L - 1 - tail, L, w - 1
+        self.cost = np.zeros(b.max_batch, dtype=np.int64)
+        self.rows = {}   # qu -> Rows
+        # the tiles' item rows (inspector's order, int32): request, first query row (qu t), qu, KV
+        # start 0 and end (unsplit plans), partial and merge (-1 or as the split asks), first
+        # page; one take by each item's tile lays out every row of the items
+        self.tiles = np.zeros((8, b.max_batch), dtype=np.int32)
+        self.tiles[0] = self.ar32[:b.max_batch]
+        self.tiles_qu = 0   # the qu rows 1 and 2 hold
+        self.tile64 = np.zeros(b.max_batch, dtype=np.int64)
+
+    def tiles_for(self, qu: int) -> np.ndarray:
+        if self.tiles_qu != qu:
+            self.tiles[1] = self.rows_of(qu).q32[:self.tiles.shape[1]]
+            self.tiles[2] = qu
+            self.tiles_qu = qu
+        return self.tiles
+
+    def rows_of(self, qu: int):
+        r = self.rows.get(qu)
+        if r is None:
+            r = self.rows[qu] = Rows(self.ar32, qu)
+        return r
+
+
+class Rows:
+    """What depends on the query length qu alone: qu x 0, 1, ... (an item's partial rows when every
+    tile is split), and per merge entry e its split tile e // qu and row e % qu."""
+
+    def __init__(self, ar32, qu: int):
+        self.q32 = ar32 * np.int32(qu)
+        self.q64 = self.q32.astype(np.int64)
+        self.tile = ar32.astype(np.int64) // qu
+        self.row32 = ar32 % np.int32(qu)
+        self.row = self.row32.astype(np.int64)
+        self.qu = np.array(qu, dtype=np.int64)
+
+
+def plan(p, tl, views_of, qo, qu, kv, kp, ids, B, nnz, nq, kv_least, safe_kv):
+    """The PlanInfo of a uniform one-tile batch (validated by tile_table.plan: kv the int32 KV
+    lengths, every tile with pages, kv_least a lower bound of them) if this path plans it,
+    written into the buffer `views_of()` gives (buf, views); else None with nothing written."""
+    C, ps, mode = p.num_ctas, p.page_size, p.mode
+    sc = tl.uniform
+    if sc is None:
+        sc = tl.uniform = Scratch(p.bounds)
+    F, K, L0, W1 = sc.c
+    f = COST_ALPHA * qu + COST_GAMMA
+    F.fill(f)
+    kv64 = sc.kv[:B]
+    kv64[...] = kv
+    cost = sc.cost[:B]                 # each tile's length on the cost axis: its unsplit cost
+    np.add(kv64, F, out=cost)
+    ends = _ACC(cost)                  # each tile's end on the axis
+    total = ends.item(-1)
+    if mode != "contiguous":
+        kv_total = total - f * B
+        L = max(-(-kv_total // C), p.min_chunk)
+        L = -(-L // ps) * ps
+        tail = L // TAIL_FRACTION
+        if L >= safe_kv:
+            return None
+        k = L - 1 - tail
+        if kv.item(kv.argmax()) + k < 2 * L:   # unsplit: every tile one item
+            return _unsplit(p, tl, sc, views_of, qo, qu, kv, kv64, kp, ids, B, nnz, nq, kv_least, cost, ends,
+                            total, L)
+        if mode != "auto" or kv_least <= tail:   # (short tiles: their chunk count is clamped)
+            return None
+        # Algorithm 1's chunk counts; each tile's last chunk is the remainder (less k)
+        K.fill(k)
+        L0.fill(L)
+        x = kv64 + K
+        n = _ACC(x // L0).item(-1)
+        if not C < n <= min(2 * C, p.bounds.max_items):
+            return None
+        total2 = kv_total + n * f
+        mean = -(-total2 // C)
+        if max(L + L // TAIL_FRACTION + f, mean) * C <= AUTO_IMBALANCE * total2:
+            return None
+        # auto's early bound b0 = max(L + f, L + f + the largest last chunk less k, mean), within
+        # [lo, lo + tail] (a remainder is < L = k + 1 + tail): the largest chunk only if needed
+        lo = max(L + f, mean)
+        b0 = None
+        if lo * C <= AUTO_IMBALANCE * total2:
+            x %= L0
+            b0 = max(lo, L + f + x.item(x.argmax()) - k)
+            if b0 * C <= AUTO_IMBALANCE * total2:
+                return None
+    con = _contiguous(p, tl, sc, qu, kv64, ends, total, B, kv_least)
+    if con is None:
+        return None
+    if mode == "auto" and con[0] >= lo:   # (auto keeps it below b0)
+        if b0 is None:
+            x %= L0
+            b0 = max(lo, L + f + x.item(x.argmax()) - k)
+        if con[0] >= b0:
+            return None
+    return _keep(p, views_of, sc, con, qo, qu, kv, kp, ids, B, nnz, nq)
+
+
+def _keep(p, views_of, sc, con, qo, qu, kv, kp, ids, B, nnz, nq):
+    """The contiguous plan `con` written into the plan buffer: its PlanInfo."""
+    buf, v = views_of()
+    _write(p, v, sc, con, qo, qu, kv, kp, ids, B, nnz, nq)
+    top, w, n, M, P, S, loads = con[:7]
+    return inspector.PlanInfo(n, M, P, B, nq, p.num_ctas, p._tq, p.page_size, w, S, loads,
+                              buf if isinstance(buf, np.ndarray) else np.frombuffer(buf, np.uint8), v, "contiguous")
+
+
+def _unsplit(p, tl, sc, views_of, qo, qu, kv, kv64, kp, ids, B, nnz, nq, kv_least, cost, ends, total, L):
+    """Every tile one item (modes auto and balanced): tile_table._balanced's schedule (LPT on the
+    tiles' costs; auto weighs the contiguous partition when its bound asks), laid out here."""
+    held = []
+
+    def contiguous():   # (tile_table._balanced's alternative; a dict with the heaviest load)
+        con = _contiguous(p, tl, sc, qu, kv64, ends, total, B, kv_least)
+        if con is None:
+            held.append(None)
+            return None
+        held.append(con)
+        return dict(top=con[0], mode="contiguous")
+    res = tile_table._balanced(p, cost, total, L, (contiguous,), None)
+    if res is None or held and held[-1] is None:   # (a bound exceeded: the table path raises)
+        return None
+    if res["mode"] == "contiguous":
+        return _keep(p, views_of, sc, held[-1], qo, qu, kv, kp, ids, B, nnz, nq)
+    buf, v = views_of()
+    n, C = B, p.num_ctas
+    _requests(v, qo, qu, kv, kp, ids, B, nnz)
+    wv = v["work_indptr"]
+    wv[0] = 0
+    wv[1:C + 1] = res["wi"]
+    tt = sc.tiles_for(qu)
+    tt[4, :B] = kv
+    tt[5:7, :B] = -1
+    tt[7, :B] = kp[:B]
+    tt.take(res["order"], axis=1, out=v["_items"][:, :n], mode="clip")   # (the tiles in queue order)
+    v["merge_indptr"][0] = 0
+    struct.pack_into("=9i", v["plan_info"], 0, n, 0, 0, B, p._tq, p.page_size, C, nq, p._fold_chunk)
+    return p._info(res, B, nq, buf, v)
+
+
+def _requests(v, qo, qu, kv, kp, ids, B, nnz) -> None:
+    """The requests' rows and the page ids (fields.write_requests, qu for every query length)."""
+    v["req_qo_start"][:B] = qo[:B]
+    v["req_qo_len"][:B].fill(qu)
+    v["req_kv_page_start"][:B] = kp[:B]
+    v["req_kv_len"][:B] = kv
+    v["kv_indices"][:nnz] = ids[:nnz]
+
+
+def _contiguous(p, tl, sc, qu, kv64, ends, total, T, kv_least):
+    """tile_table._contiguous on a uniform one-tile batch, into scratch: (top, w, n, M, P, S,
+    loads, wi, rep, pieces, first, st), or None where a bound is exceeded."""
+    C, ps, ar, b = p.num_ctas, p.page_size, p._ar, p.bounds
+    F, _, W, W1 = sc.c
+    w = max(-(-total // C), p.min_chunk)
+    W.fill(w)
+    W1.fill(w - 1)
+    base = ends - kv64                 # each tile's KV token 0 on the axis
+    c0 = base + tl.ps_less1            # the CTA whose slice ends past the tile's first page
+    c0 //= W
+    pieces = ends + W1
+    pieces //= W                       # one past the CTA of the tile's last piece
+    if kv_least < ps:                  # a tile shorter than a page is its last piece alone
+        np.minimum(c0, pieces - tl.one, out=c0)
+    pieces -= c0
+    pend = _ACC(pieces)
+    n = pend.item(-1)
+    if n > b.max_items:
+        return None
+    if pieces.item(pieces.argmin()) > 1:     # every tile split
+        st, S = None, T
+    elif pieces.item(pieces.argmax()) > 1:
+        st = (pieces > tl.one).nonzero()[0]
+        S = st.shape[0]
+    else:
+        st, S = None, 0
+    M, P = S * qu, (qu * (n - (T - S)) if S else 0)   # (a split tile's pieces: qu partial rows each)
+    if P > b.max_partial_rows or M > b.max_merge_rows:
+        return None
+    first = pend - pieces
+    rep = ar[:T].repeat(pieces)        # each item's tile
+    cta = c0 - first                   # an item's CTA: its tile's first CTA + its piece index
+    cta = cta[rep]
+    cta += ar[:n]
+    kvr = sc.kv_rows[:, :n + 1]
+    cut = kvr[0, 1:]
+    np.multiply(cta, W, out=cut)       # the piece's first token: its CTA's slice start, on a page
+    cut -= base[rep]
+    np.maximum(cut, tl.zero, out=cut)
+    cut &= tl.page_mask
+    kv_end = kvr[1]                    # a piece ends where the next piece of its tile starts
+    kv_end[1:n] = cut[1:]
+    kv_end[pend] = kv64                # ... the last at its tile's KV
+    c = kv_end[1:] - cut
+    c += F
+    loads = np.bincount(cta, weights=c, minlength=C).astype(np.int64)
+    wi = cta.searchsorted(ar[:C], "right")
+    return loads.item(loads.argmax()), w, n, M, P, S, loads, wi, rep, pieces, first, st
+
+
+def _write(p, v, sc, con, qo, qu, kv, kp, ids, B, nnz, nq) -> None:
+    """The plan of a contiguous schedule `con` (_contiguous) into the views `v`: what
+    tile_table._write writes, the item rows taken from the tiles' rows."""
+    top, w, n, M, P, S, loads, wi, rep, pieces, first, st = con
+    C = p.num_ctas
+    _requests(v, qo, qu, kv, kp, ids, B, nnz)
+    wv = v["work_indptr"]
+    wv[0] = 0
+    wv[1:C + 1] = wi
+    tt = sc.tiles_for(qu)
+    r = sc.rows_of(qu)
+    tt[7, :B] = kp[:B]
+    # Partial rows: item j's first is z[tile] + qu j, z = qu (split tiles before - tile) for a split
+    # tile (its start, qu x the split tiles' pieces before it, less qu first) and -1 - qu first
+    # for the others (their one item: -1). Merge entries: a split tile's first is qu x the split
+    # tiles before it, -1 for the others.
+    if S == B:
+        tt[5, :B] = 0
+        tt[6, :B] = tt[1, :B]
+    elif S:
+        z = sc.tile64[:B]
+        np.multiply(first, r.qu, out=z)
+        np.invert(z, out=z)
+        x = st * r.qu
+        np.subtract(r.q64[:S], x, out=x)
+        z[st] = x
+        tt[5, :B] = z
+        mg = tt[6, :B]
+        mg.fill(-1)
+        mg[st] = r.q32[:S]
+    else:
+        tt[5:7, :B] = -1
+    it = v["_items"][:, :n]
+    tt.take(rep, axis=1, out=it, mode="clip")   # (rep < B: clip is the unchecked take)
+    it[3:5] = sc.kv_rows[:, 1:n + 1]
+    v["merge_indptr"][0] = 0
+    if S:
+        it[5] += r.q32[:n]
+        et = r.tile[:M]                          # each merge entry's split tile (0..S-1)
+        e = r.row32[:M]                          # ... and its row in the tile
+        if S == B:
+            v["merge_qo_row"][:M] = sc.ar32[:M]
+            pieces_st, first_st = pieces, first
+        else:
+            pieces_st, first_st = pieces[st], first[st]
+            np.add(qo[st][et], e, out=v["merge_qo_row"][:M])
+        v["merge_indptr"][1:M + 1] = _ACC(pieces_st[et])   # entry (tile, row): the tile's pieces each
+        np.add(it[5][first_st][et], e, out=v["merge_partial_start"][:M])   # the tile's first item's + row
+        v["merge_partial_stride"][:M].fill(qu)
+    struct.pack_into("=9i", v["plan_info"], 0, n, M, P, B, p._tq, p.page_size, C, nq, p._fold_chunk)

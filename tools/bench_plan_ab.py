@@ -1,0 +1,156 @@
+#!/usr/bin/env python3
+"""The wrapper's whole plan() on bench_overhead's rows, this tree against another checkout, in
+one process, without a GPU (the stub libcuda of tools/stub_libcuda.c, the fake H200 of tests/fakes.py).
+
+    python tools/bench_plan_ab.py OLD_TREE [--batches 1,16,64,256] [--reps 3000] [--families pf,decode]
+
+Inputs are tools/bench_overhead.py's: KV U(768, 1280) per request (rng seeded by the batch), page
+16, 32/8 heads, d128, pool for 256 requests; pf: BatchPrefillWrapper on PREFILL_QO = 4 tokens per
+request (causal), decode: BatchDecodeWrapper. The grids are the H200's (num_ctas 66 for the
+prefill wrapper's resident-4 tile, 33 for decode; the fake device alone would give 33 / 33).
+Both trees' wrappers plan the same inputs in alternating single calls (A, B, A, B, ...): the
+ratio of their medians holds on a busy machine where absolute figures drift. Every plan's bytes
+and PlanInfo fields are compared once between the trees (a difference is reported, not timed).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+H, HK, D, PS, PREFILL_QO = 32, 8, 128, 16, 4
+GRID = {"pf": 66, "decode": 33}
+
+
+def _reexec_with_stub(argv) -> int:
+    tmp = Path(tempfile.mkdtemp(prefix="rtattn-stub-"))
+    subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-o", str(tmp / "libcuda.so.1"),
+                    str(ROOT / "tools" / "stub_libcuda.c"), "-ldl"], check=True)
+    env = dict(os.environ, LD_LIBRARY_PATH=str(tmp), STUB_QUIET="1", RTATTN_BENCH_HOST_STUB="1")
+    return subprocess.call([sys.executable, __file__] + list(argv), env=env)
+
+
+class _Patch:
+    def setattr(self, obj, name, value):
+        setattr(obj, name, value)
+
+
+def page_table(rng, kv_lens, pool_pages):   # tools/bench_overhead.py's
+    pages = -(-np.asarray(kv_lens) // PS)
+    indptr = np.zeros(len(pages) + 1, np.int32)
+    np.cumsum(pages, out=indptr[1:])
+    ids = rng.permutation(pool_pages)[: int(indptr[-1])].astype(np.int32)
+    last = (np.asarray(kv_lens) - (pages - 1) * PS).astype(np.int32)
+    return indptr, ids, last
+
+
+def load_tree(root: Path):
+    """Import rtattn (and tests/fakes) from `root` afresh: a factory of that tree's wrappers
+    on the fake device with the real plan() copy path into the stub driver."""
+    for name in [m for m in sys.modules if m == "rtattn" or m.startswith("rtattn.") or m in ("fakes", "fake_driver")]:
+        del sys.modules[name]
+    sys.path[:0] = [str(root), str(root / "tests")]
+    try:
+        import fakes
+        from rtattn import prefill_wrapper as PW
+        from rtattn import wrapper as W
+        from rtattn.runtime import Device, Event, PinnedBuffer, libcuda
+        real = (libcuda.copy_htod, libcuda.record_event, libcuda.wait_event)
+        dev = fakes.fake_device()
+        dev.enter = Device(0).set_current().enter
+        dev.streams_checked.add(0x5000)
+        fakes.install_prefill(_Patch(), device=dev)
+        fakes.install(_Patch(), fakes.FakeKernels, device=dev)
+        libcuda.copy_htod, libcuda.record_event, libcuda.wait_event = real
+        stub = Device(0)
+    finally:
+        del sys.path[:2]
+
+    def make(family, batch, pool):
+        if family == "pf":
+            w = PW.BatchPrefillWrapper(H, HK, D, PS, max_batch=batch, max_qo_tokens=batch * PREFILL_QO,
+                                       max_pages=pool, max_qo_len=PREFILL_QO, num_ctas=GRID[family])
+        else:
+            w = W.BatchDecodeWrapper(H, HK, D, PS, max_batch=batch, max_pages=pool, num_ctas=GRID[family])
+        w._pinned = tuple(PinnedBuffer(w.layout.plan_bytes, stub) for _ in range(2))
+        w._pinned_arrays = tuple(b.array for b in w._pinned)
+        w._copied = tuple(Event(timing=False, device=stub) for _ in range(2))
+        return w
+    return make
+
+
+def inputs(family, batch, pool):
+    rng = np.random.default_rng(batch)
+    kv_lens = rng.integers(768, 1280 + 1, batch)
+    kv = page_table(rng, kv_lens, pool)
+    if family == "pf":
+        qi = np.arange(0, batch * PREFILL_QO + 1, PREFILL_QO, dtype=np.int32)
+        return lambda w: w.plan(qi, *kv, stream=0x5000)
+    return lambda w: w.plan(*kv, stream=0x5000)
+
+
+def same(wa, wb, ia, ib) -> str:
+    keys = ("num_items", "num_merge_rows", "num_partial_rows", "chunk_tokens", "num_split_tiles", "mode")
+    for k in keys:
+        if getattr(ia, k) != getattr(ib, k):
+            return f"PlanInfo.{k} {getattr(ia, k)} != {getattr(ib, k)}"
+    if not np.array_equal(ia.cta_loads, ib.cta_loads):
+        return "cta_loads differ"
+    n = wa.layout.plan_bytes
+    if bytes(ia.buffer[:n]) != bytes(ib.buffer[:n]):
+        return "plan bytes differ"
+    return "same"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("old", type=Path, help="the other checkout's root (A); this tree is B")
+    ap.add_argument("--batches", type=lambda s: [int(x) for x in s.split(",")], default=[1, 16, 64, 256])
+    ap.add_argument("--families", type=lambda s: s.split(","), default=["pf", "decode"])
+    ap.add_argument("--reps", type=int, default=3000)
+    args = ap.parse_args(argv)
+    if os.environ.get("RTATTN_BENCH_HOST_STUB") != "1":
+        return _reexec_with_stub(sys.argv[1:] if argv is None else argv)
+    make_a, make_b = load_tree(args.old.resolve()), load_tree(ROOT)
+    pool = max(args.batches) * (-(-1280 // PS)) + 16
+    pc = time.perf_counter
+    print(f"# wrapper plan() host us, stub driver, {H}/{HK} d{D} page {PS}, KV U(768,1280); "
+          f"A = {args.old}, B = this tree; median of {args.reps} interleaved calls each")
+    print(f"{'family':>6} {'batch':>5} {'C':>3} {'items':>5} {'A us':>7} {'B us':>7} {'B/A':>6}  plans")
+    for family in args.families:
+        for batch in args.batches:
+            wa, wb = make_a(family, batch, pool), make_b(family, batch, pool)
+            call = inputs(family, batch, pool)
+            for w in (wa, wb):   # the same stale bytes under both trees' plans
+                for a in w._pinned_arrays:
+                    a[:] = 0xA5
+            ia, ib = call(wa), call(wb)
+            verdict = same(wa, wb, ia, ib)
+            for _ in range(50):
+                call(wa)
+                call(wb)
+            ta, tb = [], []
+            for _ in range(args.reps):
+                t0 = pc()
+                call(wa)
+                t1 = pc()
+                call(wb)
+                t2 = pc()
+                ta.append(t1 - t0)
+                tb.append(t2 - t1)
+            a, b = statistics.median(ta) * 1e6, statistics.median(tb) * 1e6
+            print(f"{family:>6} {batch:5d} {GRID[family]:3d} {ib.num_items:5d} {a:7.1f} {b:7.1f} {b / a:6.3f}  "
+                  f"{verdict}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
