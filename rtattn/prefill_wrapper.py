@@ -91,8 +91,11 @@ class BatchPrefillWrapper(PlannedWrapper):
         pages, kv_indices, kv_last_page_len; ragged KV: kv_indptr over tokens only. The plan's
         copy is queued on `stream`: run() on the same stream (or order the two yourself).
         Sliding-window variants take `window_left` here, as BatchDecodeWrapper.plan()."""
-        window_left = self._check_window(window_left)
-        qo_indptr, kv_indptr = host_array(qo_indptr), host_array(kv_indptr)
+        if window_left is not None or self.spec.window:
+            window_left = self._check_window(window_left)
+        nd = np.ndarray   # (numpy arrays as they are: host_array's first case, without the calls)
+        if type(qo_indptr) is not nd or type(kv_indptr) is not nd:
+            qo_indptr, kv_indptr = host_array(qo_indptr), host_array(kv_indptr)
         if self.ragged:
             if kv_indices is not None or kv_last_page_len is not None:
                 raise ValueError("ragged KV: pass only qo_indptr and kv_indptr (token offsets)")
@@ -105,7 +108,8 @@ class BatchPrefillWrapper(PlannedWrapper):
         elif kv_indices is None or kv_last_page_len is None:
             raise ValueError("paged KV: plan() needs kv_indices and kv_last_page_len")
         else:
-            kv_indices, kv_last_page_len = host_array(kv_indices), host_array(kv_last_page_len)
+            if type(kv_indices) is not nd or type(kv_last_page_len) is not nd:
+                kv_indices, kv_last_page_len = host_array(kv_indices), host_array(kv_last_page_len)
         return self._plan_and_copy(qo_indptr, kv_indptr, kv_indices, kv_last_page_len, stream, window_left)
 
     # ------------------------------------------------------------------ run (PlannedWrapper's)

@@ -17,6 +17,8 @@ attention then runs over k_cache * k_scale and v_cache * v_scale (the LSE too).
 """
 from __future__ import annotations
 
+import numpy as np
+
 from rtattn.families import decode as decode_family
 from rtattn.kernels import decode_kernels
 from rtattn.plan import devices as plan_devices
@@ -98,9 +100,14 @@ class BatchDecodeWrapper(PlannedWrapper):
 
         Sliding-window variants need `window_left` here (the plan reads only the window;
         run() takes it from the plan and refuses a params window that disagrees)."""
-        window_left = self._check_window(window_left)
-        kv_indptr, kv_indices, kv_last_page_len = (host_array(a) for a in (kv_indptr, kv_indices, kv_last_page_len))
-        qo_indptr = None if qo_indptr is None else host_array(qo_indptr)   # None: decode
+        if window_left is not None or self.spec.window:
+            window_left = self._check_window(window_left)
+        nd = np.ndarray   # (numpy arrays as they are: host_array's first case, without the calls)
+        if type(kv_indptr) is not nd or type(kv_indices) is not nd or type(kv_last_page_len) is not nd:
+            kv_indptr, kv_indices, kv_last_page_len = (host_array(kv_indptr), host_array(kv_indices),
+                                                       host_array(kv_last_page_len))
+        if qo_indptr is not None and type(qo_indptr) is not nd:   # None: decode
+            qo_indptr = host_array(qo_indptr)
         return self._plan_and_copy(qo_indptr, kv_indptr, kv_indices, kv_last_page_len, stream, window_left)
 
 

@@ -71,23 +71,19 @@ class Tiles:
         self.ps32, self.page_mask, self.ps_less1 = np.array(ps, dtype=np.int32), _k(-ps), _k(ps - 1)
         self.alpha, self.gamma, self.zero, self.one = _k(COST_ALPHA), _k(COST_GAMMA), _k(0), _k(1)
         self.uniform = None   # rtattn.plan.uniform's scratch (uniform.Scratch), made on first use
-        self._uniform = {}    # qu -> (the bytes of qo_indptr qu x 0..max_batch (int32), qu repeated)
+        # qu -> the bytes of qu x (0, 1, .., max_batch) as int32 (qo_indptr of qu tokens per request),
+        # for the query lengths of one tile (1..tile_q) that plans have used; and qu repeated
+        self.uniform_bytes, self._uniform_q = {}, {}
         self.max_batch = max_batch
 
-    def _uniform_rows(self, qu: int):
-        r = self._uniform.get(qu)
-        if r is None:
-            r = self._uniform[qu] = ((np.arange(self.max_batch + 1, dtype=np.int32) * np.int32(qu)).tobytes(),
-                                     np.full(self.max_batch, qu, dtype=np.int32))
-        return r
-
-    def uniform_qo(self, qu: int, B: int) -> bytes:
-        """The bytes of a qo_indptr of B requests of qu tokens each."""
-        return self._uniform_rows(qu)[0][:4 * (B + 1)]
+    def uniform_rows(self, qu: int) -> bytes:
+        self._uniform_q[qu] = np.full(self.max_batch, qu, dtype=np.int32)
+        b = self.uniform_bytes[qu] = (np.arange(self.max_batch + 1, dtype=np.int32) * np.int32(qu)).tobytes()
+        return b
 
     def uniform_q(self, qu: int) -> np.ndarray:
         """qu per request (int32, max_batch of them: slice it)."""
-        return self._uniform_rows(qu)[1]
+        return self._uniform_q[qu]
 
 
 def plan(p, qo, kp, ids, last, window_left, out):
@@ -116,8 +112,11 @@ def plan(p, qo, kp, ids, last, window_left, out):
     if tl is None:   # (made on the first plan this path takes: decode planners never need it)
         tl = p._tiles = Tiles(b.max_batch, b.max_tiles, ps)
     qmax = qo.item(1)
-    if 1 <= qmax <= min(tq, b.max_qo_len) and qo.tobytes() == tl.uniform_qo(qmax, B):
-        q, qmin = None, qmax   # every request qmax tokens, one tile (the bytes of qmax x 0..B: no diff)
+    ub = tl.uniform_bytes.get(qmax)   # (qo_indptr of qmax tokens per request, as bytes; one-tile lengths only)
+    if ub is None and 1 <= qmax <= min(tq, b.max_qo_len):
+        ub = tl.uniform_rows(qmax)
+    if ub is not None and qo.tobytes() == ub[:4 * B + 4]:
+        q, qmin = None, qmax   # every request qmax tokens, one tile (qo_indptr's bytes: no difference to take)
     else:
         q = qo[1:] - qo[:-1]
         qmin, qmax = q.item(q.argmin()), q.item(q.argmax())
