@@ -105,3 +105,40 @@ def test_decode_and_window_batches_go_the_numpy_way(monkeypatch):
     p.plan(indptr_from_lengths([4] * 64), kvp, idx, last)
     p.plan(indptr_from_lengths([8] * 64), kvp, idx, last)   # two tiles per request
     assert calls == [1, 1]
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_one_length_batches_plan_byte_identical_to_numpy_path(seed, monkeypatch):
+    """Batches whose requests all have the same query length (1..tile_q: multi-token verification)
+    take rtattn.plan.uniform: the numpy path's bytes, PlanInfo and errors, in each of its layouts."""
+    rng = np.random.default_rng(100 + seed)
+    taken = []
+    write, unsplit = uniform._write, uniform._unsplit
+    monkeypatch.setattr(uniform, "_write", lambda p, v, sc, con, *a: taken.append(
+        "all split" if con[5] == a[5] else "some split" if con[5] else "none split") or write(p, v, sc, con, *a))
+    monkeypatch.setattr(uniform, "_unsplit", lambda *a: (lambda r: taken.append("unsplit" if r else "back") or r)(
+        unsplit(*a)))
+    for case in range(400):
+        pk, args = _case(rng)
+        B = len(args[1]) - 1
+        if B < 1:
+            continue
+        qu = int(rng.integers(1, pk["tile"].tile_q + 1))
+        args[0] = indptr_from_lengths(np.full(B, qu))
+        if rng.random() < 0.1:   # one request a token longer: not one length
+            args[0] = args[0].copy()
+            args[0][-1] += 1
+        tokens = max(pk["max_qo_tokens"], int(args[0][-1]), qu + 1)
+        pk.update(max_qo_tokens=tokens, max_qo_len=max(pk["max_qo_len"], qu + 1))
+        if rng.random() < 0.5:
+            pk["mode"] = "auto"
+        fast, ref = Planner(**pk), Planner(**pk)
+        fast.small_tiles = ref.small_tiles = 0
+        ref.tile_table_path = False
+        stale = rng.integers(0, 256, fast.layout.plan_bytes, dtype=np.uint8)
+        for _ in range(2):
+            got, want = _plan(fast, args, {}, stale), _plan(ref, args, {}, stale)
+            assert got[1] == want[1], (case, pk)
+            assert np.array_equal(got[0], want[0]), (case, pk)
+            stale = got[0]
+    assert all(taken.count(k) > 10 for k in ("all split", "some split", "none split", "unsplit")), taken

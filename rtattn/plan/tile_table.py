@@ -17,7 +17,9 @@ PlanInfo are identical (tests/test_tile_table_plan.py; the contiguous partition'
 documented at inspector.Planner._contiguous). What the quick checks do not accept (other input
 forms, zero-page requests, ...) goes on to the small path (rtattn.plan.small, if it is small
 enough) or the numpy way, whose validation names the error; where a bound is exceeded the numpy
-path plans the validated batch and raises: errors have one source.
+path plans the validated batch and raises: errors have one source. One-tile batches whose
+requests all have one query length (told apart by qo_indptr's bytes) go to rtattn.plan.uniform
+first, which writes the contiguous and one-item-per-tile plans straight into the buffer.
 """
 from __future__ import annotations
 
@@ -155,7 +157,7 @@ def plan(p, qo, kp, ids, last, window_left, out):
         kv_least = t[KV_END].item(t[KV_END].argmin())
         tmax = tq
     else:
-        if qmin == qmax and (info := uniform.plan(p, tl, lambda: p._buffer(out), qo, qmin, kv, kp, ids, B, nnz, nq,
+        if qmin == qmax and (info := uniform.plan(p, tl, out, qo, qmin, kv, kp, ids, B, nnz, nq,
                                                   kv_least, SAFE_KV_TOKENS)) is not None:
             return info
         if q is None:

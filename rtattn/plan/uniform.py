@@ -1,8 +1,8 @@
 """tile_table's one-tile batches whose requests all have the same query length qu (multi-token
-verification: a few draft tokens per request, every step), where the contiguous partition is the
-plan (mode contiguous, or auto's early choice at a few chunks per CTA): laid out and written
-straight into the plan with about half the table path's numpy calls (docs/perf-log.md "Host
-path v8").
+verification: a few draft tokens per request, every step), where the plan is the contiguous
+partition (mode contiguous, or auto's early choice at a few chunks per CTA) or one item per tile
+(LPT: tile_table._balanced): laid out and written straight into the plan with fewer numpy calls
+than the table path (docs/perf-log.md "Host path v8").
 
 With one query length every tile has the same fixed cost f = 4 qu + 64, tile t's query rows are
 [qu t, qu t + qu), and a split tile's partial rows and merge entries are runs of qu, so the item
@@ -13,6 +13,7 @@ schedule is the table path's decision for decision (the chunk bound, auto's earl
 choice, the same cuts, loads, partial rows and merge map): the bytes are
 (tests/test_tile_table_plan.py). What it does not plan (auto's balanced schedules, short tiles
 whose chunk count is clamped, bounds exceeded) goes back to the table path with nothing written.
+(tile_table.plan recognises such a qo_indptr by its bytes.)
 """
 from __future__ import annotations
 
@@ -32,7 +33,6 @@ class Scratch:
     def __init__(self, b):
         self.kv = np.zeros(b.max_batch, dtype=np.int64)
         self.kv_rows = np.zeros((2, b.max_items + 1), dtype=np.int64)   # [KV start, end] of item j - 1
-        self.tile = np.zeros(b.max_batch, dtype=np.int64)
         self.ar32 = np.arange(max(b.max_items, b.max_merge_rows) + 1, dtype=np.int32)
         self.c = [np.zeros((), dtype=np.int64) for _ in range(4)]   # f, L - 1 - tail, L, w - 1
         self.cost = np.zeros(b.max_batch, dtype=np.int64)
@@ -68,14 +68,13 @@ class Rows:
         self.q64 = self.q32.astype(np.int64)
         self.tile = ar32.astype(np.int64) // qu
         self.row32 = ar32 % np.int32(qu)
-        self.row = self.row32.astype(np.int64)
         self.qu = np.array(qu, dtype=np.int64)
 
 
-def plan(p, tl, views_of, qo, qu, kv, kp, ids, B, nnz, nq, kv_least, safe_kv):
+def plan(p, tl, out, qo, qu, kv, kp, ids, B, nnz, nq, kv_least, safe_kv):
     """The PlanInfo of a uniform one-tile batch (validated by tile_table.plan: kv the int32 KV
     lengths, every tile with pages, kv_least a lower bound of them) if this path plans it,
-    written into the buffer `views_of()` gives (buf, views); else None with nothing written."""
+    written into `out` (None: a new buffer, as Planner._buffer); else None with nothing written."""
     C, ps, mode = p.num_ctas, p.page_size, p.mode
     sc = tl.uniform
     if sc is None:
@@ -98,7 +97,7 @@ def plan(p, tl, views_of, qo, qu, kv, kp, ids, B, nnz, nq, kv_least, safe_kv):
             return None
         k = L - 1 - tail
         if kv.item(kv.argmax()) + k < 2 * L:   # unsplit: every tile one item
-            return _unsplit(p, tl, sc, views_of, qo, qu, kv, kv64, kp, ids, B, nnz, nq, kv_least, cost, ends,
+            return _unsplit(p, tl, sc, out, qo, qu, kv, kv64, kp, ids, B, nnz, nq, kv_least, cost, ends,
                             total, L)
         if mode != "auto" or kv_least <= tail:   # (short tiles: their chunk count is clamped)
             return None
@@ -131,19 +130,19 @@ def plan(p, tl, views_of, qo, qu, kv, kp, ids, B, nnz, nq, kv_least, safe_kv):
             b0 = max(lo, L + f + x.item(x.argmax()) - k)
         if con[0] >= b0:
             return None
-    return _keep(p, views_of, sc, con, qo, qu, kv, kp, ids, B, nnz, nq)
+    return _keep(p, out, sc, con, qo, qu, kv, kp, ids, B, nnz, nq)
 
 
-def _keep(p, views_of, sc, con, qo, qu, kv, kp, ids, B, nnz, nq):
+def _keep(p, out, sc, con, qo, qu, kv, kp, ids, B, nnz, nq):
     """The contiguous plan `con` written into the plan buffer: its PlanInfo."""
-    buf, v = views_of()
+    buf, v = p._buffer(out)
     _write(p, v, sc, con, qo, qu, kv, kp, ids, B, nnz, nq)
     top, w, n, M, P, S, loads = con[:7]
     return inspector.PlanInfo(n, M, P, B, nq, p.num_ctas, p._tq, p.page_size, w, S, loads,
                               buf if isinstance(buf, np.ndarray) else np.frombuffer(buf, np.uint8), v, "contiguous")
 
 
-def _unsplit(p, tl, sc, views_of, qo, qu, kv, kv64, kp, ids, B, nnz, nq, kv_least, cost, ends, total, L):
+def _unsplit(p, tl, sc, out, qo, qu, kv, kv64, kp, ids, B, nnz, nq, kv_least, cost, ends, total, L):
     """Every tile one item (modes auto and balanced): tile_table._balanced's schedule (LPT on the
     tiles' costs; auto weighs the contiguous partition when its bound asks), laid out here."""
     held = []
@@ -159,8 +158,8 @@ def _unsplit(p, tl, sc, views_of, qo, qu, kv, kv64, kp, ids, B, nnz, nq, kv_leas
     if res is None or held and held[-1] is None:   # (a bound exceeded: the table path raises)
         return None
     if res["mode"] == "contiguous":
-        return _keep(p, views_of, sc, held[-1], qo, qu, kv, kp, ids, B, nnz, nq)
-    buf, v = views_of()
+        return _keep(p, out, sc, held[-1], qo, qu, kv, kp, ids, B, nnz, nq)
+    buf, v = p._buffer(out)
     n, C = B, p.num_ctas
     _requests(v, qo, qu, kv, kp, ids, B, nnz)
     wv = v["work_indptr"]
