@@ -60,16 +60,17 @@ def lengths_heavy(rng, batch: int, mean: int, sigma: float = HEAVY_SIGMA, hi: in
     return x
 
 
-def page_table(rng, kv_lens, page_size: int):
-    """Paged KV for `kv_lens`: pages scattered by a random permutation of page ids.
-    Returns int32 (kv_indptr [B+1], kv_indices [nnz], kv_last_page_len [B]); nnz pages total."""
+def page_table(rng, kv_lens, page_size: int, pool_pages: int | None = None):
+    """Paged KV for `kv_lens`: pages scattered by a random permutation of page ids (of a pool of
+    `pool_pages`; None: the nnz pages used). Returns int32 (kv_indptr [B+1], kv_indices [nnz],
+    kv_last_page_len [B])."""
     kv_lens = np.asarray(kv_lens, dtype=np.int64)
     if (kv_lens < 1).any():
         raise ValueError("every request needs at least one KV token")
     pages = (kv_lens + page_size - 1) // page_size
     indptr = np.zeros(len(kv_lens) + 1, dtype=np.int32)
     np.cumsum(pages, out=indptr[1:])
-    indices = rng.permutation(int(indptr[-1])).astype(np.int32)
+    indices = rng.permutation(pool_pages or int(indptr[-1]))[: int(indptr[-1])].astype(np.int32)
     last = (kv_lens - (pages - 1) * page_size).astype(np.int32)
     return indptr, indices, last
 

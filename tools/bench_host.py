@@ -16,30 +16,18 @@ current stream) are not in it -- tools/bench_overhead.py measures those on the G
 from __future__ import annotations
 
 import argparse
-import os
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
+
+import stub_driver
 
 ROOT = Path(__file__).resolve().parent.parent
 PREFILL_QO = 4   # query tokens per request of the prefill rows
 
 
-def _reexec_with_stub(argv) -> int:
-    tmp = Path(tempfile.mkdtemp(prefix="rtattn-stub-"))
-    subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-o", str(tmp / "libcuda.so.1"),
-                    str(ROOT / "tools" / "stub_libcuda.c"), "-ldl"], check=True)
-    env = dict(os.environ, LD_LIBRARY_PATH=str(tmp), STUB_QUIET="1", RTATTN_BENCH_HOST_STUB="1")
-    return subprocess.call([sys.executable, __file__] + list(argv), env=env)
 
 
-class _Patch:
-    """monkeypatch.setattr for a script (fakes.install takes any object with setattr)."""
-
-    def setattr(self, obj, name, value):
-        setattr(obj, name, value)
 
 
 class _TorchLikeStream:
@@ -71,8 +59,8 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=2000)
     ap.add_argument("--families", type=lambda s: s.split(","), default=["decode", "prefill"])
     args = ap.parse_args(argv)
-    if os.environ.get("RTATTN_BENCH_HOST_STUB") != "1":
-        return _reexec_with_stub(sys.argv[1:] if argv is None else argv)
+    if not stub_driver.active():
+        return stub_driver.reexec_with_stub(__file__, sys.argv[1:] if argv is None else argv)
 
     sys.path.insert(0, str(ROOT / "tests"))
     import numpy as np
@@ -90,8 +78,8 @@ def main(argv=None) -> int:
     dev = fakes.fake_device()
     dev.enter = Device(0).set_current().enter   # the real context check; current already, as under torch
     dev.streams_checked.add(0x5000)    # the stream: the stub's, checked once (as a real device remembers it)
-    fakes.install_prefill(_Patch(), device=dev)
-    fakes.install(_Patch(), fakes.FakeKernels, device=dev)
+    fakes.install_prefill(stub_driver.Patch(), device=dev)
+    fakes.install(stub_driver.Patch(), fakes.FakeKernels, device=dev)
     launch_mod.enqueue = real_enqueue           # the real launch path, into the stub driver
     libcuda.copy_htod, libcuda.record_event, libcuda.wait_event = real_copies   # and plan()'s copy
     stub = Device(0)

@@ -46,6 +46,8 @@ import time
 
 import numpy as np
 
+from bench_common import page_table
+
 H, HK, D, PS = 32, 8, 128, 16
 PREFILL_QO = 4   # query tokens per request of the prefill wrapper's rows
 PLAN_WARMUP, PLAN_SAMPLES = 10, 200   # plan() is cheap: many samples, after its first calls (view caches)
@@ -55,13 +57,6 @@ def med(xs):
     return float(statistics.median(xs))
 
 
-def page_table(rng, kv_lens, pool_pages):
-    pages = -(-np.asarray(kv_lens) // PS)
-    indptr = np.zeros(len(pages) + 1, np.int32)
-    np.cumsum(pages, out=indptr[1:])
-    ids = rng.permutation(pool_pages)[: int(indptr[-1])].astype(np.int32)
-    last = (np.asarray(kv_lens) - (pages - 1) * PS).astype(np.int32)
-    return indptr, ids, last
 
 
 class Bench:
@@ -358,11 +353,11 @@ def main(argv=None) -> int:
     rows = []
     rng = np.random.default_rng(0)   # warm-up: the first batch once, untimed (every rtattn path)
     with torch.cuda.stream(b.stream):
-        b.rtattn(args.batches[0], page_table(rng, np.full(args.batches[0], args.kv), b.pool), reps=2)
+        b.rtattn(args.batches[0], page_table(rng, np.full(args.batches[0], args.kv), PS, b.pool), reps=2)
     for batch in args.batches:
         rng = np.random.default_rng(batch)
         kv_lens = rng.integers(int(args.kv * 0.75), b.kv_max + 1, batch)
-        kv = page_table(rng, kv_lens, b.pool)
+        kv = page_table(rng, kv_lens, PS, b.pool)
         with torch.cuda.stream(b.stream):   # as FlashInfer runs: torch's current stream is the one timed
             row = dict(batch=batch, kv_tokens=int(kv_lens.sum()), rt=b.rtattn(batch, kv))
             if not args.no_invariant:

@@ -15,41 +15,25 @@ and PlanInfo fields are compared once between the trees (a difference is reporte
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
+
+import stub_driver
+from bench_common import page_table
 
 ROOT = Path(__file__).resolve().parent.parent
 H, HK, D, PS, PREFILL_QO = 32, 8, 128, 16, 4
 GRID = {"pf": 66, "decode": 33}
 
 
-def _reexec_with_stub(argv) -> int:
-    tmp = Path(tempfile.mkdtemp(prefix="rtattn-stub-"))
-    subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-o", str(tmp / "libcuda.so.1"),
-                    str(ROOT / "tools" / "stub_libcuda.c"), "-ldl"], check=True)
-    env = dict(os.environ, LD_LIBRARY_PATH=str(tmp), STUB_QUIET="1", RTATTN_BENCH_HOST_STUB="1")
-    return subprocess.call([sys.executable, __file__] + list(argv), env=env)
 
 
-class _Patch:
-    def setattr(self, obj, name, value):
-        setattr(obj, name, value)
 
 
-def page_table(rng, kv_lens, pool_pages):   # tools/bench_overhead.py's
-    pages = -(-np.asarray(kv_lens) // PS)
-    indptr = np.zeros(len(pages) + 1, np.int32)
-    np.cumsum(pages, out=indptr[1:])
-    ids = rng.permutation(pool_pages)[: int(indptr[-1])].astype(np.int32)
-    last = (np.asarray(kv_lens) - (pages - 1) * PS).astype(np.int32)
-    return indptr, ids, last
 
 
 def load_tree(root: Path):
@@ -67,8 +51,8 @@ def load_tree(root: Path):
         dev = fakes.fake_device()
         dev.enter = Device(0).set_current().enter
         dev.streams_checked.add(0x5000)
-        fakes.install_prefill(_Patch(), device=dev)
-        fakes.install(_Patch(), fakes.FakeKernels, device=dev)
+        fakes.install_prefill(stub_driver.Patch(), device=dev)
+        fakes.install(stub_driver.Patch(), fakes.FakeKernels, device=dev)
         libcuda.copy_htod, libcuda.record_event, libcuda.wait_event = real
         stub = Device(0)
     finally:
@@ -90,7 +74,7 @@ def load_tree(root: Path):
 def inputs(family, batch, pool):
     rng = np.random.default_rng(batch)
     kv_lens = rng.integers(768, 1280 + 1, batch)
-    kv = page_table(rng, kv_lens, pool)
+    kv = page_table(rng, kv_lens, PS, pool)
     if family == "pf":
         qi = np.arange(0, batch * PREFILL_QO + 1, PREFILL_QO, dtype=np.int32)
         return lambda w: w.plan(qi, *kv, stream=0x5000)
@@ -117,8 +101,8 @@ def main(argv=None) -> int:
     ap.add_argument("--families", type=lambda s: s.split(","), default=["pf", "decode"])
     ap.add_argument("--reps", type=int, default=3000)
     args = ap.parse_args(argv)
-    if os.environ.get("RTATTN_BENCH_HOST_STUB") != "1":
-        return _reexec_with_stub(sys.argv[1:] if argv is None else argv)
+    if not stub_driver.active():
+        return stub_driver.reexec_with_stub(__file__, sys.argv[1:] if argv is None else argv)
     make_a, make_b = load_tree(args.old.resolve()), load_tree(ROOT)
     pool = max(args.batches) * (-(-1280 // PS)) + 16
     pc = time.perf_counter
