@@ -67,6 +67,10 @@ class AttentionSpec:
     # ... which also joins the earlier levels' states into its writethrough rows, so no fold
     # kernel follows (cuda_src/decode.cuh RTATTN_LEVEL_JOIN; needs `independent`)
     level_join: bool = False
+    # ... whose CTAs but (0, 0) leave after their items without the exit wait, freeing their SM
+    # slots while the previous grid runs (cuda_src/decode.cuh RTATTN_LEAVE_EARLY; needs
+    # `independent`, not `level_join`: the joined states need the wait in every CTA)
+    leave_early: bool = False
 
     def __post_init__(self):
         if not _IDENT.match(self.variant):
@@ -79,6 +83,9 @@ class AttentionSpec:
                              f"head_dim <= 128 (32 fused rows do not fit the registers at 256)")
         if self.level_join and not self.independent:
             raise ValueError("level_join=True needs independent=True (the joined states are the previous grid's)")
+        if self.leave_early and (not self.independent or self.level_join):
+            raise ValueError("leave_early=True needs independent=True and level_join=False (a joining CTA waits "
+                             "for the previous grid's states)")
         names = [p.name for p in self.params]
         if len(set(names)) != len(names):
             raise ValueError(f"duplicate parameter names in {names}")
@@ -124,7 +131,7 @@ class AttentionSpec:
         o = "" if self.o_dtype == self.q_dtype else f"_o{self.o_dtype}"
         return (f"{self.variant}_{self.q_dtype}{kv}{o}_d{self.head_dim}_m{self.m_tiles}"
                 f"_w{self.num_warps}_s{self.stages}{'_inv' if self.invariant else ''}{'_ind' if self.independent else ''}"
-                f"{'_join' if self.level_join else ''}")
+                f"{'_join' if self.level_join else ''}{'_le' if self.leave_early else ''}")
 
     def with_(self, **changes) -> "AttentionSpec":
         """replace(); `dtype=` sets q's type, and the KV and output types that followed it."""

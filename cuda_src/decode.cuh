@@ -851,7 +851,12 @@ __device__ __forceinline__ void decode_persistent(const P& p, char* smem) {
     }
   }
   cp_async_wait<0>();  // only empty groups remain: the stream ended with the last item
-#ifdef RTATTN_INDEPENDENT_LEVEL
+#if defined(RTATTN_INDEPENDENT_LEVEL) && defined(RTATTN_LEAVE_EARLY)
+  // RTATTN_LEAVE_EARLY (codegen spec `leave_early`): a CTA that wrote its items' states leaves,
+  // freeing its SM slot for the grid's later CTAs while the previous grid still runs; CTA (0, 0)
+  // alone waits, so this grid still completes after that one (as for the CTAs without items).
+  if ((blockIdx.x | blockIdx.y) == 0) wait_for_previous_grid();
+#elif defined(RTATTN_INDEPENDENT_LEVEL)
   wait_for_previous_grid();  // complete only after the previous grid: the next kernel's wait covers both
 #endif
 }

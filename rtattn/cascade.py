@@ -323,6 +323,11 @@ class CascadeWrapper:
     many as the tile allows, and on a two-CTA tile one for one-prefix plans of at most
     rtattn.plan.cascade.NARROW_MAX_PREFIX_TOKENS (their own launch lists, "-narrow"); an int
     fixes it for every plan.
+    `prefill_ctas` (default None: the resident wave of prefill_ctas_per_sm): the shared level's
+    CTAs per KV head; fewer leave whole SMs to the decode level's CTAs (no narrow grid then).
+    `leave_early` (default False; an A/B): the concurrent decode build's CTAs but (0, 0) leave
+    after their items instead of waiting for the prefill grid, so later decode CTAs take their
+    slots while the shared level runs (codegen spec `leave_early`).
     The launch list follows each plan (launch_list()).
     """
 
@@ -331,7 +336,8 @@ class CascadeWrapper:
                  dtype: str = "bfloat16", kv_layout: str = "NHD", mode: str = "auto", m_tiles: int | None = None,
                  num_ctas: int | None = None, pdl: bool = True, num_pages_pool: int | None = None, device=None,
                  prefill: bool | str = "auto", concurrent_levels: bool = True, flat: bool | str = False,
-                 join_levels: bool = True, prefill_mma: str = "auto", prefill_ctas_per_sm: int | None = None):
+                 join_levels: bool = True, prefill_mma: str = "auto", prefill_ctas_per_sm: int | None = None,
+                 prefill_ctas: int | None = None, leave_early: bool = False):
         if prefill not in (True, False, "auto"):
             raise ValueError(f"prefill must be 'auto', True or False, got {prefill!r}")
         if flat not in (True, False, "auto"):
@@ -340,7 +346,12 @@ class CascadeWrapper:
                                                 not isinstance(prefill_ctas_per_sm, int) or prefill_ctas_per_sm < 1):
             raise ValueError(f"prefill_ctas_per_sm must be an int from 1 to the shared tile's CTAs per SM, or None; "
                              f"got {prefill_ctas_per_sm!r}")
-        for name, value in (("concurrent_levels", concurrent_levels), ("join_levels", join_levels)):
+        if prefill_ctas is not None and (isinstance(prefill_ctas, bool) or not isinstance(prefill_ctas, int)
+                                         or prefill_ctas < 1):
+            raise ValueError(f"prefill_ctas must be a positive int (the shared level's CTAs per KV head) or None, "
+                             f"got {prefill_ctas!r}")
+        for name, value in (("concurrent_levels", concurrent_levels), ("join_levels", join_levels),
+                            ("leave_early", leave_early)):
             if not isinstance(value, bool):
                 raise TypeError(f"{name} must be a bool, got {value!r}")
         if not isinstance(num_levels, int) or num_levels < 1:
@@ -368,14 +379,20 @@ class CascadeWrapper:
         tile = shared_prefill_tile(dev, head_dim, group, page_size, self.max_qo_tokens, prefill_mma) if prefill else None
         pp = narrow = None
         if tile is not None:   # the prefill family's planner: its tile, its grid (shared_level_ctas_per_sm)
-            def shared_planner(ctas_per_sm):
+            def shared_planner(ctas_per_sm, num_ctas=None):
                 return Planner(max_batch * num_levels, self.max_qo_tokens * num_levels, max_pages, num_qo_heads,
                                num_kv_heads, head_dim, page_size, device=dev, mode=mode,
-                               tile=tile_config(tile, head_dim, group, ctas_per_sm))
-            pp = shared_planner(shared_level_ctas_per_sm(tile, prefill_ctas_per_sm))
+                               tile=tile_config(tile, head_dim, group, ctas_per_sm), num_ctas=num_ctas)
+            per_sm = shared_level_ctas_per_sm(tile, prefill_ctas_per_sm)
+            wave = dev.sm_count * per_sm // num_kv_heads   # (one resident wave: a larger grid would not be resident)
+            if prefill_ctas is not None and prefill_ctas > wave:
+                raise ValueError(f"prefill_ctas={prefill_ctas} exceeds the shared tile's resident wave of {wave} "
+                                 f"CTAs per KV head ({per_sm} per SM)")
+            pp = shared_planner(per_sm, prefill_ctas)
             if pp.tile_q <= max(1, spec.rows // group):   # (CascadePlanner's test: no group could need it)
                 tile = pp = None
-            elif takes_narrow_grid(dev, tile, head_dim, spec, prefill_ctas_per_sm, concurrent_levels, pdl):
+            elif prefill_ctas is None and takes_narrow_grid(dev, tile, head_dim, spec, prefill_ctas_per_sm,
+                                                             concurrent_levels, pdl):
                 narrow = shared_planner(1)   # short one-prefix plans: the decode CTAs beside (NARROW_MAX_PREFIX_TOKENS)
         # With a prefill kernel the launch list is prefill, decode, fold; the decode kernel reads
         # nothing the prefill kernel writes, so (concurrent_levels) it runs alongside it
@@ -389,7 +406,8 @@ class CascadeWrapper:
                 cascade_kw["prefill_saving_us"] = None
         self.kernel = _LevelsKernel(num_qo_heads, num_kv_heads, head_dim, page_size, max_batch=max_batch,
                                     max_pages=max_pages, max_qo_tokens=self.max_qo_tokens, num_levels=num_levels,
-                                    variant=spec.with_(independent=self.concurrent_levels), dtype=dtype,
+                                    variant=spec.with_(independent=self.concurrent_levels,
+                                                       leave_early=leave_early and self.concurrent_levels), dtype=dtype,
                                     kv_layout=kv_layout, mode=mode, pdl=pdl, num_ctas=num_ctas,
                                     num_pages_pool=num_pages_pool, device=device, cascade_kw=cascade_kw)
         k = self.kernel
@@ -403,7 +421,7 @@ class CascadeWrapper:
         self.prefill = None
         if self.planner.prefill is not None:
             self.prefill_tile = tile
-            self.prefill = prefill_kernels(k.spec.with_(independent=False), tile, self.device.ordinal)
+            self.prefill = prefill_kernels(k.spec.with_(independent=False, leave_early=False), tile, self.device.ordinal)
             ptrs = self.planner.kernel_plan_ptrs(k.workspace_ptr)["prefill"]
             self._prefill_ptrs = tuple(ptrs[f] for f in FIELD_NAMES)
             self._write_prefill_ptrs = FieldWriter(k.kernels.rendered.params, [f"plan.{f}" for f in FIELD_NAMES])
@@ -420,7 +438,8 @@ class CascadeWrapper:
         # A plan with nothing on prefill tiles launches no prefill kernel; a concurrent decode
         # kernel (no wait at entry: it relies on the prefill kernel's) then runs as its plain
         # build, which waits for the step's inputs itself (same spec but the flag: same Params).
-        self._alone = self._decode_build(k.spec.with_(independent=False), "plain") if self.concurrent_levels \
+        self._alone = self._decode_build(k.spec.with_(independent=False, leave_early=False), "plain") \
+            if self.concurrent_levels \
             else k.kernels
         # join_levels: one-prefix plans on prefill tiles whose suffix rows are one decode item each
         # need no fold kernel: the decode kernel's level_join build joins the prefix's states
@@ -428,9 +447,9 @@ class CascadeWrapper:
         # the flat plan's (flat: one request each), are single queries: those builds hold the
         # fewest row tiles their head group needs (ONE_QUERY_M_TILES).
         one_query = min(k.spec.m_tiles, max(need, ONE_QUERY_M_TILES))
-        self._join = self._decode_build(k.spec.with_(level_join=True, m_tiles=one_query), "joining") \
+        self._join = self._decode_build(k.spec.with_(level_join=True, leave_early=False, m_tiles=one_query), "joining") \
             if self.planner.join_levels else None
-        self._flat = self._decode_build(k.spec.with_(independent=False, m_tiles=one_query), "flat") \
+        self._flat = self._decode_build(k.spec.with_(independent=False, leave_early=False, m_tiles=one_query), "flat") \
             if flat is not False and one_query != k.spec.m_tiles else self._alone
         self._eager: CascadeLaunch | None = None
         # The plan set in two pinned buffers, used in turn (as BatchDecodeWrapper's plans).

@@ -324,6 +324,56 @@ def test_prefill_ctas_per_sm_sizes_the_shared_levels_grid(fake_gpu):
         C.CascadeWrapper(2, 32, 8, 128, 16, max_batch=16, max_pages=pool, prefill=False, prefill_ctas_per_sm=0)
 
 
+def test_prefill_ctas_and_leave_early(fake_gpu):
+    """prefill_ctas: the shared level's grid in CTAs per KV head (fewer than its resident wave leave
+    whole SMs to the decode level; no narrow grid then), refused past the wave; leave_early: the
+    concurrent decode build's CTAs leave without the exit wait (spec leave_early, RTATTN_LEAVE_EARLY),
+    the plain, joining and flat builds and the prefill kernel without it. The plans stay exact
+    (float64 executor against the reference) on requests of unequal suffixes (the general path)."""
+    from rtattn.families import decode
+    rng = np.random.default_rng(5)
+    B, ps, P = 24, 16, 1024
+    own = rng.integers(3, 33, B) * 4   # unequal suffixes: plan_union, not the one-prefix path
+    at, reqs = P // ps, []
+    for n in own:
+        k = -(-int(n) // ps)
+        reqs.append(np.concatenate([np.arange(P // ps), np.arange(at, at + k)]))
+        at += k
+    kv_indptr = np.concatenate([[0], np.cumsum([len(r) for r in reqs])]).astype(np.int32)
+    idx = np.concatenate(reqs).astype(np.int32)
+    last = (own - (-(-own // ps) - 1) * ps).astype(np.int32)
+    kw = dict(max_batch=B, max_pages=int(kv_indptr[-1]), prefill=True, num_pages_pool=at)
+    w = C.CascadeWrapper(2, 32, 4, 128, ps, prefill_ctas=20, leave_early=True, **kw)
+    assert w.prefill_tile.rows == 128 and w.planner.prefill.num_ctas == 20 and w.planner.prefill_narrow is None
+    assert w.kernel.spec.leave_early and w.kernel.spec.independent and "_le" in w.kernel.spec.uri
+    built = [k.rendered.source for k in fake_gpu.kernels[-3:]]   # the levels', plain and joining builds
+    assert ["#define RTATTN_LEAVE_EARLY 1" in src for src in built] == [True, False, False]
+    assert "#define RTATTN_LEAVE_EARLY 1" in decode.render(w.kernel.spec, "h200").source
+    assert "RTATTN_LEAVE_EARLY" not in decode.render(w.kernel.spec.with_(leave_early=False), "h200").source
+    assert not fake_gpu.prefill[-1].spec.leave_early
+    info = w.plan(None, kv_indptr, idx, last, share_prefixes=True)
+    assert w.launch_list() == "prefill" and info.prefill.num_ctas == 20 and info.level_prefill_items[0] > 0
+    q, o = cuda((B, 32, 128)), cuda((B, 32, 128), ptr=1 << 34)
+    kc, vc = cuda((at, ps, 4, 128), ptr=1 << 32), cuda((at, ps, 4, 128), ptr=1 << 33)
+    assert w.prepare(q, kc, vc, out=o).calls[0].grid == (20, 4, 1)
+    qh = rng.standard_normal((B, 32, 128))
+    kh, vh = rng.standard_normal((2, at, ps, 4, 128))
+    O, _ = execute_cascade(info, qh, kh, vh)
+    Or, _ = reference_attention(qh, kh, vh, np.arange(B + 1), kv_indptr, idx, last, ps)
+    np.testing.assert_allclose(O, Or, atol=1e-12)
+    for bad in (0, True, 2.0):
+        with pytest.raises(ValueError, match="prefill_ctas must be a positive int"):
+            C.CascadeWrapper(2, 32, 4, 128, ps, prefill_ctas=bad, **kw)
+    with pytest.raises(ValueError, match="exceeds the shared tile's resident wave of 33"):
+        C.CascadeWrapper(2, 32, 4, 128, ps, prefill_ctas=34, **kw)
+    with pytest.raises(TypeError, match="leave_early must be a bool"):
+        C.CascadeWrapper(2, 32, 4, 128, ps, leave_early=1, **kw)
+    spec = decode.builtin(BUILTINS["plain"], "sm_90", head_dim=128, m_tiles=2)
+    for bad in (dict(leave_early=True), dict(independent=True, level_join=True, leave_early=True)):
+        with pytest.raises(ValueError, match="leave_early=True needs independent=True"):
+            spec.with_(**bad)
+
+
 def test_short_prefixes_launch_the_prefill_kernel_on_the_narrow_grid(fake_gpu):
     """By default a two-CTA shared tile also has the narrow grid (one CTA per SM): a one-prefix
     plan of at most NARROW_MAX_PREFIX_TOKENS launches the "join-narrow" list (the prefill call

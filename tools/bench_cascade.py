@@ -55,7 +55,8 @@ import bench_common as bc  # noqa: E402
 HQ, HKV, D, PAGE, SUFFIX = 32, 8, 128, 16, 128
 TOL = 2e-2
 LIBS = ("rt-casc", "rt-fold", "rt-sync", "rt-join", "rt-pre", "rt-prej", "rt-wg", "rt-wgj", "rt-ser", "rt-serwg",
-        "rt-128", "rt-dec", "rt-m1", "rt-flat", "rt-ov1", "rt-wide", "rt-cm1", "rt-single", "fi-casc", "fi-cc", "fi-tc")
+        "rt-128", "rt-dec", "rt-m1", "rt-flat", "rt-ov1", "rt-wide", "rt-cm1", "rt-le", "rt-b2", "rt-b2n", "rt-b2nle",
+        "rt-b3", "rt-g75", "rt-g75le", "rt-g50le", "rt-g85le", "rt-ov1le", "rt-wgb2", "rt-single", "fi-casc", "fi-cc", "fi-tc")
 # CascadeWrapper configurations: the arguments each sets (the rest: the wrapper's defaults)
 SYNC, FOLD = {"prefill_mma": "sync"}, {"join_levels": False}
 RT_CASC = {"rt-casc": {}, "rt-fold": FOLD, "rt-sync": SYNC, "rt-join": SYNC,
@@ -65,8 +66,20 @@ RT_CASC = {"rt-casc": {}, "rt-fold": FOLD, "rt-sync": SYNC, "rt-join": SYNC,
            "rt-serwg": dict(prefill=True, concurrent_levels=False, prefill_mma="wgmma"),
            "rt-128": dict(prefill=True, **SYNC, **FOLD), "rt-dec": dict(prefill=False),
            "rt-m1": dict(prefill=False, m_tiles=1), "rt-flat": dict(flat=True, **SYNC, **FOLD),
-           "rt-ov1": dict(prefill_ctas_per_sm=1), "rt-wide": dict(prefill_ctas_per_sm=2), "rt-cm1": dict(m_tiles=1)}
-BREAKDOWN = ("rt-ser", "rt-serwg", "rt-casc", "rt-ov1", "rt-wide")   # --breakdown's libraries
+           "rt-ov1": dict(prefill_ctas_per_sm=1), "rt-wide": dict(prefill_ctas_per_sm=2), "rt-cm1": dict(m_tiles=1),
+           "rt-le": dict(leave_early=True), "rt-b2": {}, "rt-b2n": dict(prefill_ctas_per_sm=1),
+           "rt-b2nle": dict(prefill_ctas_per_sm=1, leave_early=True), "rt-b3": {}, "rt-g75": {},
+           "rt-g75le": dict(leave_early=True), "rt-g50le": dict(leave_early=True), "rt-g85le": dict(leave_early=True),
+           "rt-ov1le": dict(prefill_ctas_per_sm=1, leave_early=True),
+           "rt-wgb2": dict(prefill=True, prefill_mma="wgmma", **FOLD)}
+# A/Bs of the shared level's wgmma tile (SHARED_TILE_AB: its rows -> choose_tile's overrides) and grid
+# (SHARED_GRID_AB: the fraction of its resident wave, per KV head)
+B2 = {128: dict(tile_kv=32, stages=3, ctas_per_sm=2)}   # wg_q128_kv32_w8_s3_pp_b2 (the prefill policy's short-KV tile)
+SHARED_TILE_AB = {"rt-b2": B2, "rt-b2n": B2, "rt-b2nle": B2, "rt-wgb2": B2,
+                  "rt-b3": {64: dict(tile_kv=32, stages=3, ctas_per_sm=3)}}
+SHARED_GRID_AB = {"rt-g75": 0.75, "rt-g75le": 0.75, "rt-g50le": 0.5, "rt-g85le": 0.85}
+BREAKDOWN = ("rt-ser", "rt-serwg", "rt-casc", "rt-ov1", "rt-wide", "rt-le", "rt-b2", "rt-b2n", "rt-b2nle", "rt-b3",
+             "rt-g75", "rt-g75le", "rt-g50le", "rt-g85le", "rt-ov1le", "rt-wgb2")   # --breakdown's libraries
 # PERF.md: FlashInfer cascade µs, single-format µs
 PERF_MD = {(1024, 16): (24.3, 36.6), (1024, 64): (44.6, 119.0), (8192, 16): (36.0, 196.0),
            (8192, 64): (72.7, 750.4), (32768, 16): (64.8, 735.2), (32768, 64): (148.0, 2906.4)}
@@ -179,6 +192,63 @@ def bench_plan(reps: int) -> None:
         print(f"{name:>14} {B:5d} {len(lv):6d} {a:8.1f} {b:8.1f} {b / a:6.2f} {d:8.1f} {d / a:10.2f} {c:12.1f}")
 
 
+def prebuild(patterns, libs, arch: str) -> int:
+    """Compile, without a GPU, the rtattn instances these rows and rtattn libraries load, into the
+    CUBIN cache (RTATTN_CACHE_DIR) a device call then carries: each CascadeWrapper is built on the
+    tests' fake H200 (tests/fakes.py) to learn its decode specs and prefill (spec, tile)s."""
+    from types import SimpleNamespace
+    from _pytest.monkeypatch import MonkeyPatch
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+    import fakes
+    import rtattn.cascade as C
+    from rtattn.families.prefill import compile_prefill
+    from rtattn.kernels import compile_spec
+    from rtattn.level_fold import compile_fold
+    decode, prefill = {}, {}
+    mp = MonkeyPatch()
+    try:
+        fakes.install(mp, lambda spec: decode.setdefault(spec, fakes.FakeKernels(spec)))
+        for name in ("DeviceBuffer", "PinnedBuffer"):
+            mp.setattr(C, name, fakes.FakeBuffer)
+        mp.setattr(C, "Event", lambda timing=False, device=None: SimpleNamespace(record=lambda s=None: None,
+                                                                                synchronize=lambda: None))
+        mp.setattr(C, "prefill_kernels", lambda spec, tile, ordinal: prefill.setdefault(
+            (spec, tile), SimpleNamespace(rendered=SimpleNamespace(threads=tile.threads, smem_bytes=0),
+                                          kernel=SimpleNamespace(name="prefill", handle=0xE000))))
+        for name, spec in rows():
+            if not any(fnmatch.fnmatch(name, p) for p in patterns):
+                continue
+            kv_indptr, idx, last, total = page_tables(spec)
+            B, (hq, hkv) = len(last), heads(spec)
+            for lib in libs:
+                if lib not in RT_CASC:
+                    continue
+                kw = dict(RT_CASC[lib])
+                t = wrapper_shared_tile(B, group=hq // hkv)
+                if lib in SHARED_GRID_AB:
+                    kw["prefill_ctas"] = max(1, int(SHARED_GRID_AB[lib] * 132 * t.min_blocks // hkv))
+                if lib in ("rt-ov1", "rt-wide", "rt-ov1le") \
+                        and t.min_blocks == 1:
+                    continue
+                try:
+                    with tile_rows(128 if lib == "rt-128" else None), shared_tile(SHARED_TILE_AB.get(lib)):
+                        CascadeWrapper = C.CascadeWrapper
+                        CascadeWrapper(3, hq, hkv, D, PAGE, max_batch=B, max_pages=int(kv_indptr[-1]), **kw)
+                except ValueError as e:
+                    print(f"{name} {lib}: skipped ({e})", flush=True)
+    finally:
+        mp.undo()
+    for spec in decode:
+        compile_spec(spec, arch, quiet=True)
+        print(f"  decode {spec.uri}", flush=True)
+    for spec, tile in prefill:
+        compile_prefill(spec, tile, arch, quiet=True)
+        print(f"  prefill {spec.uri} {tile.tag}", flush=True)
+    compile_fold("bfloat16", D, True, arch)
+    print(f"prebuilt {len(decode)} decode and {len(prefill)} prefill instances and the fold for {arch}", flush=True)
+    return 0
+
+
 # ---------------------------------------------------------------- GPU
 def reference(q, k, v, kv_indptr, kv_indices, kv_last_page_len):
     """float32 attention of each request's query [B, HQ, D] over its whole page table
@@ -264,6 +334,26 @@ def tile_rows(rows):
         C.shared_prefill_tile = own
 
 
+@contextlib.contextmanager
+def shared_tile(over):
+    """rt-b2 / rt-b3: the shared level's wgmma tile of those rows with choose_tile's overrides (None: its own)."""
+    import rtattn.cascade as C
+    from rtattn.families.prefill import choose_tile
+    own = C.shared_prefill_tile
+
+    def patched(dev, d, g, ps, queries, mma="auto"):
+        t = own(dev, d, g, ps, queries, mma)
+        if t is None or t.mma != "wgmma" or t.rows not in over:
+            return t
+        return choose_tile(dev, d, g, queries, mma="wgmma", rows=t.rows, **over[t.rows])
+    if over:
+        C.shared_prefill_tile = patched
+    try:
+        yield
+    finally:
+        C.shared_prefill_tile = own
+
+
 def fi_levels(x: Inputs):
     import torch
     from rtattn.plan.prefix_tree import share_prefixes
@@ -272,7 +362,7 @@ def fi_levels(x: Inputs):
             for f in ("qo_indptr", "kv_indptr", "kv_indices", "kv_last_page_len")]
 
 
-def bench_lib(lib: str, x: Inputs, stream, ws, samples: int, breakdown: bool = False) -> dict:
+def bench_lib(lib: str, x: Inputs, stream, ws, samples: int, breakdown=False) -> dict:
     import torch
     outs = x.new_outs()
     info = {}
@@ -305,15 +395,24 @@ def bench_lib(lib: str, x: Inputs, stream, ws, samples: int, breakdown: bool = F
         g = x.hq // x.hkv
         if lib == "rt-128" and wrapper_shared_tile(x.B, "sync", g).rows == 128:
             return {"skipped": "the wrapper's own tile is 128 rows here (rt-pre)"}
-        if lib in ("rt-ov1", "rt-wide") and wrapper_shared_tile(x.B, group=g).min_blocks == 1:
+        if lib in SHARED_TILE_AB and wrapper_shared_tile(x.B, group=g).rows not in SHARED_TILE_AB[lib]:
+            return {"skipped": "the wrapper's shared tile has other rows here (rt-casc)"}
+        if lib in ("rt-ov1", "rt-wide", "rt-ov1le") and wrapper_shared_tile(x.B, group=g).min_blocks == 1:
             return {"skipped": "the shared tile runs one CTA per SM here (rt-casc)"}
-        with tile_rows(128 if lib == "rt-128" else None):
+        kw = dict(RT_CASC[lib])
+        if lib in SHARED_GRID_AB:   # a fraction of the shared tile's resident wave (per KV head)
+            t = wrapper_shared_tile(x.B, group=g)
+            if t.min_blocks != 1:
+                return {"skipped": "the shared tile runs two CTAs per SM here: a smaller grid is no partition"}
+            kw["prefill_ctas"] = max(1, int(SHARED_GRID_AB[lib] * 132 * t.min_blocks // x.hkv))
+        with tile_rows(128 if lib == "rt-128" else None), shared_tile(SHARED_TILE_AB.get(lib)):
             # max_pages: the page table's length, so that the flat plan fits where it is chosen
-            w = CascadeWrapper(3, x.hq, x.hkv, D, PAGE, max_batch=x.B, max_pages=int(x.kv_indptr[-1]), **RT_CASC[lib])
+            w = CascadeWrapper(3, x.hq, x.hkv, D, PAGE, max_batch=x.B, max_pages=int(x.kv_indptr[-1]), **kw)
         t0 = time.perf_counter()
         w.plan(None, x.kv_indptr, x.idx, x.last, share_prefixes=True, stream=stream)
         info.update(plan_us=(time.perf_counter() - t0) * 1e6, levels=w.info.num_levels, list=w.launch_list(),
                     mma=w.prefill_tile.mma if w.prefill is not None else "-",
+                    tile=w.prefill_tile.tag if w.prefill is not None else "-",
                     grid=w.info.prefill.num_ctas if w.info.prefill is not None else 0,
                     items=w.info.level_items.tolist(), prefill_items=w.info.level_prefill_items.tolist(),
                     kv_tokens=w.info.level_kv_tokens.tolist())
@@ -322,7 +421,7 @@ def bench_lib(lib: str, x: Inputs, stream, ws, samples: int, breakdown: bool = F
     torch.cuda.synchronize()
     res = measure(x, stream, calls, outs, samples)
     res.update(info)
-    if breakdown and lib in BREAKDOWN:   # each kernel alone (each waits for the one before it: serial)
+    if breakdown and lib in (BREAKDOWN if breakdown is True else breakdown):   # each kernel alone (each waits for the one before it: serial)
         from rtattn.cascade import LAUNCH_LISTS
         from rtattn.runtime import launch as launch_path
         n = bc.launches_per_graph(bc.estimate_us(x.unique_bytes), x.copies)
@@ -337,7 +436,7 @@ def bench_lib(lib: str, x: Inputs, stream, ws, samples: int, breakdown: bool = F
 def format_result(name: str, lib: str, r: dict) -> str:
     body = (f"{r['us']:8.1f} us err {r['err']:.1e} {bc.lib_state(r)}" if "us" in r else
             f"skip: {r['skipped']}" if r.get("skipped") else f"ERR {r['error']}")
-    keys = ("list", "mma", "grid", "levels", "items", "prefill_items", "kv_tokens", "plan_us", "prefill_us", "decode_us", "fold_us", "merge_us")
+    keys = ("list", "mma", "tile", "grid", "levels", "items", "prefill_items", "kv_tokens", "plan_us", "prefill_us", "decode_us", "fold_us", "merge_us")
     return f"{name:>14} {lib:>9}: " + body + "".join(f" {k}={r[k]}" for k in keys if k in r)
 
 
@@ -392,13 +491,17 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=300)
     ap.add_argument("--samples", type=int, default=20)
     ap.add_argument("--deadline", type=float, default=150.0, help="seconds; later rows are skipped")
+    ap.add_argument("--prebuild", metavar="ARCH", help="only compile rtattn's instances for ARCH (sm_90), no GPU")
     ap.add_argument("--breakdown", action="store_true", help=f"{', '.join(BREAKDOWN)}: also time each kernel of the launch alone")
+    ap.add_argument("--breakdown-libs", help="comma-separated: --breakdown for these libraries instead")
     a = ap.parse_args(argv)
     if a.selftest:
         return selftest()
     if a.plan:
         bench_plan(a.reps)
         return 0
+    if a.prebuild:
+        return prebuild(a.rows, a.libs.split(","), a.prebuild)
     import torch
     t_start = time.perf_counter()
     libs = [x for x in a.libs.split(",") if not (a.no_flashinfer and x.startswith("fi-"))]
@@ -418,7 +521,8 @@ def main(argv=None) -> int:
         res = {}
         for lib in libs:
             try:
-                res[lib] = bench_lib(lib, x, stream, ws, a.samples, a.breakdown)
+                res[lib] = bench_lib(lib, x, stream, ws, a.samples,
+                                     a.breakdown_libs.split(",") if a.breakdown_libs else a.breakdown)
             except Exception as e:   # a peer that fails is reported, the row goes on
                 res[lib] = {"error": f"{type(e).__name__}: {e}"}
                 traceback.print_exc(limit=2)
