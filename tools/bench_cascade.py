@@ -57,7 +57,7 @@ TOL = 2e-2
 LIBS = ("rt-casc", "rt-fold", "rt-sync", "rt-join", "rt-pre", "rt-prej", "rt-wg", "rt-wgj", "rt-ser", "rt-serwg",
         "rt-128", "rt-dec", "rt-m1", "rt-flat", "rt-ov1", "rt-wide", "rt-cm1", "rt-le", "rt-b2", "rt-b2n", "rt-b2nle",
         "rt-b3", "rt-g75", "rt-g75le", "rt-g50le", "rt-g85le", "rt-ov1le", "rt-wgb2", "rt-cm1le",
-        "rt-g75lem1", "rt-single", "fi-casc", "fi-cc", "fi-tc")
+        "rt-g75lem1", "rt-wgb2nle", "rt-single", "fi-casc", "fi-cc", "fi-tc")
 # CascadeWrapper configurations: the arguments each sets (the rest: the wrapper's defaults)
 SYNC, FOLD = {"prefill_mma": "sync"}, {"join_levels": False}
 RT_CASC = {"rt-casc": {}, "rt-fold": FOLD, "rt-sync": SYNC, "rt-join": SYNC,
@@ -73,16 +73,17 @@ RT_CASC = {"rt-casc": {}, "rt-fold": FOLD, "rt-sync": SYNC, "rt-join": SYNC,
            "rt-g75le": dict(leave_early=True), "rt-g50le": dict(leave_early=True), "rt-g85le": dict(leave_early=True),
            "rt-ov1le": dict(prefill_ctas_per_sm=1, leave_early=True),
            "rt-wgb2": dict(prefill=True, prefill_mma="wgmma", **FOLD), "rt-cm1le": dict(m_tiles=1, leave_early=True),
-           "rt-g75lem1": dict(m_tiles=1, leave_early=True)}
+           "rt-g75lem1": dict(m_tiles=1, leave_early=True),
+           "rt-wgb2nle": dict(prefill=True, prefill_mma="wgmma", prefill_ctas_per_sm=1, leave_early=True, **FOLD)}
 # A/Bs of the shared level's wgmma tile (SHARED_TILE_AB: its rows -> choose_tile's overrides) and grid
 # (SHARED_GRID_AB: the fraction of its resident wave, per KV head)
 B2 = {128: dict(tile_kv=32, stages=3, ctas_per_sm=2)}   # wg_q128_kv32_w8_s3_pp_b2 (the prefill policy's short-KV tile)
-SHARED_TILE_AB = {"rt-b2": B2, "rt-b2n": B2, "rt-b2nle": B2, "rt-wgb2": B2,
+SHARED_TILE_AB = {"rt-b2": B2, "rt-b2n": B2, "rt-b2nle": B2, "rt-wgb2": B2, "rt-wgb2nle": B2,
                   "rt-b3": {64: dict(tile_kv=32, stages=3, ctas_per_sm=3)}}
 SHARED_GRID_AB = {"rt-g75": 0.75, "rt-g75le": 0.75, "rt-g50le": 0.5, "rt-g85le": 0.85, "rt-g75lem1": 0.75}
 BREAKDOWN = ("rt-ser", "rt-serwg", "rt-casc", "rt-ov1", "rt-wide", "rt-le", "rt-b2", "rt-b2n", "rt-b2nle", "rt-b3",
              "rt-g75", "rt-g75le", "rt-g50le", "rt-g85le", "rt-ov1le", "rt-wgb2", "rt-cm1le",
-             "rt-g75lem1")   # --breakdown's libraries
+             "rt-g75lem1", "rt-wgb2nle")   # --breakdown's libraries
 # PERF.md: FlashInfer cascade µs, single-format µs
 PERF_MD = {(1024, 16): (24.3, 36.6), (1024, 64): (44.6, 119.0), (8192, 16): (36.0, 196.0),
            (8192, 64): (72.7, 750.4), (32768, 16): (64.8, 735.2), (32768, 64): (148.0, 2906.4)}
@@ -497,6 +498,8 @@ def main(argv=None) -> int:
     ap.add_argument("--prebuild", metavar="ARCH", help="only compile rtattn's instances for ARCH (sm_90), no GPU")
     ap.add_argument("--breakdown", action="store_true", help=f"{', '.join(BREAKDOWN)}: also time each kernel of the launch alone")
     ap.add_argument("--breakdown-libs", help="comma-separated: --breakdown for these libraries instead")
+    ap.add_argument("--row-libs", action="append", default=[], metavar="PATTERN=LIBS",
+                    help="rows matching PATTERN (fnmatch) run LIBS (comma-separated) instead of --libs; first match wins")
     a = ap.parse_args(argv)
     if a.selftest:
         return selftest()
@@ -507,22 +510,30 @@ def main(argv=None) -> int:
         return prebuild(a.rows, a.libs.split(","), a.prebuild)
     import torch
     t_start = time.perf_counter()
-    libs = [x for x in a.libs.split(",") if not (a.no_flashinfer and x.startswith("fi-"))]
-    if set(libs) - set(LIBS):
-        ap.error(f"--libs: unknown {sorted(set(libs) - set(LIBS))}; choose from {LIBS}")
+    def lib_list(text):
+        out = [x for x in text.split(",") if x and not (a.no_flashinfer and x.startswith("fi-"))]
+        if set(out) - set(LIBS):
+            ap.error(f"--libs: unknown {sorted(set(out) - set(LIBS))}; choose from {LIBS}")
+        return out
+    libs = lib_list(a.libs)
+    row_libs = []
+    for item in a.row_libs:
+        pat, sep, names = item.partition("=")
+        if not sep:
+            ap.error(f"--row-libs {item!r}: expected PATTERN=LIBS")
+        row_libs.append((pat, lib_list(names)))
     stream = torch.cuda.Stream()
     ws = torch.zeros(256 * 2**20, dtype=torch.uint8, device="cuda")
     print(f"warm clocks: {bc.warm_clocks():.0f} TFLOP/s", flush=True)
     table = []
-    for name, spec in rows():
-        if not any(fnmatch.fnmatch(name, p) for p in a.rows):
-            continue
+    chosen = [(n, sp) for p in a.rows for n, sp in rows() if fnmatch.fnmatch(n, p)]   # in --rows' order
+    for name, spec in [r for i, r in enumerate(chosen) if r[0] not in [n for n, _ in chosen[:i]]]:
         if time.perf_counter() - t_start > a.deadline:
             print(f"{name}: skipped (deadline)", flush=True)
             continue
         x = Inputs(spec)
         res = {}
-        for lib in libs:
+        for lib in next((l for p, l in row_libs if fnmatch.fnmatch(name, p)), libs):
             try:
                 res[lib] = bench_lib(lib, x, stream, ws, a.samples,
                                      a.breakdown_libs.split(",") if a.breakdown_libs else a.breakdown)
