@@ -61,14 +61,19 @@ CASCADE_VARIANTS = ("plain", "causal", "sliding_window", "soft_cap", "alibi", "s
 # fields and query during the current one (cuda_src/decode.cuh kPrefetch), as rtattn's single
 # format runs such items. H200, 32/8 d128 (docs/perf-log.md "Cascade v7", the wrapper at m_tiles
 # 1 against 2, joined plans): p8192x16 27.3 vs 29.3 us, p8192x64 45.6 vs 50.5, p32768x16 53.4 vs
-# 55.3, p32768x64 108.4 vs 112.7.
+# 55.3, p32768x64 108.4 vs 112.7. The concurrent build at one row tile where every decode item is
+# one query (single_query_build; launch list "prefill-q1"), the same plans (docs/perf-log.md
+# "casc8", rt-cm1 against rt-casc, us): nb-4Kx128-q64k8 103.1 vs 113.9, nb-16Kx32-q32k4 47.4 vs
+# 54.0, nb-16Kx8-q64k8 38.7 vs 42.0, nb-2Kx128-q32k4 46.3 vs 51.9, nb-4Kx32-q64k8 38.1 vs 43.2.
 ONE_QUERY_M_TILES = 1
 _STANDARD = re.compile(r"^rtattn::StandardAttention<([a-z, ]+)>$")
 # Launch list (CascadeWrapper.launch_list) -> its kernels in launch order; "-narrow": the same
 # calls, the prefill kernel on the narrow grid (CascadePlanner.prefill_narrow).
+# "prefill-q1": the prefill list with the levels' decode build at one row tile (ONE_QUERY_M_TILES),
+# for plans whose decode items are single queries (CascadeInfo.one_query).
 LAUNCH_LISTS = {"levels": ("decode", "fold"), "flat": ("decode", "merge"), "prefill": ("prefill", "decode", "fold"),
-                "join": ("prefill", "decode")}
-LAUNCH_LISTS.update({f"{name}-narrow": LAUNCH_LISTS[name] for name in ("prefill", "join")})
+                "prefill-q1": ("prefill", "decode", "fold"), "join": ("prefill", "decode")}
+LAUNCH_LISTS.update({f"{name}-narrow": LAUNCH_LISTS[name] for name in ("prefill", "prefill-q1", "join")})
 PREFILL_LISTS = {name for name, kernels in LAUNCH_LISTS.items() if "prefill" in kernels}
 FOLD_LISTS = {name for name, kernels in LAUNCH_LISTS.items() if "fold" in kernels}
 POSITION_PARAMS = (Param("cascade_q_pos", "const int32_t*"), Param("cascade_kv_offset", "const int32_t*"))
@@ -325,6 +330,9 @@ class CascadeWrapper:
     fixes it for every plan.
     `prefill_ctas` (default None: the resident wave of prefill_ctas_per_sm): the shared level's
     CTAs per KV head; fewer leave whole SMs to the decode level's CTAs (no narrow grid then).
+    `single_query_build` (default True; False: the A/B): a plan with prefill tiles whose decode
+    items are all single queries runs the concurrent decode build at one row tile
+    (ONE_QUERY_M_TILES; launch list "prefill-q1"), as the joining build does.
     `leave_early` (default False; an A/B): the concurrent decode build's CTAs but (0, 0) leave
     after their items instead of waiting for the prefill grid, so later decode CTAs take their
     slots while the shared level runs (codegen spec `leave_early`).
@@ -337,7 +345,7 @@ class CascadeWrapper:
                  num_ctas: int | None = None, pdl: bool = True, num_pages_pool: int | None = None, device=None,
                  prefill: bool | str = "auto", concurrent_levels: bool = True, flat: bool | str = False,
                  join_levels: bool = True, prefill_mma: str = "auto", prefill_ctas_per_sm: int | None = None,
-                 prefill_ctas: int | None = None, leave_early: bool = False):
+                 prefill_ctas: int | None = None, leave_early: bool = False, single_query_build: bool = True):
         if prefill not in (True, False, "auto"):
             raise ValueError(f"prefill must be 'auto', True or False, got {prefill!r}")
         if flat not in (True, False, "auto"):
@@ -351,7 +359,7 @@ class CascadeWrapper:
             raise ValueError(f"prefill_ctas must be a positive int (the shared level's CTAs per KV head) or None, "
                              f"got {prefill_ctas!r}")
         for name, value in (("concurrent_levels", concurrent_levels), ("join_levels", join_levels),
-                            ("leave_early", leave_early)):
+                            ("leave_early", leave_early), ("single_query_build", single_query_build)):
             if not isinstance(value, bool):
                 raise TypeError(f"{name} must be a bool, got {value!r}")
         if not isinstance(num_levels, int) or num_levels < 1:
@@ -449,6 +457,10 @@ class CascadeWrapper:
         one_query = min(k.spec.m_tiles, max(need, ONE_QUERY_M_TILES))
         self._join = self._decode_build(k.spec.with_(level_join=True, leave_early=False, m_tiles=one_query), "joining") \
             if self.planner.join_levels else None
+        # single_query_build: a plan with prefill tiles whose decode items are all single queries (the
+        # suffix level beside a shared prefix) runs the concurrent build at that row tile too ("-q1").
+        self._one = self._decode_build(k.spec.with_(m_tiles=one_query), "one-query") \
+            if self.concurrent_levels and single_query_build and one_query != k.spec.m_tiles else None
         self._flat = self._decode_build(k.spec.with_(independent=False, leave_early=False, m_tiles=one_query), "flat") \
             if flat is not False and one_query != k.spec.m_tiles else self._alone
         self._eager: CascadeLaunch | None = None
@@ -578,6 +590,11 @@ class CascadeWrapper:
             pre = KernelCall(self.prefill.kernel, (self.planner.prefill.num_ctas, self.kernel.num_kv_heads, 1),
                              (r.threads, 1, 1), r.smem_bytes, Params(len(levels.args)), pdl)
             lists["prefill"] = (pre, decode, fold)
+            one = None
+            if self._one is not None:   # the same call on the one-row-tile build (single-query decode items)
+                one = KernelCall(self._one.kernel, decode.grid, decode.block, self._one.rendered.smem_bytes,
+                                 decode.params, decode.pdl)
+                lists["prefill-q1"] = (pre, one, fold)
             join = None
             if self._join is not None:   # the prefill kernel, then the decode kernel that joins its states
                 r = self._join.rendered
@@ -587,6 +604,8 @@ class CascadeWrapper:
                 narrow = KernelCall(pre.function, (self.planner.prefill_narrow.num_ctas,) + pre.grid[1:], pre.block,
                                     pre.smem, pre.params, pre.pdl)
                 lists["prefill-narrow"] = (narrow, decode, fold)
+                if one is not None:
+                    lists["prefill-q1-narrow"] = (narrow, one, fold)
                 if join is not None:
                     lists["join-narrow"] = (narrow, join)
         launch = CascadeLaunch(self, levels, lists)
@@ -611,8 +630,9 @@ class CascadeWrapper:
         """Which launch list the current plan needs: "prefill" (prefill kernel, decode kernel,
         fold) where it puts work on prefill tiles, "join" (prefill kernel, the decode kernel that
         joins its states: join_levels), "flat" (decode kernel, merge kernel) for the flat plan,
-        else "levels" (decode kernel, fold); "-narrow" after "prefill" or "join": the prefill
-        kernel on the narrow grid the plan was made for (CascadePlanner.prefill_narrow)."""
+        else "levels" (decode kernel, fold); "-q1" after "prefill": the decode kernel's one-row-tile
+        build, where every decode item is one query (single_query_build); "-narrow" last: the
+        prefill kernel on the narrow grid the plan was made for (CascadePlanner.prefill_narrow)."""
         info = self.info
         if info is None:
             return "levels"
@@ -621,7 +641,9 @@ class CascadeWrapper:
         narrow = "-narrow" if info.prefill is not None and info.prefill.num_ctas != self.planner.prefill.num_ctas else ""
         if info.joined:
             return "join" + narrow
-        return "prefill" + narrow if info.prefill is not None and info.prefill.num_items else "levels"
+        if info.prefill is None or not info.prefill.num_items:
+            return "levels"
+        return "prefill" + ("-q1" if info.one_query and self._one is not None else "") + narrow
 
 
 class CascadeLaunch(Launch):

@@ -77,7 +77,8 @@ def _pinned_bytes(w):
 
 def test_plan_is_one_copy_of_one_plan_set_and_the_kernel_reads_it(fake_gpu):
     kv_indptr, idx, last, pool = one_prefix_batch(6, 256, 40, 16, seed=1)
-    w = C.CascadeWrapper(2, 32, 8, 128, 16, max_batch=16, max_pages=pool + 4, prefill=True, join_levels=False)
+    w = C.CascadeWrapper(2, 32, 8, 128, 16, max_batch=16, max_pages=pool + 4, prefill=True, join_levels=False,
+                         single_query_build=False)   # (the one-query build: test_single_query_plans_...)
     info = w.plan(None, kv_indptr, idx, last, share_prefixes=True)
     n = w.planner.planset.plan_bytes
     assert fake_gpu.copies[-1] == (w.workspace_ptr, w._pinned[0].ptr, n) and info.num_levels == 2
@@ -128,7 +129,7 @@ def test_every_argument_is_fixed_across_replans(fake_gpu):
     a captured graph replays every plan."""
     rng = np.random.default_rng(2)
     w = C.CascadeWrapper(3, 32, 8, 64, 16, max_batch=16, max_pages=200, variant="alibi", prefill=True,
-                         join_levels=False)   # (the joined list: test_join_levels_...)
+                         join_levels=False, single_query_build=False)   # (the joined list: test_join_levels_...)
     q, o = cuda((16, 32, 64)), cuda((16, 32, 64), ptr=1 << 34)
     kc, vc = cuda((200, 16, 8, 64), ptr=1 << 32), cuda((200, 16, 8, 64), ptr=1 << 33)
     alibi = cuda((32,), "float32", ptr=1 << 36)
@@ -157,7 +158,8 @@ def test_run_rewrites_one_launch_list_as_prepare_packs_it(fake_gpu):
     every call's arguments are those prepare() packs for the same tensors: the prefill kernel's
     are the decode kernel's with the prefill plan, the fold's carry that call's out and lse."""
     kv_indptr, idx, last, pool = one_prefix_batch(20, 256, 40, 16)
-    w = C.CascadeWrapper(2, 32, 8, 128, 16, max_batch=20, max_pages=pool, prefill=True, join_levels=False)
+    w = C.CascadeWrapper(2, 32, 8, 128, 16, max_batch=20, max_pages=pool, prefill=True, join_levels=False,
+                         single_query_build=False)
     w.plan(None, kv_indptr, idx, last, share_prefixes=True)
     assert w.info.level_prefill_items[0] > 0
     kc, vc = cuda((pool, 16, 8, 128), ptr=1 << 32), cuda((pool, 16, 8, 128), ptr=1 << 33)
@@ -181,7 +183,7 @@ def test_run_rewrites_one_launch_list_as_prepare_packs_it(fake_gpu):
     for concurrent in (True, False):
         first = len(fake_gpu.kernels)
         w = C.CascadeWrapper(2, 32, 8, 128, 16, max_batch=20, max_pages=pool, prefill=True,
-                             concurrent_levels=concurrent, join_levels=False)
+                             concurrent_levels=concurrent, join_levels=False, single_query_build=False)
         levels_k, plain_k = fake_gpu.kernels[first], fake_gpu.kernels[-1]   # (the same when not concurrent)
         assert w.kernel.spec.independent == concurrent and w.concurrent_levels == concurrent
         assert (levels_k is plain_k) != concurrent and "RTATTN_INDEPENDENT" not in plain_k.rendered.source
@@ -243,7 +245,7 @@ def test_join_levels_launches_the_prefill_kernel_and_the_joining_decode_build(fa
     kv_indptr, idx, last, pool = one_prefix_batch(20, 256, 40, 16)
     first = len(fake_gpu.kernels)
     w = C.CascadeWrapper(3, 32, 8, 128, 16, max_batch=24, max_pages=pool + 40, prefill=True, join_levels=True,
-                         num_pages_pool=pool + 40)
+                         num_pages_pool=pool + 40, single_query_build=False)
     levels_k, plain_k, join_k = fake_gpu.kernels[first:]
     assert "#define RTATTN_LEVEL_JOIN 1" in join_k.rendered.source and "RTATTN_LEVEL_JOIN" not in levels_k.rendered.source
     assert "RTATTN_INDEPENDENT_LEVEL 1" in join_k.rendered.source and w.planner.join_levels
@@ -324,6 +326,63 @@ def test_prefill_ctas_per_sm_sizes_the_shared_levels_grid(fake_gpu):
         C.CascadeWrapper(2, 32, 8, 128, 16, max_batch=16, max_pages=pool, prefill=False, prefill_ctas_per_sm=0)
 
 
+def unequal_suffix_batch(B: int, prefix_tokens: int, ps: int, rng):
+    """`B` requests over one shared prefix with suffixes of 12-128 tokens (unequal page counts:
+    plan_union's path, not the one-prefix one). Returns (kv_indptr, kv_indices, last, pool pages)."""
+    own = rng.integers(3, 33, B) * 4
+    at, reqs = prefix_tokens // ps, []
+    for n in own:
+        k = -(-int(n) // ps)
+        reqs.append(np.concatenate([np.arange(prefix_tokens // ps), np.arange(at, at + k)]))
+        at += k
+    kv_indptr = np.concatenate([[0], np.cumsum([len(r) for r in reqs])]).astype(np.int32)
+    return kv_indptr, np.concatenate(reqs).astype(np.int32), (own - (-(-own // ps) - 1) * ps).astype(np.int32), at
+
+
+def test_single_query_plans_run_the_one_row_tile_build(fake_gpu):
+    """single_query_build (default): a plan with prefill tiles whose decode items are all single
+    queries (the suffixes beside a shared prefix) launches "prefill-q1": the same prefill and fold
+    calls and the decode call on the same arguments and grid, by the concurrent build at
+    ONE_QUERY_M_TILES; a plan with multi-query decode items (a tree's narrower groups) keeps
+    "prefill"; single_query_build=False never takes it. The plan is the same either way."""
+    rng = np.random.default_rng(7)
+    B, ps = 24, 16
+    kv_indptr, idx, last, pool = unequal_suffix_batch(B, 1024, ps, rng)
+    kw = dict(max_batch=B, max_pages=int(kv_indptr[-1]) + 64, prefill=True, num_pages_pool=pool + 64)
+    first = len(fake_gpu.kernels)
+    w = C.CascadeWrapper(3, 32, 8, 128, ps, **kw)
+    levels_k, one_k = fake_gpu.kernels[first], fake_gpu.kernels[-1]
+    assert "_m2_" in levels_k.rendered.decode_name and f"_m{C.ONE_QUERY_M_TILES}_" in one_k.rendered.decode_name
+    assert "RTATTN_INDEPENDENT_LEVEL 1" in one_k.rendered.source and "RTATTN_LEVEL_JOIN" not in one_k.rendered.source
+    info = w.plan(None, kv_indptr, idx, last, share_prefixes=True)
+    assert info.one_query and not info.joined and w.launch_list() == "prefill-q1"
+    q, o = cuda((B, 32, 128)), cuda((B, 32, 128), ptr=1 << 34)
+    kc, vc = cuda((pool + 64, ps, 8, 128), ptr=1 << 32), cuda((pool + 64, ps, 8, 128), ptr=1 << 33)
+    launch = w.prepare(q, kc, vc, out=o)
+    (pre, dec, fold), (pre2, dec2, fold2) = launch.calls, launch.lists["prefill"]
+    assert (pre, fold) == (pre2, fold2) and dec.function is one_k.kernel and dec2.function is levels_k.kernel
+    assert bytes(dec.params) == bytes(dec2.params) and dec.grid == dec2.grid and dec.smem == one_k.rendered.smem_bytes
+    n = len(one_k.enqueued)
+    w.run(q, kc, vc, out=o)
+    assert [c.function for c, _ in one_k.enqueued[n:]] == [pre.function, one_k.kernel, fold.function]
+    qh = rng.standard_normal((B, 32, 128))
+    kh, vh = rng.standard_normal((2, pool + 64, ps, 8, 128))
+    O, _ = execute_cascade(info, qh, kh, vh)
+    Or, _ = reference_attention(qh, kh, vh, np.arange(B + 1), kv_indptr, idx, last, ps)
+    np.testing.assert_allclose(O, Or, atol=1e-12)
+    tree = shared_batch(np.random.default_rng(1), 16, groups=((12, 3), (3, 2)), system_pages=6, loners=1,
+                        pool=pool + 64)   # (the 3-request group on decode tiles: one item of 3 queries)
+    info = w.plan(None, *tree[:3], share_prefixes=True)
+    assert not info.one_query and w.launch_list() == "prefill" and info.level_prefill_items.any()
+    w0 = C.CascadeWrapper(3, 32, 8, 128, ps, single_query_build=False, **kw)
+    info0 = w0.plan(None, kv_indptr, idx, last, share_prefixes=True)
+    assert info0.one_query and w0.launch_list() == "prefill" and w0._one is None
+    assert bytes(w0._pinned[0].array[:w0.planner.planset.plan_bytes]) == \
+        bytes(w._pinned[0].array[:w.planner.planset.plan_bytes])   # the same plan set
+    with pytest.raises(TypeError, match="single_query_build must be a bool"):
+        C.CascadeWrapper(3, 32, 8, 128, ps, single_query_build=None, **kw)
+
+
 def test_prefill_ctas_and_leave_early(fake_gpu):
     """prefill_ctas: the shared level's grid in CTAs per KV head (fewer than its resident wave leave
     whole SMs to the decode level; no narrow grid then), refused past the wave; leave_early: the
@@ -332,27 +391,19 @@ def test_prefill_ctas_and_leave_early(fake_gpu):
     (float64 executor against the reference) on requests of unequal suffixes (the general path)."""
     from rtattn.families import decode
     rng = np.random.default_rng(5)
-    B, ps, P = 24, 16, 1024
-    own = rng.integers(3, 33, B) * 4   # unequal suffixes: plan_union, not the one-prefix path
-    at, reqs = P // ps, []
-    for n in own:
-        k = -(-int(n) // ps)
-        reqs.append(np.concatenate([np.arange(P // ps), np.arange(at, at + k)]))
-        at += k
-    kv_indptr = np.concatenate([[0], np.cumsum([len(r) for r in reqs])]).astype(np.int32)
-    idx = np.concatenate(reqs).astype(np.int32)
-    last = (own - (-(-own // ps) - 1) * ps).astype(np.int32)
+    B, ps = 24, 16
+    kv_indptr, idx, last, at = unequal_suffix_batch(B, 1024, ps, rng)
     kw = dict(max_batch=B, max_pages=int(kv_indptr[-1]), prefill=True, num_pages_pool=at)
     w = C.CascadeWrapper(2, 32, 4, 128, ps, prefill_ctas=20, leave_early=True, **kw)
     assert w.prefill_tile.rows == 128 and w.planner.prefill.num_ctas == 20 and w.planner.prefill_narrow is None
     assert w.kernel.spec.leave_early and w.kernel.spec.independent and "_le" in w.kernel.spec.uri
-    built = [k.rendered.source for k in fake_gpu.kernels[-3:]]   # the levels', plain and joining builds
-    assert ["#define RTATTN_LEAVE_EARLY 1" in src for src in built] == [True, False, False]
+    built = [k.rendered.source for k in fake_gpu.kernels[-4:]]   # the levels', plain, joining and one-query builds
+    assert ["#define RTATTN_LEAVE_EARLY 1" in src for src in built] == [True, False, False, True]
     assert "#define RTATTN_LEAVE_EARLY 1" in decode.render(w.kernel.spec, "h200").source
     assert "RTATTN_LEAVE_EARLY" not in decode.render(w.kernel.spec.with_(leave_early=False), "h200").source
     assert not fake_gpu.prefill[-1].spec.leave_early
     info = w.plan(None, kv_indptr, idx, last, share_prefixes=True)
-    assert w.launch_list() == "prefill" and info.prefill.num_ctas == 20 and info.level_prefill_items[0] > 0
+    assert w.launch_list() == "prefill-q1" and info.prefill.num_ctas == 20 and info.level_prefill_items[0] > 0
     q, o = cuda((B, 32, 128)), cuda((B, 32, 128), ptr=1 << 34)
     kc, vc = cuda((at, ps, 4, 128), ptr=1 << 32), cuda((at, ps, 4, 128), ptr=1 << 33)
     assert w.prepare(q, kc, vc, out=o).calls[0].grid == (20, 4, 1)
@@ -392,7 +443,8 @@ def test_short_prefixes_launch_the_prefill_kernel_on_the_narrow_grid(fake_gpu):
         assert w.launch_list() == name and launch.calls[0].grid == (grid, 8, 1) and w.info.prefill.num_ctas == grid
         assert bytes(launch.calls[0].params) == bytes(launch.lists["join"][0].params)   # one argument buffer
         assert launch.calls[1] is launch.lists["join"][1]
-    assert set(launch.lists) == {"levels", "flat", "prefill", "join", "prefill-narrow", "join-narrow"}
+    assert set(launch.lists) == {"levels", "flat", "prefill", "join", "prefill-narrow", "join-narrow", "prefill-q1",
+                                 "prefill-q1-narrow"}
     assert all(len(calls) == len(C.LAUNCH_LISTS[name]) for name, calls in launch.lists.items())
     for kw in (dict(prefill_ctas_per_sm=2), dict(concurrent_levels=False), dict(pdl=False)):
         w = C.CascadeWrapper(2, 32, 8, 128, 16, max_batch=16, max_pages=pool, prefill=True, **kw)
@@ -714,8 +766,10 @@ def test_gpu_graph_replays_across_replans():
     steps = [shared_batch(rng, 16, groups=g, loners=1, pool=pool) for g in groups]
     seen, stats = graph_replay_steps(w, steps, "alibi", pool, maxb, seed=1)
     assert [p for _, p in seen] == [False, True, False, True, False]
-    # an executable per launch list (with the prefill kernel, without), each replayed again
-    assert stats["instantiations"] == 2 and stats["replays"] == len(steps)
+    # an executable per launch list (without the prefill kernel; with it, the decode items single
+    # queries at step 1 -- "prefill-q1" -- and not at step 3), each replayed again
+    assert [l for l, _ in seen] == ["levels", "prefill-q1", "levels", "prefill", "levels"]
+    assert stats["instantiations"] == 3 and stats["replays"] == len(steps)
 
 
 # (GPU cases below: every variant on the bench shape, plain on the others -- each case compiles its builds)
@@ -746,8 +800,9 @@ def test_gpu_flat_plan_matches_float64_and_is_bitwise_deterministic(variant, hea
 def test_gpu_graph_replays_across_the_launch_lists():
     """One StepGraph over steps whose plans need each launch list in turn: flat (6 requests over
     one prefix, flat=True), join (12 over one prefix on prefill tiles, join_levels=True), levels
-    (two small groups and a loner: the general path on decode), prefill (a tree whose two shared
-    levels are on prefill tiles: the fold), flat again; the graph holds one executable per list."""
+    (two small groups and a loner: the general path on decode), prefill-q1 (a tree whose two shared
+    levels are on prefill tiles: the fold, its decode items single queries), flat again; the graph
+    holds one executable per list."""
     ps, pool, maxb = 16, 600, 24
     w = C.CascadeWrapper(3, 32, 8, 128, ps, max_batch=maxb + 8, max_pages=pool, prefill=True, flat=True,
                          join_levels=True, num_pages_pool=pool)
@@ -757,7 +812,7 @@ def test_gpu_graph_replays_across_the_launch_lists():
              shared_batch(rng, ps, groups=((12, 3), (10, 2)), system_pages=6, loners=1, pool=pool),
              one_prefix_batch(5, 200, 20, ps, seed=3)]
     seen, stats = graph_replay_steps(w, steps, "plain", pool, maxb, seed=2)
-    assert [l for l, _ in seen] == ["flat", "join", "levels", "prefill", "flat"] and stats["instantiations"] == 4
+    assert [l for l, _ in seen] == ["flat", "join", "levels", "prefill-q1", "flat"] and stats["instantiations"] == 4
 
 
 @pytest.mark.gpu

@@ -112,6 +112,7 @@ class CascadeInfo:
     union: Union | None = None        # the levels as one pseudo-batch (None from the one-prefix path)
     flat: bool = False                # the flat plan: one level, each request its own pages (no fold)
     joined: bool = False              # the suffix rows join the prefill level's states (no fold kernel)
+    one_query: bool = False           # every decode item is one query (a one-row-tile build can run them)
 
     def _parts(self):
         return [p for p in (self.plan, self.prefill) if p is not None]
@@ -365,7 +366,8 @@ class CascadePlanner:
         v["q_pos"][:N] = union.q_pos
         v["kv_offset"][:Bp] = union.kv_offset
         v["fold_info"][:3] = (N, R, L)
-        return CascadeInfo(infos[0], union.level_of, L, N, R, nnz, v, infos[1] if len(infos) > 1 else None, union)
+        return CascadeInfo(infos[0], union.level_of, L, N, R, nnz, v, infos[1] if len(infos) > 1 else None, union,
+                           one_query=_one_query(d_it))
 
     def _plan_one_prefix(self, batch: Batch, lcp: int, on_prefill: bool, out=None) -> CascadeInfo:
         """plan_union for the step of serving parallel samples or a system prompt, without the
@@ -448,7 +450,8 @@ class CascadePlanner:
         v["kv_offset"][0] = 0
         v["kv_offset"][1:Bp] = P
         struct.pack_into("=3i", v["fold_info"], 0, B, R, 2)
-        return CascadeInfo(infos[0], level_of, 2, B, R, nnz, v, infos[1] if len(infos) > 1 else None, joined=join)
+        return CascadeInfo(infos[0], level_of, 2, B, R, nnz, v, infos[1] if len(infos) > 1 else None, joined=join,
+                           one_query=_one_query(d_it))
 
     def _joined(self, p_it: np.ndarray, B: int, P: int, c: int, grid: int):
         """The join's numbering of one prefix's prefill items (_join_rows, into p_it) and the
@@ -616,6 +619,11 @@ def _join_rows(it: np.ndarray, tile_q: int) -> int:
     r's states are start + k * tile_q. Returns the rows spanned (tiles * c * tile_q)."""
     it[5][_tile_kv_order(it)] = np.arange(it.shape[1]) * tile_q
     return it.shape[1] * tile_q
+
+
+def _one_query(d_it: np.ndarray) -> bool:
+    """Whether every decode item holds one query row (item rows it[2] <= 1)."""
+    return d_it.shape[1] == 0 or bool(d_it[2].max() <= 1)
 
 
 def _state_rows(it: np.ndarray, first: int) -> int:
