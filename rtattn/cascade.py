@@ -333,6 +333,9 @@ class CascadeWrapper:
     `single_query_build` (default True; False: the A/B): a plan with prefill tiles whose decode
     items are all single queries runs the concurrent decode build at one row tile
     (ONE_QUERY_M_TILES; launch list "prefill-q1"), as the joining build does.
+    `join_uneven` (default False; an A/B until measured): one-prefix plans whose suffixes differ in
+    length (the general path) join too where each suffix is one decode item; `join_unsplit`
+    (default False): ... and their suffixes are scheduled unsplit so that they are.
     `leave_early` (default False; an A/B): the concurrent decode build's CTAs but (0, 0) leave
     after their items instead of waiting for the prefill grid, so later decode CTAs take their
     slots while the shared level runs (codegen spec `leave_early`).
@@ -345,7 +348,8 @@ class CascadeWrapper:
                  num_ctas: int | None = None, pdl: bool = True, num_pages_pool: int | None = None, device=None,
                  prefill: bool | str = "auto", concurrent_levels: bool = True, flat: bool | str = False,
                  join_levels: bool = True, prefill_mma: str = "auto", prefill_ctas_per_sm: int | None = None,
-                 prefill_ctas: int | None = None, leave_early: bool = False, single_query_build: bool = True):
+                 prefill_ctas: int | None = None, leave_early: bool = False, single_query_build: bool = True,
+                 join_uneven: bool = False, join_unsplit: bool = False):
         if prefill not in (True, False, "auto"):
             raise ValueError(f"prefill must be 'auto', True or False, got {prefill!r}")
         if flat not in (True, False, "auto"):
@@ -359,7 +363,8 @@ class CascadeWrapper:
             raise ValueError(f"prefill_ctas must be a positive int (the shared level's CTAs per KV head) or None, "
                              f"got {prefill_ctas!r}")
         for name, value in (("concurrent_levels", concurrent_levels), ("join_levels", join_levels),
-                            ("leave_early", leave_early), ("single_query_build", single_query_build)):
+                            ("leave_early", leave_early), ("single_query_build", single_query_build),
+                            ("join_uneven", join_uneven), ("join_unsplit", join_unsplit)):
             if not isinstance(value, bool):
                 raise TypeError(f"{name} must be a bool, got {value!r}")
         if not isinstance(num_levels, int) or num_levels < 1:
@@ -407,7 +412,8 @@ class CascadeWrapper:
         # (codegen spec `independent`: no wait at entry, one before exiting).
         self.concurrent_levels = concurrent_levels and pp is not None
         cascade_kw = dict(prefill=pp, flat_saving_us=flat_rule(flat, num_qo_heads, num_kv_heads, head_dim),
-                          join_levels=join_levels and self.concurrent_levels, prefill_narrow=narrow)
+                          join_levels=join_levels and self.concurrent_levels, prefill_narrow=narrow,
+                          join_uneven=join_uneven, join_unsplit=join_unsplit)
         if pp is not None:
             cascade_kw.update(_tile_rules(tile, num_qo_heads, num_kv_heads, head_dim))
             if prefill is True:   # every group past decode's tile on prefill tiles: no cost test

@@ -326,10 +326,10 @@ def test_prefill_ctas_per_sm_sizes_the_shared_levels_grid(fake_gpu):
         C.CascadeWrapper(2, 32, 8, 128, 16, max_batch=16, max_pages=pool, prefill=False, prefill_ctas_per_sm=0)
 
 
-def unequal_suffix_batch(B: int, prefix_tokens: int, ps: int, rng):
-    """`B` requests over one shared prefix with suffixes of 12-128 tokens (unequal page counts:
-    plan_union's path, not the one-prefix one). Returns (kv_indptr, kv_indices, last, pool pages)."""
-    own = rng.integers(3, 33, B) * 4
+def unequal_suffix_batch(B: int, prefix_tokens: int, ps: int, rng, scale: int = 4):
+    """`B` requests over one shared prefix with suffixes of 3-32 x `scale` tokens (unequal page
+    counts: plan_union's path, not the one-prefix one). Returns (kv_indptr, kv_indices, last, pool pages)."""
+    own = rng.integers(3, 33, B) * scale
     at, reqs = prefix_tokens // ps, []
     for n in own:
         k = -(-int(n) // ps)
@@ -381,6 +381,41 @@ def test_single_query_plans_run_the_one_row_tile_build(fake_gpu):
         bytes(w._pinned[0].array[:w.planner.planset.plan_bytes])   # the same plan set
     with pytest.raises(TypeError, match="single_query_build must be a bool"):
         C.CascadeWrapper(3, 32, 8, 128, ps, single_query_build=None, **kw)
+
+
+def test_join_uneven_joins_plans_of_unequal_suffixes(fake_gpu):
+    """join_uneven: a one-prefix plan on prefill tiles whose requests' suffixes differ (plan_union,
+    not the one-prefix path) joins where each suffix is one decode item ("join": no fold), as exact
+    as the fold (float64 executor against the reference); suffixes the schedule splits keep the
+    fold unless join_unsplit schedules them whole; a tree keeps the fold either way."""
+    rng = np.random.default_rng(9)
+    ps = 16
+    for B, unsplit, joined in ((24, False, True), (8, False, False), (8, True, True)):
+        kv_indptr, idx, last, pool = unequal_suffix_batch(B, 2048, ps, rng, scale=4 if B > 8 else 48)
+        kw = dict(max_batch=B, max_pages=int(kv_indptr[-1]) + 64, prefill=True, num_pages_pool=pool + 64)
+        w = C.CascadeWrapper(3, 32, 4, 128, ps, join_uneven=True, join_unsplit=unsplit, **kw)
+        info = w.plan(None, kv_indptr, idx, last, share_prefixes=True)
+        assert info.union is not None and info.joined == joined, (B, unsplit)
+        assert w.launch_list() == ("join" if joined else "prefill-q1")
+        items = info.plan.num_items
+        assert (items == B) == joined or (unsplit and items == B)
+        qh = rng.standard_normal((B, 32, 128))
+        kh, vh = rng.standard_normal((2, pool + 64, ps, 4, 128))
+        O, S = execute_cascade(info, qh, kh, vh)
+        Or, Sr = reference_attention(qh, kh, vh, np.arange(B + 1), kv_indptr, idx, last, ps)
+        np.testing.assert_allclose(O, Or, atol=1e-12)
+        np.testing.assert_allclose(S, Sr, atol=1e-12)
+        if joined:   # the joining decode build on the decode arguments, the prefill kernel first
+            q, o = cuda((B, 32, 128)), cuda((B, 32, 128), ptr=1 << 34)
+            kc, vc = cuda((pool + 64, ps, 4, 128), ptr=1 << 32), cuda((pool + 64, ps, 4, 128), ptr=1 << 33)
+            pre, dec = w.prepare(q, kc, vc, out=o).calls
+            assert dec.function is w._join.kernel and pre.grid == (w.planner.prefill.num_ctas, 4, 1)
+        w0 = C.CascadeWrapper(3, 32, 4, 128, ps, **kw)   # the default: the fold
+        assert not w0.plan(None, kv_indptr, idx, last, share_prefixes=True).joined
+    tree = shared_batch(np.random.default_rng(1), 16, groups=((12, 3), (10, 2)), system_pages=6, loners=1, pool=400)
+    w = C.CascadeWrapper(3, 32, 4, 128, ps, max_batch=32, max_pages=400, prefill=True, join_uneven=True,
+                         join_unsplit=True, num_pages_pool=400)
+    assert not w.plan(None, *tree[:3], share_prefixes=True).joined
 
 
 def test_prefill_ctas_and_leave_early(fake_gpu):
@@ -835,6 +870,28 @@ def test_gpu_joined_levels_match_float64_and_the_fold(variant, heads, D, ps, B):
     again, lse2 = gpu_run(c, w, variant)
     other, lse3 = gpu_run(c, gpu_wrapper(c, 2, variant, join_levels=True), variant)
     assert torch.equal(out, again) and torch.equal(out, other) and torch.equal(lse, lse2) and torch.equal(lse, lse3)
+    folded, flse = gpu_run(c, gpu_wrapper(c, 2, variant), variant)   # the fold kernel's result
+    assert float((folded.float() - out.float()).norm() / folded.float().norm()) < 1e-2
+    assert float((flse - lse).abs().max()) < 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant, heads, B, unsplit", [("plain", (32, 8), 24, False), ("causal", (32, 4), 32, True),
+                                                        ("alibi", (28, 4), 20, True), ("soft_cap", (64, 8), 32, False)])
+def test_gpu_uneven_suffixes_join_match_float64(variant, heads, B, unsplit):
+    """join_uneven (and join_unsplit): one prefix on prefill tiles under suffixes of unequal lengths
+    (plan_union's path), each suffix row written by the joining decode build (no fold kernel):
+    float64 reference with poisoned outputs, the same bits on a second run, close to the fold's."""
+    import torch
+    rng = np.random.default_rng(B)
+    c = gpu_case(unequal_suffix_batch(B, 1024, 16, rng, scale=4 if not unsplit else 16), *heads, 128, 16)
+    kw = dict(join_uneven=True, join_unsplit=unsplit)
+    w = gpu_wrapper(c, 2, variant, join_levels=True, **kw)
+    out, lse = gpu_run(c, w, variant)
+    assert w.info.joined and w.info.union is not None and w.launch_list() == "join"
+    check_gpu(c, out, lse, REF[variant])
+    again, lse2 = gpu_run(c, w, variant)
+    assert torch.equal(out, again) and torch.equal(lse, lse2)
     folded, flse = gpu_run(c, gpu_wrapper(c, 2, variant), variant)   # the fold kernel's result
     assert float((folded.float() - out.float()).norm() / folded.float().norm()) < 1e-2
     assert float((flse - lse).abs().max()) < 1e-2

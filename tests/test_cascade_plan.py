@@ -464,3 +464,36 @@ def test_plans_the_join_cannot_serve_keep_the_fold():
     tree = shared_batch(rng, ps, groups=((12, 3), (10, 2)), system_pages=6, loners=1)
     info = cp.plan_shared(None, *tree[:3])
     assert not info.joined and info.level_prefill_items[:2].all()
+
+
+@pytest.mark.parametrize("shape, expect_join", [((9, 600, 3, 1), True), ((16, 256, 1, 16), True),
+                                                ((12, 40, 3, 16), True), ((64, 512, 8, 16), False)])
+def test_join_uneven_writes_the_one_prefix_paths_joined_plan(shape, expect_join):
+    """join_uneven: plan_union's join of one prefix under single-query suffixes writes byte for byte
+    the plan set of the one-prefix path's join over suffixes of equal page counts (which that path
+    takes), and the float64 executor runs both to plain attention; without join_uneven plan_union folds."""
+    B, prefix_pages, suffix_pages, ps = shape
+    kv_indptr, idx, last, pool = one_prefix_batch(B, prefix_pages * ps, suffix_pages * ps, ps, seed=B)
+    last = np.random.default_rng(B).integers(1, ps + 1, B).astype(np.int32)
+    joins = []
+    for uneven in (True, False):
+        cp = CascadePlanner.create(B, B, pool, 8, 2, 64, ps, num_levels=3, num_ctas=5, max_rows=16, join_levels=True,
+                                   join_uneven=uneven, **prefill_kw(8, 2, 64, rows=64, num_ctas=4))
+        fast, full = cp.planset.allocate(), cp.planset.allocate()
+        fast[:] = full[:] = 0xAB
+        info = cp.plan_shared(None, kv_indptr, idx, last, out=fast)
+        ref = cp.plan_union(prefix_union(validate_batch(None, kv_indptr, idx, last, ps), 3), full)
+        assert info.union is None and ref.union is not None and ref.joined == (info.joined and uneven)
+        joins.append(info.joined)
+        if uneven:
+            assert bytes(fast) == bytes(full)
+            _same_info(info, ref)
+    assert joins[0] == expect_join
+    if B * prefix_pages * ps <= 64 * 600:
+        q = np.random.default_rng(1).standard_normal((B, 8, 64))
+        k, v = np.random.default_rng(2).standard_normal((2, pool, ps, 2, 64))
+        for i in (info, ref):
+            O, S = execute_cascade(i, q, k, v)
+            Or, Sr = reference_attention(q, k, v, np.arange(B + 1), kv_indptr, idx, last, ps)
+            np.testing.assert_allclose(O, Or, atol=1e-12)
+            np.testing.assert_allclose(S, Sr, atol=1e-12)

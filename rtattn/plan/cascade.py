@@ -155,7 +155,7 @@ class CascadePlanner:
     def __init__(self, planner: Planner, max_batch: int, max_qo_tokens: int, num_levels: int = 2,
                  prefill: Planner | None = None, prefill_saving_us=None, flat_saving_us=None,
                  prefill_min_saving_us: float = PREFILL_MIN_SAVING_US["sync"], join_levels: bool = False,
-                 prefill_narrow: Planner | None = None):
+                 prefill_narrow: Planner | None = None, join_uneven: bool = False, join_unsplit: bool = False):
         b = planner.bounds
         if num_levels < 1:
             raise ValueError(f"num_levels must be >= 1, got {num_levels}")
@@ -180,6 +180,10 @@ class CascadePlanner:
         # level_join build: CascadeWrapper passes True where it builds one): _plan_one_prefix's
         # prefill-tile plans then need no fold.
         self.join_levels = join_levels
+        # ... and plan_union's one-prefix plans whose requests' suffixes differ in length
+        # (_union_joinable), where each suffix is one decode item -- `join_unsplit`: made so, by
+        # scheduling the suffixes unsplit (A/B paths until measured on a GPU).
+        self.join_uneven, self.join_unsplit = join_uneven, join_unsplit
         self.max_state_rows = b.max_partial_rows + b.max_qo_tokens
         parts = {"plan": planner.layout}
         if prefill is not None:
@@ -230,7 +234,8 @@ class CascadePlanner:
                head_dim: int, page_size: int, *, num_levels: int = 2, prefill_tile: TileConfig | None = None,
                prefill_ctas: int | None = None, prefill_saving_us=None, flat_saving_us=None,
                prefill_min_saving_us: float = PREFILL_MIN_SAVING_US["sync"], join_levels: bool = False,
-               narrow_prefill: bool = False, **planner_kw) -> "CascadePlanner":
+               narrow_prefill: bool = False, join_uneven: bool = False, join_unsplit: bool = False,
+               **planner_kw) -> "CascadePlanner":
         """`prefill_tile` (the prefill family's TileConfig) and `prefill_ctas` (its grid):
         plan the groups the family rule picks on prefill tiles (None: all on decode);
         `prefill_saving_us`: the rule's cost test (prefill_groups), which must beat
@@ -252,7 +257,7 @@ class CascadePlanner:
         if prefill is not None and narrow_prefill and prefill_tile.ctas_per_sm > 1:
             narrow = Planner(*bounds, max_qo_len=max_qo_tokens, tile=replace(prefill_tile, ctas_per_sm=1), **kw)
         return cls(planner, max_batch, max_qo_tokens, num_levels, prefill, prefill_saving_us, flat_saving_us,
-                   prefill_min_saving_us, join_levels, narrow)
+                   prefill_min_saving_us, join_levels, narrow, join_uneven, join_unsplit)
 
     @property
     def num_ctas(self) -> int:
@@ -340,13 +345,22 @@ class CascadePlanner:
             if not on_prefill.any():
                 on_prefill = None
         dec_groups = None if on_prefill is None else np.flatnonzero(~on_prefill)
-        d_it, d_res = self._decode_items(pb, real0, dec_groups)
+        joinable = self._union_joinable(union, on_prefill, real0)
+        d_it, d_res = self._decode_items(pb, real0, dec_groups, unsplit=joinable and self.join_unsplit)
         R = _state_rows(d_it, 0)
         parts = [(d_it, d_res, self.planner, v["plan"])]
+        join = None
         if self.prefill is not None:
             pg = self._ar[:0] if on_prefill is None else np.flatnonzero(on_prefill)
-            p_it, p_res, _, p_rows = self._prefill_items(pb.qo_len.take(pg), pb.kv_len.take(pg), pg, real0.take(pg))
-            p_it[5] += R
+            p_it, p_res, tmpl, p_rows = self._prefill_items(pb.qo_len.take(pg), pb.kv_len.take(pg), pg,
+                                                            real0.take(pg))
+            if joinable and tmpl is not None and d_it.shape[1] == N and p_it.shape[1] * self.prefill.tile_q <= \
+                    self.max_state_rows:   # one item per suffix row: it joins the prefix's states (no fold)
+                P = pb.kv_len.item(0)
+                p_rows, join = self._joined(p_it, N, P, tmpl.shape[1], self.prefill.num_ctas)
+                d_it[5], d_it[6], R = -1, d_it[1], 0
+            else:
+                p_it[5] += R
             R += p_rows
             parts.append((p_it, p_res, self.prefill, v["prefill"]))
         if R > self.max_state_rows:
@@ -361,13 +375,33 @@ class CascadePlanner:
         for it, _, _, _ in parts:
             it[7] = pb.kv_indptr.take(it[0])
         infos = self._write_parts(buf, parts, R, Bp, N)
-        it = d_it if len(parts) == 1 or parts[1][0].shape[1] == 0 else np.concatenate([d_it, parts[1][0]], axis=1)
-        self._fold_map(v, it, union.level_of, N, L, R)
+        if join is not None:   # row r's c prefix states: rows start + k * tile_q (_join_rows), as _plan_one_prefix
+            pv["merge_indptr"][:N + 1] = join[1]
+            pv["merge_partial_start"][:N] = join[0]
+            pv["merge_partial_stride"][:N] = self.prefill.tile_q
+            pv["merge_qo_row"][:N] = self._ar[:N]
+            v["fold_indptr"][:N + 1] = 0   # (nothing for the fold: no fold kernel runs)
+        else:
+            it = d_it if len(parts) == 1 or parts[1][0].shape[1] == 0 else np.concatenate([d_it, parts[1][0]], axis=1)
+            self._fold_map(v, it, union.level_of, N, L, R)
         v["q_pos"][:N] = union.q_pos
         v["kv_offset"][:Bp] = union.kv_offset
         v["fold_info"][:3] = (N, R, L)
         return CascadeInfo(infos[0], union.level_of, L, N, R, nnz, v, infos[1] if len(infos) > 1 else None, union,
-                           one_query=_one_query(d_it))
+                           joined=join is not None, one_query=_one_query(d_it))
+
+    def _union_joinable(self, union: Union, on_prefill, real0: np.ndarray) -> bool:
+        """Whether plan_union's levels are one prefix on prefill tiles under single-query suffixes,
+        which the joining decode build can serve (join_uneven: the one-prefix path's join for
+        requests of unequal suffixes): two levels, group 0 on prefill tiles holding every query row
+        from row 0, each other group one query on decode, at most max_merge_rows rows. (One item per
+        suffix and a balanced prefix schedule are checked once the items exist.)"""
+        if not (self.join_levels and self.join_uneven and on_prefill is not None and union.num_levels == 2):
+            return False
+        pb, N = union.batch, union.num_qo_tokens
+        return (pb.batch == N + 1 and bool(on_prefill[0]) and not on_prefill[1:].any() and pb.qo_len.item(0) == N
+                and real0.item(0) == 0 and pb.qo_max == N and bool((pb.qo_len[1:] == 1).all())
+                and bool((real0[1:] == self._ar[:N]).all()) and N <= self.planner.bounds.max_merge_rows)
 
     def _plan_one_prefix(self, batch: Batch, lcp: int, on_prefill: bool, out=None) -> CascadeInfo:
         """plan_union for the step of serving parallel samples or a system prompt, without the
@@ -519,11 +553,12 @@ class CascadePlanner:
         fi[0] = 0
         np.cumsum(np.bincount(row, minlength=N), out=fi[1:N + 1])
 
-    def _decode_items(self, pb: Batch, real0: np.ndarray, groups: np.ndarray | None):
+    def _decode_items(self, pb: Batch, real0: np.ndarray, groups: np.ndarray | None, unsplit: bool = False):
         """The decode family's items for `groups` (None: all): their query tiles (tile_q real
         query rows each) scheduled as one-query requests -- Algorithm 1 only needs each tile's
         KV (the cost model's per-query term is noise next to a shared prefix), and the decode
-        form is the planner's fast path -- then written for the real tiles, in queue order."""
+        form is the planner's fast path -- then written for the real tiles, in queue order.
+        `unsplit`: no tile's KV split (one item each: join_unsplit's joinable suffixes)."""
         tq = self.planner.tile_q
         qo_len = pb.qo_len if groups is None else pb.qo_len.take(groups)
         if qo_len.shape[0] == 0 or qo_len.item(qo_len.argmax()) <= tq:   # one tile per group
@@ -535,14 +570,21 @@ class CascadePlanner:
             t_j *= tq
             t_row = real0.take(t_grp) + t_j
             t_len = np.minimum(qo_len.take(t_g) - t_j, tq)
-        return self._tile_items(t_grp, t_row, t_len, pb.kv_len.take(t_grp))
+        return self._tile_items(t_grp, t_row, t_len, pb.kv_len.take(t_grp), unsplit)
 
-    def _tile_items(self, t_grp, t_row, t_len, t_kv):
+    def _tile_items(self, t_grp, t_row, t_len, t_kv, unsplit: bool = False):
         """Decode query tiles (group, first real row, rows, KV tokens each) scheduled as
-        one-query requests, then the items written for the real tiles, in queue order."""
+        one-query requests, then the items written for the real tiles, in queue order.
+        `unsplit`: Algorithm 1's chunk bound raised to the longest tile (one item per tile)."""
         T = t_grp.shape[0]
-        res = self.planner._schedule(Batch(self._ar32[:T + 1], None, None, None, self._ones[:T], t_kv,
-                                           self.page_size, 1), partials=False)
+        floor = self.planner.min_chunk
+        if unsplit and T:   # (the planner's chunk floor, for this schedule only)
+            self.planner.min_chunk = max(floor, -(-t_kv.item(t_kv.argmax()) // self.page_size) * self.page_size)
+        try:
+            res = self.planner._schedule(Batch(self._ar32[:T + 1], None, None, None, self._ones[:T], t_kv,
+                                               self.page_size, 1), partials=False)
+        finally:
+            self.planner.min_chunk = floor
         it = res["items"] if res["final"] is None else res["items"].take(res["final"], axis=1)
         tile = it[0]
         grp = t_grp.take(tile)
