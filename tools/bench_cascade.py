@@ -30,7 +30,13 @@ prefill=False), rt-m1 (rt-dec with m_tiles 1), rt-flat (flat=True wherever the p
 one level, rtattn's single format inside the cascade), rt-ov1 / rt-wide (the shared level at
 one / two prefill CTAs per SM on every plan: prefill_ctas_per_sm=1 / 2, where the tile has two;
 the default takes one for short prefixes, the decode level's CTAs beside it) and rt-cm1 (the
-defaults with m_tiles 1). `--breakdown` also times each kernel of the launch lists of
+defaults with m_tiles 1). casc8's A/Bs: rt-q2 (single_query_build=False: the prefill list's decode
+build at two row tiles for single-query suffixes), rt-ju / rt-jus (join_uneven, + join_unsplit),
+rt-le (leave_early), rt-b2 / rt-b2n / rt-b2nle (the 128-row shared tile as the prefill policy's
+short-KV tile, two CTAs per SM / one / one with leave_early), rt-b3 (the 64-row tile at three CTAs
+per SM), rt-g75 / rt-g75le / rt-g85le / rt-g50le (the one-CTA shared tile on that fraction of the
+SMs: prefill_ctas), rt-ov1le, rt-cm1le, rt-g75lem1, rt-wgb2 / rt-wgb2nle (every shared group on
+the short-KV 128-row tile). --row-libs PATTERN=LIBS gives rows their own sets. `--breakdown` also times each kernel of the launch lists of
 BREAKDOWN (rt-ser, rt-serwg, rt-casc, rt-ov1, rt-wide) alone (prefill, decode, fold: where the
 step's time goes; a joined list's decode kernel alone includes its join). Every output is checked
 against a float32 torch reference (relative error < 2e-2) after an eager call and after the
