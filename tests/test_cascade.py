@@ -383,6 +383,33 @@ def test_single_query_plans_run_the_one_row_tile_build(fake_gpu):
         C.CascadeWrapper(3, 32, 8, 128, ps, single_query_build=None, **kw)
 
 
+def test_flat_auto_serves_suffixes_of_unequal_lengths(fake_gpu):
+    """flat="auto" on one prefix under suffixes of unequal page counts (plan_union's path): the same
+    flat-or-levels rule as for equal ones where the prefix stays on decode tiles -- the flat plan
+    (float64 exact), the levels where the rule or the pages say no, and the prefix on prefill tiles
+    keeps its levels."""
+    rng = np.random.default_rng(3)
+    ps = 16
+    kv_indptr, idx, last, pool = unequal_suffix_batch(16, 1024, ps, rng)
+    kc, vc = cuda((pool, ps, 8, 128), ptr=1 << 32), cuda((pool, ps, 8, 128), ptr=1 << 33)
+    for flat, max_pages, expect in (("auto", int(kv_indptr[-1]), True), ("auto", pool, False), (False, int(kv_indptr[-1]), False)):
+        w = C.CascadeWrapper(2, 32, 8, 128, ps, max_batch=16, max_pages=max_pages, num_pages_pool=pool, flat=flat,
+                             prefill=False)
+        info = w.plan(None, kv_indptr, idx, last, share_prefixes=True)
+        assert info.flat == expect and w.launch_list() == ("flat" if expect else "levels"), (flat, max_pages)
+        if expect:
+            qh = rng.standard_normal((16, 32, 128))
+            kh, vh = rng.standard_normal((2, pool, ps, 8, 128))
+            O, S = execute_cascade(info, qh, kh, vh)
+            Or, Sr = reference_attention(qh, kh, vh, np.arange(17), kv_indptr, idx, last, ps)
+            np.testing.assert_allclose(O, Or, atol=1e-12)
+            np.testing.assert_allclose(S, Sr, atol=1e-12)
+    w = C.CascadeWrapper(2, 32, 8, 128, ps, max_batch=16, max_pages=int(kv_indptr[-1]), num_pages_pool=pool,
+                         flat="auto", prefill=True)   # (every group past a decode tile on prefill tiles)
+    info = w.plan(None, kv_indptr, idx, last, share_prefixes=True)
+    assert not info.flat and info.level_prefill_items[0] > 0
+
+
 def test_join_uneven_joins_plans_of_unequal_suffixes(fake_gpu):
     """join_uneven: a one-prefix plan on prefill tiles whose requests' suffixes differ (plan_union,
     not the one-prefix path) joins where each suffix is one decode item ("join": no fold), as exact

@@ -297,6 +297,14 @@ class CascadePlanner:
                     return self._plan_flat(batch, out)
                 return self._plan_one_prefix(batch, lcp, on_prefill, out)
         union = prefix_union(batch, self.num_levels, lcp)
+        if lcp is not None and self.flat_saving_us is not None and _one_prefix_union(union, B):
+            # decode requests over one prefix with suffixes of unequal page counts: the flat-or-levels
+            # rule as on the one-prefix path, where plan_union's family rule keeps the prefix on decode
+            P = union.batch.kv_len.item(0)
+            on_prefill = self.prefill is not None and prefill_group(B, P, self.planner.tile_q, self.prefill_saving_us,
+                                                                    self.prefill_min_saving_us)
+            if not on_prefill and self.flat_plan(batch, P):
+                return self._plan_flat(batch, out)
         if causal:
             R = union.req_qo_indptr.shape[0] - 1
             check_causal(union.batch.qo_len[-R:] if R else union.batch.qo_len[:0], union.batch.kv_len[-R:] if R else
@@ -661,6 +669,14 @@ def _join_rows(it: np.ndarray, tile_q: int) -> int:
     r's states are start + k * tile_q. Returns the rows spanned (tiles * c * tile_q)."""
     it[5][_tile_kv_order(it)] = np.arange(it.shape[1]) * tile_q
     return it.shape[1] * tile_q
+
+
+def _one_prefix_union(union: Union, B: int) -> bool:
+    """Whether `union` is one shared prefix (group 0: all B single-query requests' rows) over each
+    request's own suffix (groups 1..B) -- two levels."""
+    pb = union.batch
+    return (union.num_levels == 2 and pb.batch == B + 1 and union.num_qo_tokens == B and pb.qo_len.item(0) == B
+            and bool((pb.qo_len[1:] == 1).all()))
 
 
 def _one_query(d_it: np.ndarray) -> bool:
