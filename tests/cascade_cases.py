@@ -50,6 +50,19 @@ def one_prefix_batch(batch: int, prefix_tokens: int, suffix_tokens: int, page_si
     return kv_indptr, idx, last, pp + batch * sp
 
 
+def unequal_suffix_batch(B: int, prefix_tokens: int, ps: int, rng, scale: int = 4):
+    """`B` requests over one shared prefix with suffixes of 3-32 x `scale` tokens (unequal page
+    counts: plan_union's path, not the one-prefix one). Returns (kv_indptr, kv_indices, last, pool pages)."""
+    own = rng.integers(3, 33, B) * scale
+    at, reqs = prefix_tokens // ps, []
+    for n in own:
+        k = -(-int(n) // ps)
+        reqs.append(np.concatenate([np.arange(prefix_tokens // ps), np.arange(at, at + k)]))
+        at += k
+    kv_indptr = np.concatenate([[0], np.cumsum([len(r) for r in reqs])]).astype(np.int32)
+    return kv_indptr, np.concatenate(reqs).astype(np.int32), (own - (-(-own // ps) - 1) * ps).astype(np.int32), at
+
+
 # ----------------------------------------------------------------------------- GPU cases
 TOL = {"bfloat16": 2e-2, "float16": 5e-3}
 REF = {"plain": Variant(), "causal": Variant(causal=True), "sliding_window": Variant(window_left=37),

@@ -22,7 +22,7 @@ from rtattn.runtime import export
 
 import fakes
 from cascade_cases import (REF, check_gpu, gpu_case, gpu_run, gpu_wrapper, one_prefix_batch, shared_batch,
-                           variant_params)
+                           unequal_suffix_batch, variant_params)
 
 
 def fake_function(name, handle):
@@ -324,19 +324,6 @@ def test_prefill_ctas_per_sm_sizes_the_shared_levels_grid(fake_gpu):
             C.CascadeWrapper(2, 32, 8, 128, 16, prefill_ctas_per_sm=bad, **kw)
     with pytest.raises(ValueError, match="prefill_ctas_per_sm must be"):
         C.CascadeWrapper(2, 32, 8, 128, 16, max_batch=16, max_pages=pool, prefill=False, prefill_ctas_per_sm=0)
-
-
-def unequal_suffix_batch(B: int, prefix_tokens: int, ps: int, rng, scale: int = 4):
-    """`B` requests over one shared prefix with suffixes of 3-32 x `scale` tokens (unequal page
-    counts: plan_union's path, not the one-prefix one). Returns (kv_indptr, kv_indices, last, pool pages)."""
-    own = rng.integers(3, 33, B) * scale
-    at, reqs = prefix_tokens // ps, []
-    for n in own:
-        k = -(-int(n) // ps)
-        reqs.append(np.concatenate([np.arange(prefix_tokens // ps), np.arange(at, at + k)]))
-        at += k
-    kv_indptr = np.concatenate([[0], np.cumsum([len(r) for r in reqs])]).astype(np.int32)
-    return kv_indptr, np.concatenate(reqs).astype(np.int32), (own - (-(-own // ps) - 1) * ps).astype(np.int32), at
 
 
 def test_single_query_plans_run_the_one_row_tile_build(fake_gpu):

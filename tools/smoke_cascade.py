@@ -5,7 +5,7 @@ against the float64 reference, each case reported (error or exception) without s
 bad case does not hide the others. Run before the GPU tier, one process per case (a faulting
 kernel poisons its process):
 
-    for i in $(seq 0 19); do timeout 60 python tools/smoke_cascade.py $i & done; wait
+    for i in $(seq 0 23); do timeout 60 python tools/smoke_cascade.py $i & done; wait
     python tools/smoke_cascade.py --mma sync 0 3     # the shared levels on the other prefill kernel
 
 `--mma` is the wrapper's prefill_mma (default "auto": the wgmma kernel on the H200).
@@ -20,7 +20,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from cascade_cases import REF, TOL, gpu_case, gpu_errors, gpu_run, gpu_wrapper, one_prefix_batch, shared_batch  # noqa: E402
+from cascade_cases import (REF, TOL, gpu_case, gpu_errors, gpu_run, gpu_wrapper, one_prefix_batch,  # noqa: E402
+                           shared_batch, unequal_suffix_batch)
 
 
 def prefix40(rng, ps):      # 40 requests over a 256-token prefix: level 0 on one prefill tile
@@ -68,6 +69,16 @@ CASES = [
     ("one prefill CTA per SM, tree (folded)", small_tree, (32, 8), 128, 16, 3, "alibi", "bfloat16", 1, "ov1"),
     ("joined levels, 14 x 8K (the narrow grid)", lambda r, ps: one_prefix_batch(14, 8192, 128, ps), (32, 8), 128,
      16, 2, "plain", "bfloat16", 1, "join"),
+    # casc8: suffixes of unequal lengths (plan_union): the one-row-tile decode build ("prefill-q1", the default),
+    # their join (join_uneven, unsplit), the partitioned grid with leave_early, flat="auto"
+    ("one-query build, 32 x 2K, uneven suffixes", lambda r, ps: unequal_suffix_batch(32, 2048, ps, r, scale=16),
+     (32, 4), 128, 16, 2, "alibi", "bfloat16", 1, True),
+    ("joined uneven suffixes, 24 x 1K (unsplit)", lambda r, ps: unequal_suffix_batch(24, 1024, ps, r, scale=16),
+     (32, 8), 128, 16, 2, "causal", "bfloat16", 1, "join-uneven"),
+    ("leave early, 12 of 33 prefill CTAs", lambda r, ps: unequal_suffix_batch(32, 2048, ps, r, scale=16),
+     (32, 4), 128, 16, 2, "plain", "bfloat16", 1, "le-part"),
+    ("flat auto, 32 x 2K uneven, 28/4", lambda r, ps: unequal_suffix_batch(32, 2048, ps, r, scale=16),
+     (28, 4), 128, 16, 2, "plain", "bfloat16", 1, "flat-auto"),
 ]
 # plan -> (CascadeWrapper arguments, whether it puts work on prefill tiles, is flat, joins its levels)
 PLANS = {True: (dict(prefill=True, join_levels=False), True, False, False),
@@ -78,7 +89,10 @@ PLANS = {True: (dict(prefill=True, join_levels=False), True, False, False),
          "auto-decode": (None, False, False, False),
          # the shared level at one CTA per SM (prefill_ctas_per_sm=1): the decode level's CTAs beside it
          "join-ov1": (dict(prefill=True, join_levels=True, prefill_ctas_per_sm=1), True, False, True),
-         "ov1": (dict(prefill=True, join_levels=False, prefill_ctas_per_sm=1), True, False, False)}
+         "ov1": (dict(prefill=True, join_levels=False, prefill_ctas_per_sm=1), True, False, False),
+         "join-uneven": (dict(prefill=True, join_levels=True, join_uneven=True, join_unsplit=True), True, False, True),
+         "le-part": (dict(prefill=True, join_levels=False, prefill_ctas=12, leave_early=True), True, False, False),
+         "flat-auto": (dict(prefill="auto", flat="auto", join_levels=True), False, True, False)}
 
 
 def wrapper_kw(plan, mma: str = "auto") -> dict:
