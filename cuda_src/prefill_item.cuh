@@ -129,6 +129,38 @@ __device__ __forceinline__ void next_kv_tile(Loader& ld, const P& p, const It& i
   cp_async_commit();
 }
 
+// L1 prefetches of the plan fields PrefillItem::load reads (no registers held), so that entering
+// an item waits on no L2 round trip for them.
+__device__ __forceinline__ void prefetch_l1(const int* a) { asm volatile("prefetch.global.L1 [%0];\n" ::"l"(a)); }
+template <class P>
+__device__ __forceinline__ void prefetch_item_fields(const P& p, int item) {
+  const int* fields[] = {p.plan.item_request, p.plan.item_qo_start, p.plan.item_qo_len, p.plan.item_partial,
+                         p.plan.item_kv_start, p.plan.item_kv_end, p.plan.item_kv_page_start};
+#pragma unroll
+  for (const int* f : fields) prefetch_l1(f + item);
+}
+template <class P>
+__device__ __forceinline__ void prefetch_request_fields(const P& p, int b) {
+  prefetch_l1(p.plan.req_qo_start + b);
+  prefetch_l1(p.plan.req_qo_len + b);
+  prefetch_l1(p.plan.req_kv_len + b);
+}
+// At queue position k of a per-item KV stream (one thread's work): the item fields two positions
+// ahead, and of the next item its request fields and (paged) its first page ids, whose own
+// addresses come from fields prefetched one position earlier (L1 hits). So the next item's
+// prologue -- item, then request, then page ids, then the first tile -- starts from L1 instead
+// of three dependent L2 round trips.
+template <bool PAGED, class P>
+__device__ __forceinline__ void prefetch_next_items(const P& p, const PrefillQueue& queue, int k) {
+  if (k + 2 < queue.size) prefetch_item_fields(p, queue.item(k + 2));
+  if (k + 1 < queue.size) {
+    const int next = queue.item(k + 1);
+    if (k == 0) prefetch_item_fields(p, next);
+    prefetch_request_fields(p, p.plan.item_request[next]);
+    if constexpr (PAGED) prefetch_l1(p.plan.kv_indices + p.plan.item_kv_page_start[next]);
+  }
+}
+
 // The KV stream across a CTA's whole queue (the CROSS path): the tiles of its items, in queue
 // order, as one stream, so the next item's first tiles are in flight while the current item's
 // last blocks compute (no pipeline fill per item). The consumer's block n (counted over the
@@ -195,23 +227,6 @@ struct QueueKVStream {
     }
   }
 
-  // L1 prefetches of the plan fields PrefillItem::load reads (no registers held).
-  template <class P>
-  static __device__ __forceinline__ void prefetch_item_fields(const P& p, int item) {
-    const int* fields[] = {p.plan.item_request, p.plan.item_qo_start, p.plan.item_qo_len, p.plan.item_partial,
-                           p.plan.item_kv_start, p.plan.item_kv_end, p.plan.item_kv_page_start};
-#pragma unroll
-    for (const int* f : fields) prefetch_l1(f + item);
-  }
-  template <class P>
-  static __device__ __forceinline__ void prefetch_request_fields(const P& p, int b) {
-    prefetch_l1(p.plan.req_qo_start + b);
-    prefetch_l1(p.plan.req_qo_len + b);
-    prefetch_l1(p.plan.req_kv_len + b);
-  }
-  static __device__ __forceinline__ void prefetch_l1(const int* a) {
-    asm volatile("prefetch.global.L1 [%0];\n" ::"l"(a));
-  }
 };
 
 // The q rows of plan item `item` (what copy_q_rows reads), for the CROSS path's copy

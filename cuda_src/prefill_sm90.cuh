@@ -146,6 +146,7 @@ __device__ __forceinline__ void prefill_sm90_persistent(const P& p, char* smem) 
       }
       q_copied = false;
     } else {
+      if (tid == 0) prefetch_next_items<PAGED>(p, queue, k);  // the next items' plan fields into L1
       __syncthreads();  // the previous item's products are done with q and every stage
       // ---- Query rows (cp.async, joining the first KV group; or through registers with a
       // QueryTransform: the first block's fence and barrier publish those stores to the tensor

@@ -10,7 +10,7 @@ while this one runs; it reads only the plan (an H2D copy's output, complete befo
 kernel started) until griddepcontrol.wait, which returns when the previous kernel has finished
 and its writes are visible. Results are unchanged.
 
-RTATTN_DEV_DEFINES (environment): extra -D flags for A/B builds of experimental #ifdef paths
+RTATTN_DEV_DEFINES (environment): extra -D flags for A/B builds of experimental #ifdef paths, decode and prefill
 (tools/bench_decode.py --rt-modes MODE+D<NAME>); part of the compile cache key.
 """
 from __future__ import annotations
@@ -42,14 +42,19 @@ def check_arch(arch) -> str:
     return arch
 
 
+def dev_defines() -> tuple[str, ...]:
+    """RTATTN_DEV_DEFINES' -D flags for A/B builds of experimental #ifdef paths (every family)."""
+    return tuple(os.environ.get("RTATTN_DEV_DEFINES", "").split())
+
+
 def compile_spec(spec: AttentionSpec, arch: str, quiet: bool | None = None, device=None) -> tuple[Rendered, bytes]:
     """Render (with the decode family's resource numbers for `device`, a plan.devices.Device;
     None: the named description of `arch`) and compile to CUBIN (through the on-disk cache);
     needs no GPU."""
     check_arch(arch)
     rendered = family.render(spec, device or resources.device_for_arch(arch))
-    dev = tuple(os.environ.get("RTATTN_DEV_DEFINES", "").split())  # -D flags for A/B experiments
-    cubin = compile_to_cubin(rendered.source, name=spec.uri, arch=arch, options=COMPILE_OPTIONS + dev, quiet=quiet)
+    cubin = compile_to_cubin(rendered.source, name=spec.uri, arch=arch, options=COMPILE_OPTIONS + dev_defines(),
+                             quiet=quiet)
     return rendered, bytes(cubin)
 
 

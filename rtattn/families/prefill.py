@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 
 from rtattn.codegen.render import Rendered, render_prefill
 from rtattn.codegen.spec import BUILTINS, DTYPES, AttentionSpec
-from rtattn.kernels import COMPILE_OPTIONS, LoadedKernels
+from rtattn.kernels import COMPILE_OPTIONS, LoadedKernels, dev_defines
 from rtattn.plan import devices as plan_devices
 from rtattn.plan.tiles import TileConfig
 
@@ -302,7 +302,7 @@ def compile_prefill(spec: AttentionSpec, tile: PrefillTile, arch: str, quiet: bo
     from rtattn.runtime import compile_to_cubin
     rendered = render_prefill(spec, tile)
     cubin = compile_to_cubin(rendered.source, name=instance_name(spec, tile), arch=tile.arch(arch),
-                             options=PREFILL_OPTIONS, quiet=quiet)
+                             options=PREFILL_OPTIONS + dev_defines(), quiet=quiet)
     return rendered, bytes(cubin)
 
 
