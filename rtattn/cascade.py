@@ -291,7 +291,7 @@ class CascadeWrapper:
     CascadeWrapper(num_levels, H_qo, H_kv, D, page_size, max_batch=..., max_pages=...,
                    max_qo_tokens=None, variant="plain", dtype="bfloat16", kv_layout="NHD",
                    mode="auto", m_tiles=None, num_ctas=None, pdl=True, prefill="auto",
-                   concurrent_levels=True, flat=False, join_levels=True, prefill_mma="auto",
+                   concurrent_levels=True, flat="auto", join_levels=True, prefill_mma="auto",
                    prefill_ctas_per_sm=None)
 
     `max_pages` bounds the pages of all levels together (a shared page counts once);
@@ -309,13 +309,13 @@ class CascadeWrapper:
     `num_ctas` is the decode kernel's grid; the prefill kernel's is its own resident wave.
     `concurrent_levels` (default True; False: the A/B): with a prefill kernel, the decode
     kernel runs concurrently with it instead of after it.
-    `flat` (default False: never): "auto": share_prefixes steps of decode requests over one
-    prefix that stays on decode tiles are planned flat (each request's whole page list, one
-    level: the decode and merge kernels, no fold) where rtattn.families.choice.flat_saving_us
-    predicts it faster and the page lists fit max_pages; True: flat wherever it fits. Off by
-    default: on the H200 the flat plan measured slower than the levels (p1024x16 21.6 against
-    17.0 us, p1024x64 56.6 against 34.1; docs/perf-log.md "Cascade v5 on the H200") -- on the
-    two-row-tile build; it now runs the one-row-tile build (ONE_QUERY_M_TILES), not yet measured.
+    `flat` (default "auto"): share_prefixes steps of decode requests over one prefix that stays
+    on decode tiles are planned flat (each request's whole page list, one level: the decode and
+    merge kernels, no fold) where rtattn.families.choice.flat_saving_us predicts it faster and
+    the page lists fit max_pages; True: flat wherever it fits; False: never. H200 (docs/perf-log.md
+    "v16", the one-row-tile build, ONE_QUERY_M_TILES): "auto" against False 15.4 / 17.0 us at
+    p1024x16, 15.1 / 16.4 at nb-2Kx8-q32k4, 25.2 / 27.9 at nb-2Kx32-q28k4, within 0.3 % on the
+    other 12 rows of bench_cascade (the v5 flat plan, on the two-row-tile build, had lost).
     `join_levels` (default True; needs concurrent levels; False: the A/B): one-prefix plans on
     prefill tiles whose suffix rows are one decode item each skip the fold kernel: the decode
     kernel joins each row's prefix states before writing it (H200: 0.2-3.0 us faster than the
@@ -346,7 +346,7 @@ class CascadeWrapper:
                  max_batch: int, max_pages: int, max_qo_tokens: int | None = None, variant="plain",
                  dtype: str = "bfloat16", kv_layout: str = "NHD", mode: str = "auto", m_tiles: int | None = None,
                  num_ctas: int | None = None, pdl: bool = True, num_pages_pool: int | None = None, device=None,
-                 prefill: bool | str = "auto", concurrent_levels: bool = True, flat: bool | str = False,
+                 prefill: bool | str = "auto", concurrent_levels: bool = True, flat: bool | str = "auto",
                  join_levels: bool = True, prefill_mma: str = "auto", prefill_ctas_per_sm: int | None = None,
                  prefill_ctas: int | None = None, leave_early: bool = False, single_query_build: bool = True,
                  join_uneven: bool = False, join_unsplit: bool = False):

@@ -77,7 +77,7 @@ def _pinned_bytes(w):
 
 def test_plan_is_one_copy_of_one_plan_set_and_the_kernel_reads_it(fake_gpu):
     kv_indptr, idx, last, pool = one_prefix_batch(6, 256, 40, 16, seed=1)
-    w = C.CascadeWrapper(2, 32, 8, 128, 16, max_batch=16, max_pages=pool + 4, prefill=True, join_levels=False,
+    w = C.CascadeWrapper(2, 32, 8, 128, 16, max_batch=16, max_pages=pool + 4, prefill=True, join_levels=False, flat=False,
                          single_query_build=False)   # (the one-query build: test_single_query_plans_...)
     info = w.plan(None, kv_indptr, idx, last, share_prefixes=True)
     n = w.planner.planset.plan_bytes
@@ -158,7 +158,7 @@ def test_run_rewrites_one_launch_list_as_prepare_packs_it(fake_gpu):
     every call's arguments are those prepare() packs for the same tensors: the prefill kernel's
     are the decode kernel's with the prefill plan, the fold's carry that call's out and lse."""
     kv_indptr, idx, last, pool = one_prefix_batch(20, 256, 40, 16)
-    w = C.CascadeWrapper(2, 32, 8, 128, 16, max_batch=20, max_pages=pool, prefill=True, join_levels=False,
+    w = C.CascadeWrapper(2, 32, 8, 128, 16, max_batch=20, max_pages=pool, prefill=True, join_levels=False, flat=False,
                          single_query_build=False)
     w.plan(None, kv_indptr, idx, last, share_prefixes=True)
     assert w.info.level_prefill_items[0] > 0
@@ -182,7 +182,7 @@ def test_run_rewrites_one_launch_list_as_prepare_packs_it(fake_gpu):
     big = (kv_indptr, idx, last)
     for concurrent in (True, False):
         first = len(fake_gpu.kernels)
-        w = C.CascadeWrapper(2, 32, 8, 128, 16, max_batch=20, max_pages=pool, prefill=True,
+        w = C.CascadeWrapper(2, 32, 8, 128, 16, max_batch=20, max_pages=pool, prefill=True, flat=False,
                              concurrent_levels=concurrent, join_levels=False, single_query_build=False)
         levels_k, plain_k = fake_gpu.kernels[first], fake_gpu.kernels[-1]   # (the same when not concurrent)
         assert w.kernel.spec.independent == concurrent and w.concurrent_levels == concurrent
@@ -244,7 +244,7 @@ def test_join_levels_launches_the_prefill_kernel_and_the_joining_decode_build(fa
     serve (a tree: a row's states from two prefill levels) keeps the fold list."""
     kv_indptr, idx, last, pool = one_prefix_batch(20, 256, 40, 16)
     first = len(fake_gpu.kernels)
-    w = C.CascadeWrapper(3, 32, 8, 128, 16, max_batch=24, max_pages=pool + 40, prefill=True, join_levels=True,
+    w = C.CascadeWrapper(3, 32, 8, 128, 16, max_batch=24, max_pages=pool + 40, prefill=True, join_levels=True, flat=False,
                          num_pages_pool=pool + 40, single_query_build=False)
     levels_k, plain_k, join_k = fake_gpu.kernels[first:]
     assert "#define RTATTN_LEVEL_JOIN 1" in join_k.rendered.source and "RTATTN_LEVEL_JOIN" not in levels_k.rendered.source
@@ -335,7 +335,7 @@ def test_single_query_plans_run_the_one_row_tile_build(fake_gpu):
     rng = np.random.default_rng(7)
     B, ps = 24, 16
     kv_indptr, idx, last, pool = unequal_suffix_batch(B, 1024, ps, rng)
-    kw = dict(max_batch=B, max_pages=int(kv_indptr[-1]) + 64, prefill=True, num_pages_pool=pool + 64)
+    kw = dict(max_batch=B, max_pages=int(kv_indptr[-1]) + 64, prefill=True, num_pages_pool=pool + 64, flat=False)
     first = len(fake_gpu.kernels)
     w = C.CascadeWrapper(3, 32, 8, 128, ps, **kw)
     levels_k, one_k = fake_gpu.kernels[first], fake_gpu.kernels[-1]
@@ -406,7 +406,7 @@ def test_join_uneven_joins_plans_of_unequal_suffixes(fake_gpu):
     ps = 16
     for B, unsplit, joined in ((24, False, True), (8, False, False), (8, True, True)):
         kv_indptr, idx, last, pool = unequal_suffix_batch(B, 2048, ps, rng, scale=4 if B > 8 else 48)
-        kw = dict(max_batch=B, max_pages=int(kv_indptr[-1]) + 64, prefill=True, num_pages_pool=pool + 64)
+        kw = dict(max_batch=B, max_pages=int(kv_indptr[-1]) + 64, prefill=True, num_pages_pool=pool + 64, flat=False)
         w = C.CascadeWrapper(3, 32, 4, 128, ps, join_uneven=True, join_unsplit=unsplit, **kw)
         info = w.plan(None, kv_indptr, idx, last, share_prefixes=True)
         assert info.union is not None and info.joined == joined, (B, unsplit)
@@ -442,7 +442,7 @@ def test_prefill_ctas_and_leave_early(fake_gpu):
     rng = np.random.default_rng(5)
     B, ps = 24, 16
     kv_indptr, idx, last, at = unequal_suffix_batch(B, 1024, ps, rng)
-    kw = dict(max_batch=B, max_pages=int(kv_indptr[-1]), prefill=True, num_pages_pool=at)
+    kw = dict(max_batch=B, max_pages=int(kv_indptr[-1]), prefill=True, num_pages_pool=at, flat=False)
     w = C.CascadeWrapper(2, 32, 4, 128, ps, prefill_ctas=20, leave_early=True, **kw)
     assert w.prefill_tile.rows == 128 and w.planner.prefill.num_ctas == 20 and w.planner.prefill_narrow is None
     assert w.kernel.spec.leave_early and w.kernel.spec.independent and "_le" in w.kernel.spec.uri

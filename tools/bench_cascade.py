@@ -31,7 +31,7 @@ one level, rtattn's single format inside the cascade), rt-ov1 / rt-wide (the sha
 one / two prefill CTAs per SM on every plan: prefill_ctas_per_sm=1 / 2, where the tile has two;
 the default takes one for short prefixes, the decode level's CTAs beside it) and rt-cm1 (the
 defaults with m_tiles 1). casc8's A/Bs: rt-q2 (single_query_build=False: the prefill list's decode
-build at two row tiles for single-query suffixes), rt-ju / rt-jus (join_uneven, + join_unsplit),
+build at two row tiles for single-query suffixes), rt-ju / rt-jus (join_uneven, + join_unsplit), rt-flatauto / rt-noflat (flat="auto", the default since v16 / flat=False),
 rt-le (leave_early), rt-b2 / rt-b2n / rt-b2nle (the 128-row shared tile as the prefill policy's
 short-KV tile, two CTAs per SM / one / one with leave_early), rt-b3 (the 64-row tile at three CTAs
 per SM), rt-g75 / rt-g75le / rt-g85le / rt-g50le (the one-CTA shared tile on that fraction of the
@@ -63,7 +63,8 @@ TOL = 2e-2
 LIBS = ("rt-casc", "rt-fold", "rt-sync", "rt-join", "rt-pre", "rt-prej", "rt-wg", "rt-wgj", "rt-ser", "rt-serwg",
         "rt-128", "rt-dec", "rt-m1", "rt-flat", "rt-ov1", "rt-wide", "rt-cm1", "rt-le", "rt-b2", "rt-b2n", "rt-b2nle",
         "rt-b3", "rt-g75", "rt-g75le", "rt-g50le", "rt-g85le", "rt-ov1le", "rt-wgb2", "rt-cm1le",
-        "rt-g75lem1", "rt-wgb2nle", "rt-ju", "rt-jus", "rt-q2", "rt-flatauto", "rt-single", "fi-casc", "fi-cc", "fi-tc")
+        "rt-g75lem1", "rt-wgb2nle", "rt-ju", "rt-jus", "rt-q2", "rt-flatauto", "rt-noflat", "rt-single", "fi-casc", "fi-cc",
+        "fi-tc")
 # CascadeWrapper configurations: the arguments each sets (the rest: the wrapper's defaults)
 SYNC, FOLD = {"prefill_mma": "sync"}, {"join_levels": False}
 RT_CASC = {"rt-casc": {}, "rt-fold": FOLD, "rt-sync": SYNC, "rt-join": SYNC,
@@ -82,7 +83,8 @@ RT_CASC = {"rt-casc": {}, "rt-fold": FOLD, "rt-sync": SYNC, "rt-join": SYNC,
            "rt-g75lem1": dict(m_tiles=1, leave_early=True),
            "rt-wgb2nle": dict(prefill=True, prefill_mma="wgmma", prefill_ctas_per_sm=1, leave_early=True, **FOLD),
            "rt-ju": dict(join_uneven=True), "rt-jus": dict(join_uneven=True, join_unsplit=True),
-           "rt-q2": dict(single_query_build=False), "rt-flatauto": dict(flat="auto")}
+           "rt-q2": dict(single_query_build=False), "rt-flatauto": dict(flat="auto"),
+           "rt-noflat": dict(flat=False)}
 # A/Bs of the shared level's wgmma tile (SHARED_TILE_AB: its rows -> choose_tile's overrides) and grid
 # (SHARED_GRID_AB: the fraction of its resident wave, per KV head)
 B2 = {128: dict(tile_kv=32, stages=3, ctas_per_sm=2)}   # wg_q128_kv32_w8_s3_pp_b2 (the prefill policy's short-KV tile)

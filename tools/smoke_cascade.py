@@ -62,8 +62,8 @@ CASES = [
      "causal", "bfloat16", 1, "join"),
     ("defaults, 64 x 8K prefix (joined)", lambda r, ps: one_prefix_batch(64, 8192, 128, ps), (32, 8), 128, 16, 2,
      "alibi", "bfloat16", 1, "auto-join"),
-    ("defaults, 16 x 1K prefix (decode)", lambda r, ps: one_prefix_batch(16, 1024, 128, ps), (32, 8), 128, 16, 2,
-     "plain", "bfloat16", 1, "auto-decode"),
+    ("defaults, 16 x 1K prefix (flat)", lambda r, ps: one_prefix_batch(16, 1024, 128, ps), (32, 8), 128, 16, 2,
+     "plain", "bfloat16", 1, "auto-flat"),
     ("one prefill CTA per SM, 14 x 8K (joined)", lambda r, ps: one_prefix_batch(14, 8192, 128, ps), (32, 8), 128,
      16, 2, "causal", "bfloat16", 1, "join-ov1"),
     ("one prefill CTA per SM, tree (folded)", small_tree, (32, 8), 128, 16, 3, "alibi", "bfloat16", 1, "ov1"),
@@ -86,7 +86,7 @@ PLANS = {True: (dict(prefill=True, join_levels=False), True, False, False),
          "flat": (dict(prefill=False, flat=True), False, True, False),
          "join": (dict(prefill=True, join_levels=True), True, False, True),
          "auto-join": (None, True, False, True),      # None: the wrapper's defaults (prefill="auto", join_levels=True)
-         "auto-decode": (None, False, False, False),
+         "auto-flat": (None, False, True, False),    # flat="auto" (the default) plans p1024x16-like steps flat
          # the shared level at one CTA per SM (prefill_ctas_per_sm=1): the decode level's CTAs beside it
          "join-ov1": (dict(prefill=True, join_levels=True, prefill_ctas_per_sm=1), True, False, True),
          "ov1": (dict(prefill=True, join_levels=False, prefill_ctas_per_sm=1), True, False, False),
