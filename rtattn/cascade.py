@@ -333,9 +333,11 @@ class CascadeWrapper:
     `single_query_build` (default True; False: the A/B): a plan with prefill tiles whose decode
     items are all single queries runs the concurrent decode build at one row tile
     (ONE_QUERY_M_TILES; launch list "prefill-q1"), as the joining build does.
-    `join_uneven` (default False; an A/B until measured): one-prefix plans whose suffixes differ in
-    length (the general path) join too where each suffix is one decode item; `join_unsplit`
-    (default False): ... and their suffixes are scheduled unsplit so that they are.
+    `join_uneven` (default False; an A/B): one-prefix plans whose suffixes differ in length (the
+    general path) join too where each suffix is one decode item; `join_unsplit` (default False):
+    ... and their suffixes are scheduled unsplit so that they are. H200 (docs/perf-log.md "v16"):
+    both slower on nb-4Kx128-q64k8 (108.7 / 108.6 against 103.6 us) and nb-2Kx128-q32k4, join_unsplit
+    faster on nb-4Kx32-q64k8 (35.9 against 38.2): no rule picks them yet.
     `leave_early` (default False; an A/B): the concurrent decode build's CTAs but (0, 0) leave
     after their items instead of waiting for the prefill grid, so later decode CTAs take their
     slots while the shared level runs (codegen spec `leave_early`).
