@@ -95,7 +95,7 @@ def test_tile_table_path_plans_byte_identical_to_numpy_path(seed, monkeypatch):
 def test_decode_and_window_batches_go_the_numpy_way(monkeypatch):
     calls = []
     monkeypatch.setattr(tile_table, "_write", lambda *a: calls.append(1))
-    monkeypatch.setattr(uniform, "_requests", lambda *a: calls.append(1))   # (its two layouts both write them)
+    monkeypatch.setattr(uniform, "write_requests", lambda *a: calls.append(1))   # (its two layouts both write them)
     kvp, idx, last = paged_kv([1000] * 64, 16)
     tile = TileConfig(tile_q=4, tile_kv=64, max_rows=16, stages=2, threads=128, smem_bytes=0, kernel="prefill")
     p = Planner(64, 512, int(kvp[-1]), 32, 8, 128, 16, num_ctas=66, tile=tile, max_qo_len=8, causal=True)

@@ -404,12 +404,12 @@ class CascadePlanner:
         requests of unequal suffixes): two levels, group 0 on prefill tiles holding every query row
         from row 0, each other group one query on decode, at most max_merge_rows rows. (One item per
         suffix and a balanced prefix schedule are checked once the items exist.)"""
-        if not (self.join_levels and self.join_uneven and on_prefill is not None and union.num_levels == 2):
+        if not (self.join_levels and self.join_uneven and on_prefill is not None):
             return False
-        pb, N = union.batch, union.num_qo_tokens
-        return (pb.batch == N + 1 and bool(on_prefill[0]) and not on_prefill[1:].any() and pb.qo_len.item(0) == N
-                and real0.item(0) == 0 and pb.qo_max == N and bool((pb.qo_len[1:] == 1).all())
-                and bool((real0[1:] == self._ar[:N]).all()) and N <= self.planner.bounds.max_merge_rows)
+        N = union.num_qo_tokens
+        return (_one_prefix_union(union, N) and bool(on_prefill[0]) and not on_prefill[1:].any()
+                and real0.item(0) == 0 and bool((real0[1:] == self._ar[:N]).all())
+                and N <= self.planner.bounds.max_merge_rows)
 
     def _plan_one_prefix(self, batch: Batch, lcp: int, on_prefill: bool, out=None) -> CascadeInfo:
         """plan_union for the step of serving parallel samples or a system prompt, without the
@@ -539,7 +539,7 @@ class CascadePlanner:
             wi[0] = 0
             wi[1:C + 1] = np.add.accumulate(res["counts"])   # (cumsum casting into int32 out= is slower)
             part["merge_indptr"][0] = 0
-            struct.pack_into("=9i", part["plan_info"], 0, n, 0, R, Bp, planner.tile_q, self.page_size, C, N, 0)
+            F.write_info(part, n, 0, R, Bp, planner.tile_q, self.page_size, C, N, 0)
             infos.append(PlanInfo(n, 0, R, Bp, N, C, planner.tile_q, self.page_size, res["L"], res["split_tiles"],
                                   res["loads"], buf if isinstance(buf, np.ndarray) else np.frombuffer(buf, np.uint8),
                                   part, res["mode"]))

@@ -365,7 +365,12 @@ def write_merge_and_info(v: dict, res: dict, info: tuple) -> None:
         v["merge_qo_row"][:m] = res["m_row"]
         v["merge_partial_start"][:m] = res["m_start"]
         v["merge_partial_stride"][:m] = res["m_stride"]
-    # the header in one call (a tuple assignment converts through numpy, ~2x slower)
+    write_info(v, *info)
+
+
+def write_info(v: dict, *info) -> None:
+    """The plan_info header (PLAN_INFO_NAMES' values) into the views `v`, in one call (a tuple
+    assignment converts through numpy, ~2x slower)."""
     struct.pack_into("=9i", v["plan_info"], 0, *info)
 
 

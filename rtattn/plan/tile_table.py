@@ -244,7 +244,8 @@ def _schedule(p, tl, t, T, nq, lo, hi, kv_least):
         return None
     tail = L // TAIL_FRACTION
     kvmax = kv.item(kv.argmax())
-    contiguous = (_contiguous, p, tl, t, ends, kv_least)   # (auto's alternative, made when a bound asks for it)
+    def contiguous():   # (auto's alternative, made when a bound asks for it)
+        return _contiguous(p, tl, t, ends, kv_least)
     if kvmax + L - 1 - tail < 2 * L:   # unsplit: every tile one item, its cost the tile's length
         res = _balanced(p, cost, total, L, contiguous, None)
         if res is not None and res["mode"] == "balanced":
@@ -269,7 +270,7 @@ def _schedule(p, tl, t, T, nq, lo, hi, kv_least):
             last = cost - nchunk * L0   # each tile's last chunk's cost, less L
             b0 = max(L + lo, L + last.item(last.argmax()), mean)
             if b0 * C > AUTO_IMBALANCE * total:
-                con = contiguous[0](*contiguous[1:])
+                con = contiguous()
                 if con is None or con["top"] < b0:
                     return con
     if n <= C:   # one chunk per CTA at most: the balanced plan, no bound to weigh
@@ -319,8 +320,8 @@ def _chunks(p, tl, t, nchunk, pend, L0):
 def _balanced(p, cost, total, L, contiguous, con):
     """The numpy path's balanced schedule of items of costs `cost` (in layout order, summing to
     `total`): longest first, LPT past one item per CTA, auto's bound and loads against the
-    contiguous partition (`con`, or made by `contiguous`, (function, its arguments), when asked:
-    a dict with its heaviest load `top`, or None where a bound is exceeded). The schedule dict: the
+    contiguous partition (`con`, or made by calling `contiguous()` when asked: a dict with its
+    heaviest load `top`, or None where a bound is exceeded). The schedule dict: the
     contiguous plan's if auto takes it, else the balanced one with `order`, the layout indices
     of the items in queue order (the caller lays them out); None where a bound is exceeded."""
     C, n, ar, auto = p.num_ctas, cost.shape[0], p._ar, p.mode == "auto"
@@ -336,7 +337,7 @@ def _balanced(p, cost, total, L, contiguous, con):
         bound = max(cs.item(0), cs.item(C - 1) + cs.item(C), -(-total // C))
         if bound * C > AUTO_IMBALANCE * total:
             if con is None:
-                con = contiguous[0](*contiguous[1:])
+                con = contiguous()
             if con is None or con["top"] < bound:
                 return con
     if cs.item(0) == cs.item(n - 1):
@@ -348,7 +349,7 @@ def _balanced(p, cost, total, L, contiguous, con):
         top = loads.item(loads.argmax())
         if top * C > AUTO_IMBALANCE * total:
             if con is None:
-                con = contiguous[0](*contiguous[1:])
+                con = contiguous()
             if con is None or con["top"] < top:
                 return con
     q = _sorted_keys(cta, 1, ar[:n])   # queue order: (cta, assignment order)

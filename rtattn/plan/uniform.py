@@ -17,12 +17,11 @@ whose chunk count is clamped, bounds exceeded) goes back to the table path with 
 """
 from __future__ import annotations
 
-import struct
-
 import numpy as np
 
 from . import inspector, tile_table   # (PlanInfo, _balanced; both import this module: read at call time)
 from .costs import AUTO_IMBALANCE, COST_ALPHA, COST_GAMMA, TAIL_FRACTION
+from .fields import write_info, write_requests
 
 _ACC = np.add.accumulate
 
@@ -154,14 +153,14 @@ def _unsplit(p, tl, sc, out, qo, qu, kv, kv64, kp, ids, B, nnz, nq, kv_least, co
             return None
         held.append(con)
         return dict(top=con[0], mode="contiguous")
-    res = tile_table._balanced(p, cost, total, L, (contiguous,), None)
+    res = tile_table._balanced(p, cost, total, L, contiguous, None)
     if res is None or held and held[-1] is None:   # (a bound exceeded: the table path raises)
         return None
     if res["mode"] == "contiguous":
         return _keep(p, out, sc, held[-1], qo, qu, kv, kp, ids, B, nnz, nq)
     buf, v = p._buffer(out)
     n, C = B, p.num_ctas
-    _requests(v, qo, qu, kv, kp, ids, B, nnz)
+    write_requests(v, B, qo, qu, kp, kv, nnz, ids)
     wv = v["work_indptr"]
     wv[0] = 0
     wv[1:C + 1] = res["wi"]
@@ -171,17 +170,8 @@ def _unsplit(p, tl, sc, out, qo, qu, kv, kv64, kp, ids, B, nnz, nq, kv_least, co
     tt[7, :B] = kp[:B]
     tt.take(res["order"], axis=1, out=v["_items"][:, :n], mode="clip")   # (the tiles in queue order)
     v["merge_indptr"][0] = 0
-    struct.pack_into("=9i", v["plan_info"], 0, n, 0, 0, B, p._tq, p.page_size, C, nq, p._fold_chunk)
+    write_info(v, n, 0, 0, B, p._tq, p.page_size, C, nq, p._fold_chunk)
     return p._info(res, B, nq, buf, v)
-
-
-def _requests(v, qo, qu, kv, kp, ids, B, nnz) -> None:
-    """The requests' rows and the page ids (fields.write_requests, qu for every query length)."""
-    v["req_qo_start"][:B] = qo[:B]
-    v["req_qo_len"][:B].fill(qu)
-    v["req_kv_page_start"][:B] = kp[:B]
-    v["req_kv_len"][:B] = kv
-    v["kv_indices"][:nnz] = ids[:nnz]
 
 
 def _contiguous(p, tl, sc, qu, kv64, ends, total, T, kv_least):
@@ -240,7 +230,7 @@ def _write(p, v, sc, con, qo, qu, kv, kp, ids, B, nnz, nq) -> None:
     tile_table._write writes, the item rows taken from the tiles' rows."""
     top, w, n, M, P, S, loads, wi, rep, pieces, first, st = con
     C = p.num_ctas
-    _requests(v, qo, qu, kv, kp, ids, B, nnz)
+    write_requests(v, B, qo, qu, kp, kv, nnz, ids)
     wv = v["work_indptr"]
     wv[0] = 0
     wv[1:C + 1] = wi
@@ -284,4 +274,4 @@ def _write(p, v, sc, con, qo, qu, kv, kp, ids, B, nnz, nq) -> None:
         v["merge_indptr"][1:M + 1] = _ACC(pieces_st[et])   # entry (tile, row): the tile's pieces each
         np.add(it[5][first_st][et], e, out=v["merge_partial_start"][:M])   # the tile's first item's + row
         v["merge_partial_stride"][:M].fill(qu)
-    struct.pack_into("=9i", v["plan_info"], 0, n, M, P, B, p._tq, p.page_size, C, nq, p._fold_chunk)
+    write_info(v, n, M, P, B, p._tq, p.page_size, C, nq, p._fold_chunk)
