@@ -56,8 +56,15 @@ struct RowSoftmax {
   // l, O and the LSE (m + log2 l) are consistent with it.
   static constexpr float kRescaleSlack = 8.f;
   __device__ __forceinline__ void update(float (&s)[NT][4], float (&o)[DT][4], float scale) {
+    float corr[2];
+    weigh(s, scale, corr);
+    rescale(o, corr);
+  }
+  // update() in two parts, for a kernel whose O is still being accumulated (an asynchronous
+  // product in flight) while the next block's logits are weighed: weigh() leaves each row's
+  // factor for O in corr, rescale() applies it once O may be touched.
+  __device__ __forceinline__ void weigh(float (&s)[NT][4], float scale, float (&corr)[2]) {
     if constexpr (SOFTMAX) {
-      float corr[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         float mx = -INFINITY;
@@ -85,17 +92,8 @@ struct RowSoftmax {
         }
         l[h] = l[h] * corr[h] + sum;
       }
-      // A warp-uniform branch: no row of the warp moved, no multiply.
-      if (__any_sync(0xffffffff, corr[0] != 1.f || corr[1] != 1.f)) {
-#pragma unroll
-        for (int dn = 0; dn < DT; ++dn) {
-          o[dn][0] *= corr[0];
-          o[dn][1] *= corr[0];
-          o[dn][2] *= corr[1];
-          o[dn][3] *= corr[1];
-        }
-      }
     } else {
+      corr[0] = corr[1] = 1.f;
 #pragma unroll
       for (int n = 0; n < NT; ++n)
 #pragma unroll
@@ -104,6 +102,18 @@ struct RowSoftmax {
           s[n][e] = x == -INFINITY ? 0.f : 1.f / (1.f + fast_exp2(-x));
           l[e / 2] += s[n][e];
         }
+    }
+  }
+  __device__ __forceinline__ void rescale(float (&o)[DT][4], const float (&corr)[2]) const {
+    // A warp-uniform branch: no row of the warp moved, no multiply.
+    if (SOFTMAX && __any_sync(0xffffffff, corr[0] != 1.f || corr[1] != 1.f)) {
+#pragma unroll
+      for (int dn = 0; dn < DT; ++dn) {
+        o[dn][0] *= corr[0];
+        o[dn][1] *= corr[0];
+        o[dn][2] *= corr[1];
+        o[dn][3] *= corr[1];
+      }
     }
   }
   // The quad's total weight of row h (every lane of the quad gets it).

@@ -63,7 +63,9 @@ struct KVTileLoader {
   // Byte offsets are 32 x 32 -> 64-bit products added to the 64-bit head pointer, one
   // IMAD.WIDE.U32 each: the wrappers refuse a KV stride of 2^32 bytes or more, and page ids and
   // token rows are non-negative int32.
-  template <class P>
+  // LOAD_K / LOAD_V: which of the two (a producer with separate K and V slots issues them apart,
+  // on the same page ids).
+  template <bool LOAD_K = true, bool LOAD_V = true, class P>
   __device__ __forceinline__ void issue(const P& p, T* k_dst, T* v_dst, int pos0, int end) const {
     const int vec = threadIdx.x % VECS;
     const uint32_t slot_mask = PAGED ? (1u << p.page_shift) - 1u : 0u;
@@ -77,8 +79,8 @@ struct KVTileLoader {
       const int dst = Tile::at(row, vec);
       const uint32_t slot = uint32_t(pos) & slot_mask, pg = uint32_t(page[i]);
       const bool valid = pos < end;
-      copy(k_dst + dst, kb + uint64_t(pg) * kp + uint64_t(slot) * kt, valid);
-      copy(v_dst + dst, vb + uint64_t(pg) * vp + uint64_t(slot) * vt, valid);
+      if constexpr (LOAD_K) copy(k_dst + dst, kb + uint64_t(pg) * kp + uint64_t(slot) * kt, valid);
+      if constexpr (LOAD_V) copy(v_dst + dst, vb + uint64_t(pg) * vp + uint64_t(slot) * vt, valid);
     }
   }
 };

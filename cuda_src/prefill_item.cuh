@@ -63,20 +63,28 @@ struct PrefillItem {
 // and KV together (a register round trip per row waited on each load: several microseconds per
 // item).
 // row0: the first of the ROWS rows (a warpgroup copying its own rows of a larger tile).
-template <class Tile, int ROWS, int THREADS, class P, class It>
+// COMPACT: a rolled loop (a producer warpgroup on few registers: unrolled, each pass's row
+// division by the head group is hoisted out of the item loop into a register of its own).
+template <class Tile, int ROWS, int THREADS, bool COMPACT = false, class P, class It>
 __device__ __forceinline__ void copy_q_rows(const P& p, typename P::DType* q_smem, const It& it, int heads,
                                             int first_qo_head, int tid, int row0 = 0) {
   using T = typename P::DType;
   constexpr int QC = P::head_dim / 8;  // 16-byte chunks per row; a thread keeps one column of chunks
   static_assert(ROWS * QC % THREADS == 0 && THREADS % QC == 0, "whole passes of rows");
-#pragma unroll
-  for (int pass = 0; pass < ROWS * QC / THREADS; ++pass) {
+  auto pass_copy = [&](int pass) {
     const int r = row0 + (tid + pass * THREADS) / QC, c = tid % QC;
     const bool valid = r < it.rows_valid;
     const T* qp = valid ? p.q + int64_t(it.q_row0 + r / heads) * p.q_stride_tok +
                               int64_t(first_qo_head + r % heads) * p.q_stride_head + c * 8
                         : p.q;
     cp_async_16(q_smem + Tile::at(r, c), qp, valid);
+  };
+  if constexpr (COMPACT) {
+#pragma unroll 1
+    for (int pass = 0; pass < ROWS * QC / THREADS; ++pass) pass_copy(pass);
+  } else {
+#pragma unroll
+    for (int pass = 0; pass < ROWS * QC / THREADS; ++pass) pass_copy(pass);
   }
 }
 

@@ -71,7 +71,7 @@ def test_shapes_name_the_neighbourhood_and_bad_ones_are_refused(monkeypatch, cap
             bench.main(["--prebuild", "sm_90", "--rows", "16x1024", "--shapes", "32:8:64:16", "32:8:96:16"])
     finally:
         bench.set_shape(f"{shape[0]}:{shape[1]}", shape[2], shape[3])
-    assert built == [(64, "wg_q128_kv64_w8_s3_pp_b2"), (256, "wg_q128_kv32_w8_s3_pp_b1")]
+    assert built == [(64, "ws_q128_kv128_w8_s3_b1"), (64, "wg_q128_kv64_w8_s3_pp_b2"), (256, "wg_q128_kv32_w8_s3_pp_b1")]
     assert "32/8 d256 p16 wg_q128_kv64_s3_pp_b2: skipped" in capsys.readouterr().out
     built.clear()
     try:   # every neighbourhood shape has a tile for its rows (the policy refuses none of them)
@@ -106,8 +106,8 @@ def test_variant_costs_read_each_variant_against_its_causal_twin():
 
 def test_prebuild_compiles_what_the_wrapper_would_load(monkeypatch, capsys):
     """--prebuild (no GPU) builds each row's instance per tile, the tile the wrapper's policy picks
-    with the tag's overrides: 8x2048 at 128 rows in two CTAs per SM by default (its KV bound is under
-    WGMMA_LONG_KV),
+    with the tag's overrides: 8x2048 on the warp-specialized kernel by default (its KV bound is past
+    WS_MIN_KV),
     the pingpong and 3-CTA tags as named; a row and tile pair once."""
     from rtattn.families import prefill as family
     built = []
@@ -115,7 +115,7 @@ def test_prebuild_compiles_what_the_wrapper_would_load(monkeypatch, capsys):
         (spec.variant, tile.tag, arch)))
     assert bench.main(["--prebuild", "sm_90", "--rows", "8x2048", "8x2048-softcap", "--rt-tiles", "default",
                        "wg_q128_pp", "wg_q64_kv32_s3_b3"]) == 0
-    default = "wg_q128_kv32_w8_s3_pp_b2" if family.WGMMA_PINGPONG else "wg_q128_kv32_w8_s3_b2"
+    default = "ws_q128_kv64_w8_s4_b1"   # KV bound >= WS_MIN_KV: the warp-specialized kernel
     want = list(dict.fromkeys([default, "wg_q128_kv128_w8_s2_pp_b1", "wg_q64_kv32_w4_s3_b3"]))
     assert f"prebuilt {2 * len(want)} rtattn prefill instances for sm_90" in capsys.readouterr().out
     assert [t for v, t, a in built if v == "causal"] == want

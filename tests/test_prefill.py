@@ -37,19 +37,19 @@ def test_rows_cover_the_fused_rows(avg, group, rows):
 
 
 @pytest.mark.parametrize("avg,group,mma", [(1024, 4, "wgmma"), (128, 4, "wgmma"), (127, 4, "sync"), (16, 8, "sync"),
-                                           (4, 16, "sync"), (128, 1, "wgmma"), (200, 64, "wgmma"), (200, 128, "sync")])
+                                           (4, 16, "sync"), (128, 1, "ws"), (200, 64, "wgmma"), (200, 128, "sync")])
 def test_hopper_takes_the_wgmma_kernel_for_prompts_of_128_tokens(avg, group, mma):
     t = P.choose_tile(H200, 128, group, avg)
-    assert t.mma == mma and (t.rows == 128 if mma == "wgmma" else t.rows == P.choose_tile(A100, 128, group, avg).rows)
+    assert t.mma == mma and (t.rows == 128 if mma != "sync" else t.rows == P.choose_tile(A100, 128, group, avg).rows)
     assert P.choose_tile(A100, 128, group, avg).mma == "sync"
 
 
 @pytest.mark.parametrize("head_dim,rows,tile_kv,stages,ctas", [(64, 128, 64, 3, 2), (128, 128, 32, 3, 2),
                                                                 (256, 128, 32, 3, 1)])
 def test_wgmma_policy_tiles_by_head_dim_compile_for_sm90a(head_dim, rows, tile_kv, stages, ctas):
-    t = P.choose_tile(H200, head_dim, 8, 512)
+    t = P.choose_tile(H200, head_dim, 8, 512, mma="wgmma")
     assert (t.rows, t.num_warps, t.tile_kv, t.stages, t.min_blocks) == (rows, rows // 16, tile_kv, stages, ctas)
-    assert t.pingpong and P.choose_tile(H200, head_dim, 8, 512, avg_kv_len=1e5).rows == 128
+    assert t.pingpong and P.choose_tile(H200, head_dim, 8, 512, avg_kv_len=1e5, mma="wgmma").rows == 128
     assert t.tag.startswith(f"wg_q{rows}") and t.arch("sm_90") == "sm_90a"
     assert t.smem_bytes(head_dim) == (rows + 2 * stages * tile_kv) * head_dim * 2
     assert P.choose_tile(H200, 128, 8, 512, tile_kv=128, stages=2).min_blocks == 1   # 144 KiB
@@ -64,16 +64,16 @@ def test_wgmma_policy_tiles_by_head_dim_compile_for_sm90a(head_dim, rows, tile_k
 
 
 def test_head_dim_128_takes_two_warpgroups_and_long_kv_128_token_tiles():
-    long = P.choose_tile(H200, 128, 4, 1024, avg_kv_len=P.WGMMA_LONG_KV)
+    long = P.choose_tile(H200, 128, 4, 1024, avg_kv_len=P.WGMMA_LONG_KV, mma="wgmma")
     assert (long.mma, long.rows, long.tile_kv, long.stages, long.min_blocks) == ("wgmma", 128, 128, 2, 1)
-    short = P.choose_tile(H200, 128, 4, 1024, avg_kv_len=P.WGMMA_LONG_KV - 1)
+    short = P.choose_tile(H200, 128, 4, 1024, avg_kv_len=P.WS_MIN_KV - 1)
     assert short.tag == "wg_q128_kv32_w8_s3_pp_b2"                 # two CTAs per SM, taking turns
     assert P.choose_tile(H200, 128, 4, 1024) == short              # KV unknown
     assert P.choose_tile(H200, 128, 4, 1024, linear_bias=True) == long   # ALiBi's registers: one CTA per SM
     # d64: two 128-row CTAs per SM with 64-token tiles at every KV length, ALiBi too (no spill there);
     # d256: one 128-row CTA per SM (prefill v6)
     for kw in (dict(avg_kv_len=1e5), dict(avg_kv_len=100), dict(linear_bias=True)):
-        assert P.choose_tile(H200, 64, 4, 1024, **kw).tag == "wg_q128_kv64_w8_s3_pp_b2"
+        assert P.choose_tile(H200, 64, 4, 1024, mma="wgmma", **kw).tag == "wg_q128_kv64_w8_s3_pp_b2"
         assert P.choose_tile(H200, 256, 4, 1024, **kw).tag == "wg_q128_kv32_w8_s3_pp_b1"
     assert P.choose_tile(H200, 128, 4, 1024, avg_kv_len=1e5, tile_kv=64, stages=4,
                          pingpong=False).tag == "wg_q128_kv64_w8_s4_b1"
@@ -144,7 +144,7 @@ def test_cross_item_stream_compiles_without_spills(mma, head_dim, rows, isolated
 def test_pingpong_and_three_ctas_per_sm_are_tile_fields():
     """The 128-row wgmma tile's turns ('_pp'; off unless WGMMA_PINGPONG) and one warpgroup with
     32-token KV tiles at 3 CTAs per SM (168 registers); refused where they do not apply."""
-    long = P.choose_tile(H200, 128, 4, 1024, avg_kv_len=P.WGMMA_LONG_KV)
+    long = P.choose_tile(H200, 128, 4, 1024, avg_kv_len=P.WGMMA_LONG_KV, mma="wgmma")
     assert long.pingpong == P.WGMMA_PINGPONG
     pp = P.choose_tile(H200, 128, 4, 1024, rows=128, mma="wgmma", pingpong=True, tile_kv=64, stages=3)
     assert (pp.pingpong, pp.tag) == (True, "wg_q128_kv64_w8_s3_pp_b1")
@@ -276,6 +276,55 @@ def test_wgmma_tiles_fit_their_registers(head_dim, isolated_cache):
         assert spilled <= (16 if tile.rows == 128 and tile.min_blocks == 2 else 0), (tile.tag, log[:400])
 
 
+def test_warp_specialized_tile_fields_and_refusals():
+    """The ws tile: 128 rows on 8 consumer warps plus the producer warpgroup (384 threads), two q
+    tiles in its shared memory, one CTA per SM, sm_90a only; shapes it is not built for are refused."""
+    t = P.choose_tile(H200, 128, 4, 1024, mma="ws")
+    assert (t.tag, t.threads, t.min_blocks, t.arch("sm_90")) == ("ws_q128_kv64_w8_s4_b1", 384, 1, "sm_90a")
+    assert t.smem_bytes(128) == (2 * 128 + 2 * 4 * 64) * 128 * 2 == 192 * 1024
+    assert P.choose_tile(H200, 64, 4, 1024, mma="ws").tag == "ws_q128_kv128_w8_s3_b1"
+    assert P.choose_tile(H200, 256, 4, 1024, mma="ws").tag == "ws_q128_kv32_w8_s2_b1"
+    assert P.choose_tile(H200, 128, 4, 1024, mma="ws", tile_kv=128, stages=2, paged=False).tag == \
+        "ws_q128_kv128_w8_s2_ragged_b1"
+    for bad, match in ((dict(rows=64), "128 rows"), (dict(ctas_per_sm=2), "one CTA per SM")):
+        with pytest.raises(ValueError, match=match):
+            P.choose_tile(H200, 128, 4, 1024, mma="ws", **bad)
+    with pytest.raises(ValueError, match="cc 9.0"):
+        P.choose_tile(A100, 128, 4, 1024, mma="ws")
+    with pytest.raises(ValueError, match="shared memory"):
+        P.choose_tile(H200, 128, 4, 1024, mma="ws", tile_kv=128, stages=3)   # 256 KiB
+    for bad in (dict(num_warps=4), dict(cross=True), dict(pingpong=True)):
+        with pytest.raises(ValueError, match="warp-specialized"):
+            P.PrefillTile(128, 64, **{"num_warps": 8, **bad}, stages=4, mma="ws")
+
+
+@pytest.mark.parametrize("head_dim,group,avg_kv,mma", [(128, 4, 2048, "ws"), (128, 4, 2047, "wgmma"),
+                                                       (128, 4, None, "wgmma"), (128, 1, None, "ws"),
+                                                       (128, 16, 1e5, "ws"), (64, 4, None, "ws"),
+                                                       (256, 4, 1e5, "wgmma")])
+def test_policy_takes_the_warp_specialized_kernel_where_it_measured_faster(head_dim, group, avg_kv, mma):
+    t = P.choose_tile(H200, head_dim, group, 1024, avg_kv_len=avg_kv)
+    assert t.mma == mma and t.rows == 128
+    # a caller tuning the warpgroup tile keeps the wgmma kernel
+    assert P.choose_tile(H200, head_dim, group, 1024, avg_kv_len=avg_kv, tile_kv=32).mma == "wgmma"
+
+
+def test_warp_specialized_render_and_registers(isolated_cache):
+    """The ws instance renders its own kernel and compiles for sm_90a without a spill, with the
+    heaviest hooks (ALiBi, sinks, custom masks, soft cap) at d128 and causal at d64 and ragged KV."""
+    from rtattn.codegen.render import render_prefill
+    from rtattn.codegen.spec import BUILTINS
+    for name, d, kw in (("alibi", 128, {}), ("sinks", 128, {}), ("custom_mask", 128, {}), ("soft_cap", 128, {}),
+                        ("causal", 64, {}), ("causal", 128, {"paged": False})):
+        spec = BUILTINS[name](dtype="bfloat16", head_dim=d)
+        tile = P.choose_tile(H200, d, 4, 1024, mma="ws", **kw)
+        src = render_prefill(spec, tile).source
+        assert f"PrefillWsShape<{d}, {tile.tile_kv}, {tile.stages}" in src and "prefill_ws_persistent<" in src
+        assert "__launch_bounds__(384, 1)" in src
+        log = _ptxas_log(spec, tile, src).split("Used")[0]
+        assert int(re.search(r"(\d+) bytes spill stores", log).group(1)) == 0, (name, d, tile.tag, log[:400])
+
+
 def test_user_linear_bias_and_transform_compile(isolated_cache):
     """A user variant declaring a linear bias as data (LinearBiasOf) beside a LogitsTransform:
     the prefill kernel starts its accumulators at the bias and calls the transform after it."""
@@ -342,14 +391,14 @@ def test_causal_plans_skip_hidden_blocks():
 
 # ----------------------------------------------------------------------------- GPU tier
 KERNELS = {"sync": {"mma": "sync"}, "wgmma": {"mma": "wgmma"}, "wgmma64": {"mma": "wgmma", "rows": 64},
-           "wgmma128": {"mma": "wgmma", "rows": 128}}
+           "wgmma128": {"mma": "wgmma", "rows": 128}, "ws": {"mma": "ws"}}
 
 
 @pytest.fixture(params=list(KERNELS))
 def kernel(request):
     """Each GPU case on the family's kernels: mma.sync, and wgmma as the policy picks it (d128: two
     128-row CTAs per SM with 32-token KV tiles), with one warpgroup and with 128 rows of 128-token KV
-    tiles (the tile override; wgmma needs a cc 9.0 device)."""
+    tiles (the tile override), and the warp-specialized kernel (ws; both need a cc 9.0 device)."""
     from rtattn.runtime import Device
     if request.param != "sync" and Device().arch != "sm_90":
         pytest.skip("the wgmma kernel needs a cc 9.0 device")

@@ -31,7 +31,7 @@ def test_paged_run_packs_pointers_and_enqueues_attention_then_merge(fake_gpu):
     info = w.plan(indptr_from_lengths(qo), ip, idx, last)
     assert info.tile_q == w.tile.rows // 4 and w.tile.tag == "wg_q128_kv32_w8_s3_pp_b2"   # the fake GPU is an H200
     long = PW.BatchPrefillWrapper(32, 8, 128, 16, max_batch=2, max_qo_tokens=2048, max_pages=2 * 4096 // 16)
-    assert long.tile.tag == "wg_q128_kv128_w8_s2_pp_b1"   # KV bound 4096 tokens per request
+    assert long.tile.tag == "ws_q128_kv64_w8_s4_b1"   # KV bound 4096 tokens per request: warp-specialized
     q, k, v, o = (cuda((1000, 32, 128)), cuda((130, 16, 8, 128), ptr=1 << 32), cuda((130, 16, 8, 128), ptr=1 << 33),
                   cuda((1000, 32, 128), ptr=1 << 34))
     w.run(q, k, v, out=o)

@@ -239,13 +239,13 @@ def rt_params(x: Inputs) -> dict | None:
 
 
 # tag parts that set one tile field to a fixed value (parse_tile)
-TAG_FLAGS = {"wg": ("mma", "wgmma"), "sync": ("mma", "sync"), "x": ("cross", True), "pp": ("pingpong", True),
+TAG_FLAGS = {"wg": ("mma", "wgmma"), "ws": ("mma", "ws"), "sync": ("mma", "sync"), "x": ("cross", True), "pp": ("pingpong", True),
              "fe": ("fma_exp2", True)}
 
 
 def parse_tile(tag: str) -> dict:
     """'q128_kv64_w4_s2' (optionally '_b3': CTAs per SM compiled for) -> tile overrides; a part
-    'wg' or 'sync' picks the kernel ('sync' alone: the mma.sync kernel under its own policy); a part
+    'wg', 'ws' (warp-specialized) or 'sync' picks the kernel ('sync' alone: the mma.sync kernel under its own policy); a part
     'x' the KV stream across items ('x' alone: the policy's tile with it); a part 'pp' the two
     warpgroups' turns (wgmma, 128 rows); 'fe' half the softmax's exp2 on the FMA pipe."""
     out = {}

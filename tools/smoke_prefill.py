@@ -1,7 +1,7 @@
 """Isolated first check of the prefill kernel on a GPU: a few shapes against the float64
 reference, each case reported (error or exception) without stopping, so one bad case does not
 hide the others. Run before the GPU tier:
-python tools/smoke_prefill.py [--mma sync|wgmma] [--cross] [--tile TAG] [case ...]
+python tools/smoke_prefill.py [--mma sync|wgmma|ws] [--cross] [--tile TAG] [case ...]
 (--mma forces the kernel for every case; by default the family picks, and each line names the tile;
 --cross: the KV stream across items, tile cross=True (with --mma sync too), on every case whose tile
 has it; the others are skipped, naming why; --tile: bench_prefill's tile tag on every case, e.g.
@@ -59,7 +59,7 @@ def main(argv=None) -> int:
     kernel from poisoning the others: `for i in $(seq 0 27); do python tools/smoke_prefill.py $i & done`,
     one per case of CASES)."""
     ap = argparse.ArgumentParser(description="the prefill kernel against float64 on CASES, case by case")
-    ap.add_argument("--mma", choices=("sync", "wgmma"), help="this kernel for every case (default: the family's)")
+    ap.add_argument("--mma", choices=("sync", "wgmma", "ws"), help="this kernel for every case (default: the family's)")
     ap.add_argument("--cross", action="store_true", help="the KV stream across items (tile cross=True)")
     ap.add_argument("--tile", help="a bench_prefill tile tag on every case, e.g. wg_q128_pp or wg_q64_kv32_b3")
     ap.add_argument("case", type=int, nargs="*", help="indices into CASES (default: every case)")

@@ -26,7 +26,7 @@ from . import resources
 ROWS = (16, 32, 64, 128)
 TILE_KV = (32, 64, 128)
 MAX_CTAS_PER_SM = 2   # register budget: 255 per thread at 128 threads leaves room for 2
-MMAS = ("sync", "wgmma")
+MMAS = ("sync", "wgmma", "ws")
 WGMMA_ROWS = 64       # one warpgroup's m64 products: the smallest wgmma tile (wgmma_runs's fit)
 # wgmma tiles by (rows, head_dim) -> (tile_kv, stages): what a caller fixing the shape leaves out
 # (the policy's own tiles are WGMMA_POLICY's). 64 rows: two CTAs per SM fit in the shared memory
@@ -59,6 +59,20 @@ CROSS_HEAD_DIMS = (64, 128)
 # same products in another order (bitwise the same outputs), +3-9 % on every 128-row row measured
 # (v12).
 WGMMA_PINGPONG = True
+# The warp-specialized kernel (mma "ws", cuda_src/prefill_ws.cuh): a producer warpgroup beside two
+# consumer warpgroups of 64 rows (num_warps counts the consumers' 8 warps), two q tiles, one CTA per
+# SM, by head_dim -> (tile_kv, stages): d64 128 x 3 (128 KiB), d128 64 x 4 (192 KiB: +2-8 % over 128 x 2
+# on the H200 but at 8x2048-softcap), d256 32 x 2 (192 KiB; 64-token tiles spill).
+WS_ROWS, WS_WARPS, WS_PRODUCER_THREADS = 128, 8, 128
+WS_TILES = {64: (128, 3), 128: (64, 4), 256: (32, 2)}
+# Where the policy takes it (_ws_fits): d64 and d128 (d256: measured only for correctness), at d128
+# with g >= 2 from WS_MIN_KV average KV tokens per request. H200, TFLOP/s ws / wgmma policy tile
+# (32/8 d128 unless named): 4x4096 377 / 363, 8x2048 362 / 344, chunk16x4096+512 358 / 351, 1x16384
+# 418 / 419, 8x2048 ALiBi 329 / 317, window 337 / 329, soft-cap 316 / 315; 16x1024 290 / 302, 32x512
+# 222 / 229; g = 1 (32/32): 16x1024 260 / 246, 32x512 195 / 188, 4x4096 338 / 329; d64: 16x1024 264 /
+# 254, 4x4096 354 / 324, 32x512 193 / 195.
+WS_HEAD_DIMS = (64, 128)
+WS_MIN_KV = 2048
 WGMMA_SMALL_ACC = 88  # accumulator registers per thread with which one more CTA fits the registers (wgmma_ctas_cap)
 
 
@@ -81,11 +95,15 @@ class PrefillTile:
         if self.mma == "wgmma" and (self.rows not in (64, 128) or self.num_warps != self.rows // 16):
             raise ValueError(f"the wgmma prefill kernel runs warpgroups of 64 rows: rows 64 or 128 with "
                              f"num_warps = rows / 16 (got rows={self.rows}, num_warps={self.num_warps})")
+        if self.mma == "ws" and (self.rows != WS_ROWS or self.num_warps != WS_WARPS or self.cross or self.pingpong):
+            raise ValueError(f"the warp-specialized prefill kernel runs 128 rows on {WS_WARPS} consumer warps, its "
+                             f"stream across items and turns built in (got rows={self.rows}, num_warps="
+                             f"{self.num_warps}, cross={self.cross}, pingpong={self.pingpong})")
         if self.pingpong and (self.mma != "wgmma" or self.rows != 128):
             raise ValueError(f"prefill pingpong=True takes turns between two warpgroups: the wgmma kernel at "
                              f"128 rows (got mma={self.mma!r}, rows={self.rows})")
-        if self.fma_exp2 and self.mma != "wgmma":
-            raise ValueError(f"prefill fma_exp2=True is built for the wgmma kernel (got mma={self.mma!r})")
+        if self.fma_exp2 and self.mma == "sync":
+            raise ValueError(f"prefill fma_exp2=True is built for the warpgroup kernels (got mma={self.mma!r})")
         if self.rows not in ROWS:
             raise ValueError(f"prefill rows={self.rows}: use one of {ROWS}")
         if self.tile_kv not in TILE_KV:
@@ -101,18 +119,19 @@ class PrefillTile:
 
     @property
     def threads(self) -> int:
-        return 32 * self.num_warps
+        return 32 * self.num_warps + (WS_PRODUCER_THREADS if self.mma == "ws" else 0)
 
     def smem_bytes(self, head_dim: int, elem_bytes: int = 2) -> int:
-        """Mirror of rtattn::PrefillShape::smem_bytes (and PrefillSm90Shape's):
-        q tile + stages x (K tile + V tile)."""
-        return (self.rows + self.stages * 2 * self.tile_kv) * head_dim * elem_bytes
+        """Mirror of rtattn::PrefillShape::smem_bytes (and PrefillSm90Shape's, PrefillWsShape's):
+        q tile (two for the warp-specialized kernel) + stages x (K tile + V tile)."""
+        q_tiles = 2 if self.mma == "ws" else 1
+        return (q_tiles * self.rows + self.stages * 2 * self.tile_kv) * head_dim * elem_bytes
 
     @property
     def tag(self) -> str:
         flags = "".join(part for part, on in (("_ragged", not self.paged), ("_x", self.cross),
                                               ("_pp", self.pingpong), ("_fe", self.fma_exp2)) if on)
-        return (f"{'wg_' if self.mma == 'wgmma' else ''}q{self.rows}_kv{self.tile_kv}_w{self.num_warps}"
+        return (f"{ {'wgmma': 'wg_', 'ws': 'ws_'}.get(self.mma, '')}q{self.rows}_kv{self.tile_kv}_w{self.num_warps}"
                 f"_s{self.stages}{flags}_b{self.min_blocks}")
 
     def arch(self, device_arch: str) -> str:
@@ -158,6 +177,11 @@ def choose_tile(device, head_dim: int, group: int, avg_qo_len: float = 1024, *, 
     if mma is None:
         fixed = rows not in (None, WGMMA_ROWS) or num_warps not in (None, 4) or (ctas_per_sm or 0) > MAX_CTAS_PER_SM
         mma = "wgmma" if not fixed and _wgmma_fits(dev, head_dim, group, avg_qo_len) else "sync"
+        tuned = any(x is not None for x in (rows, num_warps, tile_kv, stages, ctas_per_sm, pingpong)) or cross
+        if mma == "wgmma" and not tuned and _ws_fits(head_dim, group, avg_kv_len):
+            mma = "ws"
+    if mma == "ws":
+        return _ws_tile(dev, head_dim, group, paged, rows, tile_kv, stages, ctas_per_sm, fma_exp2)
     if mma == "wgmma":
         if tuple(dev.cc) != (9, 0):
             raise ValueError(f"prefill mma='wgmma' needs a cc 9.0 (sm_90a) device, not {dev.name} (cc {dev.cc})")
@@ -222,6 +246,16 @@ def _wgmma_fits(dev, head_dim: int, group: int, avg_qo_len: float) -> bool:
     return wgmma_runs(dev, head_dim, group) and avg_qo_len >= WGMMA_MIN_QO
 
 
+def _ws_fits(head_dim: int, group: int, avg_kv_len: float | None) -> bool:
+    """The policy's choice between the warpgroup kernels, where it takes one (H200, docs/perf-log.md
+    "prefill v7"): the warp-specialized kernel at WS_HEAD_DIMS, except at d128 with head groups of 2
+    or more below WS_MIN_KV average KV tokens (None: unknown), where the 128-row kv32 tile at two
+    CTAs per SM hides short items' prologues better (16x1024 32/8: 302 against 290 TFLOP/s)."""
+    if head_dim not in WS_HEAD_DIMS:
+        return False
+    return head_dim != 128 or group == 1 or (avg_kv_len or 0) >= WS_MIN_KV
+
+
 def _wgmma_tile(dev, head_dim: int, rows: int, paged: bool, tile_kv, stages, ctas_per_sm) -> PrefillTile:
     if (rows, head_dim) not in WGMMA_TILES:
         raise ValueError(f"the wgmma prefill kernel takes (rows, head_dim) in {sorted(WGMMA_TILES)}, "
@@ -236,6 +270,22 @@ def _wgmma_tile(dev, head_dim: int, rows: int, paged: bool, tile_kv, stages, cta
                          f"registers per thread at {cap})")
     blocks = resources.blocks_by_smem(dev, smem, ctas_per_sm or MAX_CTAS_PER_SM * 64 // rows)   # more: on request
     return replace(tile, min_blocks=blocks)
+
+
+def _ws_tile(dev, head_dim: int, group: int, paged: bool, rows, tile_kv, stages, ctas_per_sm, fma_exp2) -> PrefillTile:
+    """The warp-specialized kernel's tile: WS_TILES's at head_dim unless tile_kv / stages are given;
+    one CTA per SM (its three warpgroups split the register file between them)."""
+    if tuple(dev.cc) != (9, 0):
+        raise ValueError(f"prefill mma='ws' needs a cc 9.0 (sm_90a) device, not {dev.name} (cc {dev.cc})")
+    if head_dim not in WS_TILES or rows not in (None, WS_ROWS) or group > WS_ROWS:
+        raise ValueError(f"the warp-specialized prefill kernel takes {WS_ROWS} rows (head group <= {WS_ROWS}) at "
+                         f"head dims {sorted(WS_TILES)}, got rows={rows}, head_dim={head_dim}, group={group}")
+    if ctas_per_sm not in (None, 1):
+        raise ValueError(f"prefill ctas_per_sm={ctas_per_sm} for the warp-specialized kernel: it runs one CTA per SM")
+    kv, st = WS_TILES[head_dim]
+    tile = PrefillTile(WS_ROWS, tile_kv or kv, WS_WARPS, stages or st, paged, mma="ws", fma_exp2=bool(fma_exp2))
+    _smem_checked(dev, tile, head_dim)
+    return tile
 
 
 def wgmma_ctas_cap(rows: int, tile_kv: int, head_dim: int) -> int:
