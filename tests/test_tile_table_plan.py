@@ -115,7 +115,7 @@ def test_one_length_batches_plan_byte_identical_to_numpy_path(seed, monkeypatch)
     taken = []
     write, unsplit = uniform._write, uniform._unsplit
     monkeypatch.setattr(uniform, "_write", lambda p, v, sc, con, *a: taken.append(
-        "all split" if con[5] == a[5] else "some split" if con[5] else "none split") or write(p, v, sc, con, *a))
+        "all split" if con[3].S == a[5] else "some split" if con[3].S else "none split") or write(p, v, sc, con, *a))
     monkeypatch.setattr(uniform, "_unsplit", lambda *a: (lambda r: taken.append("unsplit" if r else "back") or r)(
         unsplit(*a)))
     for case in range(400):

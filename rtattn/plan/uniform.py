@@ -24,6 +24,7 @@ from .costs import AUTO_IMBALANCE, COST_ALPHA, COST_GAMMA, TAIL_FRACTION
 from .fields import write_info, write_requests
 
 _ACC = np.add.accumulate
+LAYOUTS = 64   # contiguous layouts a planner keeps (Scratch.layout; cleared when full)
 
 
 class Scratch:
@@ -42,7 +43,8 @@ class Scratch:
         self.tiles = np.zeros((8, b.max_batch), dtype=np.int32)
         self.tiles[0] = self.ar32[:b.max_batch]
         self.tiles_qu = 0   # the qu rows 1 and 2 hold
-        self.tile64 = np.zeros(b.max_batch, dtype=np.int64)
+        self.key = np.zeros(2 * b.max_batch, dtype=np.int64)   # _contiguous's c0 and pieces
+        self.layouts = {}   # (qu, key bytes) -> Layout
 
     def tiles_for(self, qu: int) -> np.ndarray:
         if self.tiles_qu != qu:
@@ -50,6 +52,33 @@ class Scratch:
             self.tiles[2] = qu
             self.tiles_qu = qu
         return self.tiles
+
+    def layout(self, p, qu: int, key, c0, pieces):
+        """The Layout of tiles with first CTAs c0 and `pieces` pieces (`key`: both, one array),
+        made if new; None where a bound is exceeded (nothing cached)."""
+        k = (qu, key.tobytes())
+        lay = self.layouts.get(k)
+        if lay is not None:
+            return lay
+        b, T = p.bounds, c0.shape[0]
+        pend = _ACC(pieces)
+        n = pend.item(-1)
+        if n > b.max_items:
+            return None
+        if pieces.item(pieces.argmin()) > 1:     # every tile split
+            st, S = None, T
+        elif pieces.item(pieces.argmax()) > 1:
+            st = (pieces > 1).nonzero()[0]
+            S = st.shape[0]
+        else:
+            st, S = None, 0
+        M, P = S * qu, (qu * (n - (T - S)) if S else 0)   # (a split tile's pieces: qu partial rows each)
+        if P > b.max_partial_rows or M > b.max_merge_rows:
+            return None
+        if len(self.layouts) >= LAYOUTS:
+            self.layouts.clear()
+        lay = self.layouts[k] = Layout(p, self, qu, c0, pieces, pend, n, S, st, M, P)
+        return lay
 
     def rows_of(self, qu: int):
         r = self.rows.get(qu)
@@ -136,8 +165,8 @@ def _keep(p, out, sc, con, qo, qu, kv, kp, ids, B, nnz, nq):
     """The contiguous plan `con` written into the plan buffer: its PlanInfo."""
     buf, v = p._buffer(out)
     _write(p, v, sc, con, qo, qu, kv, kp, ids, B, nnz, nq)
-    top, w, n, M, P, S, loads = con[:7]
-    return inspector.PlanInfo(n, M, P, B, nq, p.num_ctas, p._tq, p.page_size, w, S, loads,
+    top, w, loads, lay = con
+    return inspector.PlanInfo(lay.n, lay.M, lay.P, B, nq, p.num_ctas, p._tq, p.page_size, w, lay.S, loads,
                               buf if isinstance(buf, np.ndarray) else np.frombuffer(buf, np.uint8), v, "contiguous")
 
 
@@ -175,103 +204,137 @@ def _unsplit(p, tl, sc, out, qo, qu, kv, kv64, kp, ids, B, nnz, nq, kv_least, co
 
 
 def _contiguous(p, tl, sc, qu, kv64, ends, total, T, kv_least):
-    """tile_table._contiguous on a uniform one-tile batch, into scratch: (top, w, n, M, P, S,
-    loads, wi, rep, pieces, first, st), or None where a bound is exceeded."""
-    C, ps, ar, b = p.num_ctas, p.page_size, p._ar, p.bounds
+    """tile_table._contiguous on a uniform one-tile batch, into scratch: (top, w, loads, Layout),
+    or None where a bound is exceeded. The cuts' KV positions and the loads are this plan's; the
+    rest follows from each tile's first CTA and piece count, which repeat from plan to plan while
+    a batch's composition does (cached: Scratch.layout)."""
+    C = p.num_ctas
     F, _, W, W1 = sc.c
     w = max(-(-total // C), p.min_chunk)
     W.fill(w)
     W1.fill(w - 1)
     base = ends - kv64                 # each tile's KV token 0 on the axis
-    c0 = base + tl.ps_less1            # the CTA whose slice ends past the tile's first page
+    key = sc.key[:2 * T]               # [c0 | pieces]: the layout's key, as bytes
+    c0, pieces = key[:T], key[T:]
+    np.add(base, tl.ps_less1, out=c0)  # the CTA whose slice ends past the tile's first page
     c0 //= W
-    pieces = ends + W1
+    np.add(ends, W1, out=pieces)
     pieces //= W                       # one past the CTA of the tile's last piece
-    if kv_least < ps:                  # a tile shorter than a page is its last piece alone
+    if kv_least < p.page_size:         # a tile shorter than a page is its last piece alone
         np.minimum(c0, pieces - tl.one, out=c0)
     pieces -= c0
-    pend = _ACC(pieces)
-    n = pend.item(-1)
-    if n > b.max_items:
+    lay = sc.layout(p, qu, key, c0, pieces)
+    if lay is None:
         return None
-    if pieces.item(pieces.argmin()) > 1:     # every tile split
-        st, S = None, T
-    elif pieces.item(pieces.argmax()) > 1:
-        st = (pieces > tl.one).nonzero()[0]
-        S = st.shape[0]
-    else:
-        st, S = None, 0
-    M, P = S * qu, (qu * (n - (T - S)) if S else 0)   # (a split tile's pieces: qu partial rows each)
-    if P > b.max_partial_rows or M > b.max_merge_rows:
-        return None
-    first = pend - pieces
-    rep = ar[:T].repeat(pieces)        # each item's tile
-    cta = c0 - first                   # an item's CTA: its tile's first CTA + its piece index
-    cta = cta[rep]
-    cta += ar[:n]
+    n = lay.n
     kvr = sc.kv_rows[:, :n + 1]
     cut = kvr[0, 1:]
-    np.multiply(cta, W, out=cut)       # the piece's first token: its CTA's slice start, on a page
-    cut -= base[rep]
+    np.multiply(lay.cta, W, out=cut)   # the piece's first token: its CTA's slice start, on a page
+    cut -= base[lay.rep]
     np.maximum(cut, tl.zero, out=cut)
     cut &= tl.page_mask
     kv_end = kvr[1]                    # a piece ends where the next piece of its tile starts
     kv_end[1:n] = cut[1:]
-    kv_end[pend] = kv64                # ... the last at its tile's KV
+    kv_end[lay.pend] = kv64            # ... the last at its tile's KV
     c = kv_end[1:] - cut
     c += F
-    loads = np.bincount(cta, weights=c, minlength=C).astype(np.int64)
-    wi = cta.searchsorted(ar[:C], "right")
-    return loads.item(loads.argmax()), w, n, M, P, S, loads, wi, rep, pieces, first, st
+    loads = lay.loads(c, C)
+    return loads.item(loads.argmax()), w, loads, lay
+
+
+class Layout:
+    """A contiguous plan's items as far as its tiles' first CTAs c0 and piece counts decide them
+    (with qu and the planner): each item's tile (`rep`) and CTA, work_indptr, the item rows but
+    the KV and page rows, the merge map and the header. Serving loops replan one batch
+    composition every step with KV a few tokens longer, which moves the cuts but seldom a tile's
+    first CTA or piece count, so this is made once per (qu, c0, pieces) and the plan takes it from
+    Scratch.layout (the key is compared exactly: a plan is always the plan of its inputs)."""
+
+    __slots__ = ("n", "M", "P", "S", "rep", "pend", "cta", "wi", "starts", "items", "merge", "header")
+
+    def __init__(self, p, sc, qu, c0, pieces, pend, n, S, st, M, P):
+        C, T, ar, r = p.num_ctas, c0.shape[0], p._ar, sc.rows_of(qu)
+        self.n, self.M, self.P, self.S, self.pend = n, M, P, S, pend
+        first = pend - pieces
+        rep = self.rep = ar[:T].repeat(pieces)   # each item's tile
+        cta = c0 - first                  # an item's CTA: its tile's first CTA + its piece index
+        cta = self.cta = cta[rep]
+        cta += ar[:n]
+        wi = cta.searchsorted(ar[:C], "right")
+        self.wi = np.zeros(C + 1, dtype=np.int32)
+        self.wi[1:] = wi
+        # loads by np.add.reduceat over the CTAs' runs of items (CTAs ascend with the items): the
+        # runs of CTAs with items (`starts`; `nz` the CTAs themselves, None when all have items)
+        ends = self.wi[1:]
+        has = ends > self.wi[:-1]
+        self.starts = (self.wi[:-1][has].astype(np.intp), None if has.all() else has.nonzero()[0])
+        if self.wi[-1] != n:   # (never: the last piece's CTA is below C; bincount if it were not)
+            self.starts = None
+        # the item rows: request = tile, first query row qu x tile, qu; partial rows: a split tile's
+        # j-th piece qu j after the tile's first (qu x the split tiles' pieces before it), -1 for an
+        # unsplit tile's one item; merge: a split tile's first entry (qu x the split tiles before)
+        it = self.items = np.empty((8, n), dtype=np.int32)
+        it[0] = rep
+        np.multiply(rep, r.qu, out=it[1], casting="unsafe")
+        it[2] = qu
+        self.merge = None
+        if S == T:
+            it[5] = r.q32[:n]
+            it[6] = it[1]
+        elif S:
+            z = first * r.qu
+            np.invert(z, out=z)
+            z[st] = r.q64[:S] - st * r.qu
+            it[5] = z[rep]
+            it[5] += r.q32[:n]
+            mg = np.full(T, -1, dtype=np.int32)
+            mg[st] = r.q32[:S]
+            it[6] = mg[rep]
+        else:
+            it[5:7] = -1
+        if S:   # merge entry (split tile e // qu, row e % qu), entries in tile order
+            et, e = r.tile[:M], r.row32[:M]
+            if S == T:
+                m_row, pieces_st, first_st = sc.ar32[:M].copy(), pieces, first
+            else:
+                pieces_st, first_st = pieces[st], first[st]
+                m_row = (st * r.qu)[et] + e
+            m_indptr = np.zeros(M + 1, dtype=np.int32)
+            m_indptr[1:] = _ACC(pieces_st[et])   # entry (tile, row): the tile's pieces each
+            m_start = it[5][first_st][et] + e     # the tile's first item's partial row + row
+            self.merge = (m_indptr, m_row, m_start, np.full(M, qu, dtype=np.int32))
+        self.header = np.array([n, M, P, T, p._tq, p.page_size, C, qu * T, p._fold_chunk], dtype=np.int32)
+
+    def loads(self, c, C) -> np.ndarray:
+        """Each CTA's load (a new array: PlanInfo keeps it) from the items' costs `c`."""
+        if self.starts is None:
+            return np.bincount(self.cta, weights=c, minlength=C).astype(np.int64)
+        starts, nz = self.starts
+        if nz is None:
+            return np.add.reduceat(c, starts)
+        loads = np.zeros(C, dtype=np.int64)
+        if nz.shape[0]:
+            loads[nz] = np.add.reduceat(c, starts)
+        return loads
 
 
 def _write(p, v, sc, con, qo, qu, kv, kp, ids, B, nnz, nq) -> None:
     """The plan of a contiguous schedule `con` (_contiguous) into the views `v`: what
-    tile_table._write writes, the item rows taken from the tiles' rows."""
-    top, w, n, M, P, S, loads, wi, rep, pieces, first, st = con
-    C = p.num_ctas
+    tile_table._write writes, the item rows but KV and pages from the layout."""
+    lay = con[3]
+    n, M = lay.n, lay.M
     write_requests(v, B, qo, qu, kp, kv, nnz, ids)
-    wv = v["work_indptr"]
-    wv[0] = 0
-    wv[1:C + 1] = wi
-    tt = sc.tiles_for(qu)
-    r = sc.rows_of(qu)
-    tt[7, :B] = kp[:B]
-    # Partial rows: item j's first is z[tile] + qu j, z = qu (split tiles before - tile) for a split
-    # tile (its start, qu x the split tiles' pieces before it, less qu first) and -1 - qu first
-    # for the others (their one item: -1). Merge entries: a split tile's first is qu x the split
-    # tiles before it, -1 for the others.
-    if S == B:
-        tt[5, :B] = 0
-        tt[6, :B] = tt[1, :B]
-    elif S:
-        z = sc.tile64[:B]
-        np.multiply(first, r.qu, out=z)
-        np.invert(z, out=z)
-        x = st * r.qu
-        np.subtract(r.q64[:S], x, out=x)
-        z[st] = x
-        tt[5, :B] = z
-        mg = tt[6, :B]
-        mg.fill(-1)
-        mg[st] = r.q32[:S]
-    else:
-        tt[5:7, :B] = -1
+    v["work_indptr"][:] = lay.wi
     it = v["_items"][:, :n]
-    tt.take(rep, axis=1, out=it, mode="clip")   # (rep < B: clip is the unchecked take)
+    it[...] = lay.items
     it[3:5] = sc.kv_rows[:, 1:n + 1]
-    v["merge_indptr"][0] = 0
-    if S:
-        it[5] += r.q32[:n]
-        et = r.tile[:M]                          # each merge entry's split tile (0..S-1)
-        e = r.row32[:M]                          # ... and its row in the tile
-        if S == B:
-            v["merge_qo_row"][:M] = sc.ar32[:M]
-            pieces_st, first_st = pieces, first
-        else:
-            pieces_st, first_st = pieces[st], first[st]
-            np.add(qo[st][et], e, out=v["merge_qo_row"][:M])
-        v["merge_indptr"][1:M + 1] = _ACC(pieces_st[et])   # entry (tile, row): the tile's pieces each
-        np.add(it[5][first_st][et], e, out=v["merge_partial_start"][:M])   # the tile's first item's + row
-        v["merge_partial_stride"][:M].fill(qu)
-    write_info(v, n, M, P, B, p._tq, p.page_size, C, nq, p._fold_chunk)
+    kp.take(lay.rep, out=it[7], mode="clip")   # (rep < B: clip is the unchecked take)
+    if M:
+        m_indptr, m_row, m_start, m_stride = lay.merge
+        v["merge_indptr"][:M + 1] = m_indptr
+        v["merge_qo_row"][:M] = m_row
+        v["merge_partial_start"][:M] = m_start
+        v["merge_partial_stride"][:M] = m_stride
+    else:
+        v["merge_indptr"][0] = 0
+    v["plan_info"][:] = lay.header
