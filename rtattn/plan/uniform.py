@@ -21,7 +21,7 @@ import numpy as np
 
 from . import inspector, tile_table   # (PlanInfo, _balanced; both import this module: read at call time)
 from .costs import AUTO_IMBALANCE, COST_ALPHA, COST_GAMMA, TAIL_FRACTION
-from .fields import write_info, write_requests
+from .fields import PLAN_INFO_LEN, write_info, write_requests
 
 _ACC = np.add.accumulate
 LAYOUTS = 64   # contiguous layouts a planner keeps (Scratch.layout; cleared when full)
@@ -303,7 +303,8 @@ class Layout:
             m_indptr[1:] = _ACC(pieces_st[et])   # entry (tile, row): the tile's pieces each
             m_start = it[5][first_st][et] + e     # the tile's first item's partial row + row
             self.merge = (m_indptr, m_row, m_start, np.full(M, qu, dtype=np.int32))
-        self.header = np.array([n, M, P, T, p._tq, p.page_size, C, qu * T, p._fold_chunk], dtype=np.int32)
+        self.header = np.zeros(PLAN_INFO_LEN, dtype=np.int32)   # (written as every plan's header is)
+        write_info({"plan_info": self.header}, n, M, P, T, p._tq, p.page_size, C, qu * T, p._fold_chunk)
 
     def loads(self, c, C) -> np.ndarray:
         """Each CTA's load (a new array: PlanInfo keeps it) from the items' costs `c`."""
