@@ -124,9 +124,10 @@ def plan(p, tl, out, qo, qu, kv, kp, ids, B, nnz, nq, kv_least, safe_kv):
         if L >= safe_kv:
             return None
         k = L - 1 - tail
-        if kv.item(kv.argmax()) + k < 2 * L:   # unsplit: every tile one item
+        kvmax = kv.item(kv.argmax())
+        if kvmax + k < 2 * L:   # unsplit: every tile one item
             return _unsplit(p, tl, sc, out, qo, qu, kv, kv64, kp, ids, B, nnz, nq, kv_least, cost, ends,
-                            total, L)
+                            total, L, (kvmax + f, kv_least + f))
         if mode != "auto" or kv_least <= tail:   # (short tiles: their chunk count is clamped)
             return None
         # Algorithm 1's chunk counts; each tile's last chunk is the remainder (less k)
@@ -170,7 +171,7 @@ def _keep(p, out, sc, con, qo, qu, kv, kp, ids, B, nnz, nq):
                               buf if isinstance(buf, np.ndarray) else np.frombuffer(buf, np.uint8), v, "contiguous")
 
 
-def _unsplit(p, tl, sc, out, qo, qu, kv, kv64, kp, ids, B, nnz, nq, kv_least, cost, ends, total, L):
+def _unsplit(p, tl, sc, out, qo, qu, kv, kv64, kp, ids, B, nnz, nq, kv_least, cost, ends, total, L, span):
     """Every tile one item (modes auto and balanced): tile_table._balanced's schedule (LPT on the
     tiles' costs; auto weighs the contiguous partition when its bound asks), laid out here."""
     held = []
@@ -182,7 +183,7 @@ def _unsplit(p, tl, sc, out, qo, qu, kv, kv64, kp, ids, B, nnz, nq, kv_least, co
             return None
         held.append(con)
         return dict(top=con[0], mode="contiguous")
-    res = tile_table._balanced(p, cost, total, L, contiguous, None)
+    res = tile_table._balanced(p, cost, total, L, contiguous, None, span)
     if res is None or held and held[-1] is None:   # (a bound exceeded: the table path raises)
         return None
     if res["mode"] == "contiguous":
