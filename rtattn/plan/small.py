@@ -91,8 +91,7 @@ class Layout:
         self.req = self.items[0].astype(np.intp)   # (item_request: its page start is kv_indptr's)
         self.lastpos = np.array(lastpos, dtype=np.intp)   # queue position of each tile's last chunk
         self.wi = v["work_indptr"].copy()
-        self.merge = tuple(v[f][:M + 1 if f == "merge_indptr" else M].copy() for f in
-                           ("merge_indptr", "merge_qo_row", "merge_partial_start", "merge_partial_stride")) if M else None
+        self.merge = (v["merge_indptr"][:M + 1].copy(), v["_merge"][:, :M].copy()) if M else None
         self.header = v["plan_info"].copy()
         B = len(qo_len)
         self.qo_start, self.qo_len = np.array(qo[:B], dtype=np.int32), np.array(qo_len, dtype=np.int32)
@@ -108,12 +107,8 @@ class Layout:
         it[4][self.lastpos] = t_kv
         kv_indptr.take(self.req, out=it[7], mode="clip")   # (requests < B: clip is the unchecked take)
         if self.merge is not None:
-            m_indptr, m_row, m_start, m_stride = self.merge
             M = self.M
-            v["merge_indptr"][:M + 1] = m_indptr
-            v["merge_qo_row"][:M] = m_row
-            v["merge_partial_start"][:M] = m_start
-            v["merge_partial_stride"][:M] = m_stride
+            v["merge_indptr"][:M + 1], v["_merge"][:, :M] = self.merge
         else:
             v["merge_indptr"][0] = 0
         v["plan_info"][:] = self.header

@@ -35,6 +35,7 @@ class Scratch:
         self.kv_rows = np.zeros((2, b.max_items + 1), dtype=np.int64)   # [KV start, end] of item j - 1
         self.ar32 = np.arange(max(b.max_items, b.max_merge_rows) + 1, dtype=np.int32)
         self.c = [np.zeros((), dtype=np.int64) for _ in range(4)]   # f, L - 1 - tail, L, w - 1
+        self.f = 0   # the f that c[0] holds
         self.cost = np.zeros(b.max_batch, dtype=np.int64)
         self.rows = {}   # qu -> Rows
         # the tiles' item rows (inspector's order, int32): request, first query row (qu t), qu, KV
@@ -109,7 +110,9 @@ def plan(p, tl, out, qo, qu, kv, kp, ids, B, nnz, nq, kv_least, safe_kv):
         sc = tl.uniform = Scratch(p.bounds)
     F, K, L0, W1 = sc.c
     f = COST_ALPHA * qu + COST_GAMMA
-    F.fill(f)
+    if sc.f != f:
+        F.fill(f)
+        sc.f = f
     kv64 = sc.kv[:B]
     kv64[...] = kv
     cost = sc.cost[:B]                 # each tile's length on the cost axis: its unsplit cost
@@ -302,8 +305,11 @@ class Layout:
                 m_row = (st * r.qu)[et] + e
             m_indptr = np.zeros(M + 1, dtype=np.int32)
             m_indptr[1:] = _ACC(pieces_st[et])   # entry (tile, row): the tile's pieces each
-            m_start = it[5][first_st][et] + e     # the tile's first item's partial row + row
-            self.merge = (m_indptr, m_row, m_start, np.full(M, qu, dtype=np.int32))
+            m_rows = np.empty((3, M), dtype=np.int32)   # (plan views' "_merge": row, start, stride)
+            m_rows[0] = m_row
+            np.add(it[5][first_st][et], e, out=m_rows[1])   # the tile's first item's partial row + row
+            m_rows[2] = qu
+            self.merge = (m_indptr, m_rows)
         self.header = np.zeros(PLAN_INFO_LEN, dtype=np.int32)   # (written as every plan's header is)
         write_info({"plan_info": self.header}, n, M, P, T, p._tq, p.page_size, C, qu * T, p._fold_chunk)
 
@@ -332,11 +338,7 @@ def _write(p, v, sc, con, qo, qu, kv, kp, ids, B, nnz, nq) -> None:
     it[3:5] = sc.kv_rows[:, 1:n + 1]
     kp.take(lay.rep, out=it[7], mode="clip")   # (rep < B: clip is the unchecked take)
     if M:
-        m_indptr, m_row, m_start, m_stride = lay.merge
-        v["merge_indptr"][:M + 1] = m_indptr
-        v["merge_qo_row"][:M] = m_row
-        v["merge_partial_start"][:M] = m_start
-        v["merge_partial_stride"][:M] = m_stride
+        v["merge_indptr"][:M + 1], v["_merge"][:, :M] = lay.merge
     else:
         v["merge_indptr"][0] = 0
     v["plan_info"][:] = lay.header
