@@ -38,11 +38,13 @@ class Scratch:
         self.f = 0   # the f that c[0] holds
         self.cost = np.zeros(b.max_batch, dtype=np.int64)
         self.rows = {}   # qu -> Rows
-        # the tiles' item rows (inspector's order, int32): request, first query row (qu t), qu, KV
-        # start 0 and end (unsplit plans), partial and merge (-1 or as the split asks), first
-        # page; one take by each item's tile lays out every row of the items
+        # the tiles' item rows for unsplit plans (inspector's order, int32): request, first query row
+        # (qu t), qu, KV start 0 and end, partial and merge -1, first page; one take in queue order
+        # lays out every row of the items
         self.tiles = np.zeros((8, b.max_batch), dtype=np.int32)
         self.tiles[0] = self.ar32[:b.max_batch]
+        self.tiles[5:7] = -1
+        self.headers = {}   # (B, qu) -> an unsplit plan's header (int32: one copy beats packing it)
         self.tiles_qu = 0   # the qu rows 1 and 2 hold
         self.key = np.zeros(2 * b.max_batch, dtype=np.int64)   # _contiguous's c0 and pieces
         self.layouts = {}   # (qu, key bytes) -> Layout
@@ -199,11 +201,14 @@ def _unsplit(p, tl, sc, out, qo, qu, kv, kv64, kp, ids, B, nnz, nq, kv_least, co
     wv[1:C + 1] = res["wi"]
     tt = sc.tiles_for(qu)
     tt[4, :B] = kv
-    tt[5:7, :B] = -1
     tt[7, :B] = kp[:B]
     tt.take(res["order"], axis=1, out=v["_items"][:, :n], mode="clip")   # (the tiles in queue order)
     v["merge_indptr"][0] = 0
-    write_info(v, n, 0, 0, B, p._tq, p.page_size, C, nq, p._fold_chunk)
+    hdr = sc.headers.get((B, qu))
+    if hdr is None:
+        hdr = sc.headers[B, qu] = np.zeros(PLAN_INFO_LEN, dtype=np.int32)
+        write_info({"plan_info": hdr}, n, 0, 0, B, p._tq, p.page_size, C, nq, p._fold_chunk)
+    v["plan_info"][:] = hdr
     return p._info(res, B, nq, buf, v)
 
 
