@@ -225,10 +225,9 @@ def _contiguous(p, tl, sc, qu, kv64, ends, total, T, kv_least):
     base = ends - kv64                 # each tile's KV token 0 on the axis
     key = sc.key[:2 * T]               # [c0 | pieces]: the layout's key, as bytes
     c0, pieces = key[:T], key[T:]
-    np.add(base, tl.ps_less1, out=c0)  # the CTA whose slice ends past the tile's first page
-    c0 //= W
-    np.add(ends, W1, out=pieces)
-    pieces //= W                       # one past the CTA of the tile's last piece
+    np.add(base, tl.ps_less1, out=c0)  # the CTA whose slice ends past the tile's first page, and
+    np.add(ends, W1, out=pieces)       # one past the CTA of the tile's last piece: one division
+    key //= W
     if kv_least < p.page_size:         # a tile shorter than a page is its last piece alone
         np.minimum(c0, pieces - tl.one, out=c0)
     pieces -= c0
