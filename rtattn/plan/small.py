@@ -8,7 +8,10 @@ tile_table.MIN_BATCH requests or more and several-tile batches past small_tokens
 the merge map) on lists, written into the same views with the same writes, so plan bytes and
 PlanInfo are identical (tests/test_small_plan.py compares both paths on fuzzed batches). What this path does not take
 (a larger batch, another mode, input its quick checks do not accept, an exceeded bound) goes
-the numpy way, whose validation names what is wrong: errors have one source.
+the numpy way, whose validation names what is wrong: errors have one source. A balanced plan of at
+most one item per CTA keeps its layout (every row but the last KV ends and the pages) per
+(qo_indptr, chunk counts, queue order): the next steps of a serving loop copy it (Layout;
+docs/perf-log.md "Host path v9").
 """
 from __future__ import annotations
 

@@ -7,7 +7,10 @@ than the table path (docs/perf-log.md "Host path v8").
 With one query length every tile has the same fixed cost f = 4 qu + 64, tile t's query rows are
 [qu t, qu t + qu), and a split tile's partial rows and merge entries are runs of qu, so the item
 rows, partial rows and merge map are products of item, tile and row numbers (cached qu x 0..n-1
-per qu) instead of columns laid out in the table and copied. The arithmetic keeps to one dtype
+per qu) instead of columns laid out in the table and copied. Of a contiguous plan, everything but
+the cuts' KV positions and the loads follows from each tile's first CTA and piece count: a Layout
+made once per (qu, those two) and reused while a serving loop replans the same composition
+(docs/perf-log.md "Host path v9"). The arithmetic keeps to one dtype
 (int64) with 0-d constants: a Python int operand or a cast in a ufunc costs ~2x the call. The
 schedule is the table path's decision for decision (the chunk bound, auto's early contiguous
 choice, the same cuts, loads, partial rows and merge map): the bytes are
