@@ -60,12 +60,9 @@ class Scratch:
         return self.tiles
 
     def layout(self, p, qu: int, key, c0, pieces):
-        """The Layout of tiles with first CTAs c0 and `pieces` pieces (`key`: both, one array),
-        made if new; None where a bound is exceeded (nothing cached)."""
+        """A new Layout of tiles with first CTAs c0 and `pieces` pieces (`key`: both, one array),
+        kept in `layouts` (_contiguous looks it up first); None where a bound is exceeded."""
         k = (qu, key.tobytes())
-        lay = self.layouts.get(k)
-        if lay is not None:
-            return lay
         b, T = p.bounds, c0.shape[0]
         pend = _ACC(pieces)
         n = pend.item(-1)
@@ -234,9 +231,11 @@ def _contiguous(p, tl, sc, qu, kv64, ends, total, T, kv_least):
     if kv_least < p.page_size:         # a tile shorter than a page is its last piece alone
         np.minimum(c0, pieces - tl.one, out=c0)
     pieces -= c0
-    lay = sc.layout(p, qu, key, c0, pieces)
+    lay = sc.layouts.get((qu, key.tobytes()))
     if lay is None:
-        return None
+        lay = sc.layout(p, qu, key, c0, pieces)
+        if lay is None:
+            return None
     n = lay.n
     kvr = sc.kv_rows[:, :n + 1]
     cut = kvr[0, 1:]
