@@ -2,7 +2,7 @@
 """The wrapper's whole plan() on bench_overhead's rows, this tree against another checkout, in
 one process, without a GPU (the stub libcuda of tools/stub_libcuda.c, the fake H200 of tests/fakes.py).
 
-    python tools/bench_plan_ab.py OLD_TREE [--batches 1,16,64,256] [--reps 3000] [--families pf,decode]
+    python tools/bench_plan_ab.py OLD_TREE [--batches 1,16,64,256] [--reps 3000] [--families pf,decode] [--steps N]
 
 Inputs are tools/bench_overhead.py's: KV U(768, 1280) per request (rng seeded by the batch), page
 16, 32/8 heads, d128, pool for 256 requests; pf: BatchPrefillWrapper on PREFILL_QO = 4 tokens per
@@ -11,6 +11,8 @@ prefill wrapper's resident-4 tile, 33 for decode; the fake device alone would gi
 Both trees' wrappers plan the same inputs in alternating single calls (A, B, A, B, ...): the
 ratio of their medians holds on a busy machine where absolute figures drift. Every plan's bytes
 and PlanInfo fields are compared once between the trees (a difference is reported, not timed).
+`--steps N`: a serving loop's inputs instead (each call the next of N steps, every request's KV
+1-5 tokens longer a step): what plan layouts cached across calls meet in use.
 """
 from __future__ import annotations
 
