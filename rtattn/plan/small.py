@@ -31,7 +31,7 @@ SMALL_TOKENS = 32
 MODES = ("auto", "balanced", "contiguous")
 _I32 = np.dtype(np.int32)
 _I32_MAX = 2**31 - 1
-LAYOUTS = 64   # balanced layouts a planner keeps (Planner._small_layouts; cleared when full)
+LAYOUTS = 64   # balanced layouts (and keys seen once) a planner keeps (Planner._small_layouts; cleared when full)
 
 
 class _Numpy(Exception):
@@ -67,11 +67,15 @@ def plan(p, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, window_left, out
         res.update(merge_rows=lay.M, partial_rows=lay.P, split_tiles=lay.S)
     else:
         _write(p, views, qo, qo_len, kp, kv_len, nnz, kv_indices, res)
-        if "key" in res:
-            key, lastpos = res["key"]
-            if len(p._small_layouts) >= LAYOUTS:
-                p._small_layouts.clear()
-            p._small_layouts[key] = Layout(views, res, qo, qo_len, lastpos)
+        key = res.get("key")
+        if key is not None:   # a key seen once is marked; seen again, its layout is kept
+            known = p._small_layouts
+            if key in known:
+                known[key] = Layout(views, res, qo, qo_len, key)
+            else:
+                if len(known) >= LAYOUTS:
+                    known.clear()
+                known[key] = None
     loads = np.zeros(p.num_ctas, dtype=np.int64)   # (CTAs past the list's end carry nothing)
     loads[:len(res["loads"])] = res["loads"]
     res["loads"] = loads
@@ -82,14 +86,20 @@ class Layout:
     """A balanced small plan of at most one item per CTA as its key decides it -- the query
     rows (qo_indptr), each tile's chunk count, L where tiles split, the queue order: every item
     row but the tiles' last KV ends and the pages, work_indptr, the merge map, the header, copied
-    from the first plan written with it. Serving loops replan one batch composition every step
+    from the second plan written with it (a key seen once is only marked: a batch whose
+    composition never repeats pays ~nothing). Serving loops replan one batch composition every step
     with KV a few tokens longer, which seldom changes a chunk count or the order of the costs
     (the key is compared exactly: a plan is always the plan of its inputs)."""
 
     __slots__ = ("items", "lastpos", "req", "wi", "merge", "header", "qo_start", "qo_len", "M", "P", "S")
 
-    def __init__(self, v, res, qo, qo_len, lastpos):
+    def __init__(self, v, res, qo, qo_len, key):
         n, M = res["n"], res["merge_rows"]
+        nchunk, order = key[2], key[3]
+        pos = [0] * n     # each item's queue position; a tile's last chunk ends at its KV
+        for q, i in enumerate(order):
+            pos[i] = q
+        lastpos = [pos[e - 1] for e in accumulate(nchunk)]
         self.items = v["_items"][:, :n].copy()
         self.req = self.items[0].astype(np.intp)   # (item_request: its page start is kv_indptr's)
         self.lastpos = np.array(lastpos, dtype=np.intp)   # queue position of each tile's last chunk
@@ -260,11 +270,8 @@ def _schedule(p, qo, qo_len, kv_len, window_left) -> dict:
                split_tiles=0, mode="balanced" if mode == "auto" else mode, i_tile=i_tile)
     if i_tile is not None:
         _partials(p, res, it, nchunk, t_qlen, t_qs, i_tile, i_chunk, decode)
-    if key is not None:   # (a new layout: plan() keeps it once the plan is written)
-        pos = [0] * n     # each item's queue position; a tile's last chunk ends at its KV
-        for q, i in enumerate(order):
-            pos[i] = q
-        res["key"] = (key, [pos[e - 1] for e in accumulate(nchunk)])
+    if key is not None:   # (no layout yet: plan() marks or keeps one once the plan is written)
+        res["key"] = key
     return _shift(res, t_k0)
 
 

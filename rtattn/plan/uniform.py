@@ -80,7 +80,7 @@ class Scratch:
             return None
         if len(self.layouts) >= LAYOUTS:
             self.layouts.clear()
-        lay = self.layouts[k] = Layout(p, self, qu, c0, pieces, pend, n, S, st, M, P)
+        lay = self.layouts[k] = Layout(p, qu, c0, pieces, pend, n, S, st, M, P)
         return lay
 
     def rows_of(self, qu: int):
@@ -254,91 +254,60 @@ def _contiguous(p, tl, sc, qu, kv64, ends, total, T, kv_least):
 
 class Layout:
     """A contiguous plan's items as far as its tiles' first CTAs c0 and piece counts decide them
-    (with qu and the planner): each item's tile (`rep`) and CTA, work_indptr, the item rows but
-    the KV and page rows, the merge map and the header. Serving loops replan one batch
-    composition every step with KV a few tokens longer, which moves the cuts but seldom a tile's
-    first CTA or piece count, so this is made once per (qu, c0, pieces) and the plan takes it from
-    Scratch.layout (the key is compared exactly: a plan is always the plan of its inputs)."""
+    (with qu and the planner): each item's tile (`rep`) and CTA, work_indptr, and -- copied from
+    the first plan written with it -- the item rows but the KV and page rows, the merge map and
+    the header. Serving loops replan one batch composition every step with KV a few tokens
+    longer, which moves the cuts but seldom a tile's first CTA or piece count, so this is made
+    once per (qu, c0, pieces) and later plans take it from Scratch.layouts (the key is compared
+    exactly: a plan is always the plan of its inputs). A layout seen once costs its plan little
+    more than planning without it: the first write is the direct one."""
 
-    __slots__ = ("n", "M", "P", "S", "rep", "pend", "cta", "wi", "starts", "items", "merge", "header")
+    __slots__ = ("n", "M", "P", "S", "rep", "pend", "cta", "wi", "starts", "uses", "items", "merge", "header",
+                 "_split", "_written")
 
-    def __init__(self, p, sc, qu, c0, pieces, pend, n, S, st, M, P):
-        C, T, ar, r = p.num_ctas, c0.shape[0], p._ar, sc.rows_of(qu)
+    def __init__(self, p, qu, c0, pieces, pend, n, S, st, M, P):
+        C, T, ar = p.num_ctas, c0.shape[0], p._ar
         self.n, self.M, self.P, self.S, self.pend = n, M, P, S, pend
         first = pend - pieces
         rep = self.rep = ar[:T].repeat(pieces)   # each item's tile
         cta = c0 - first                  # an item's CTA: its tile's first CTA + its piece index
         cta = self.cta = cta[rep]
         cta += ar[:n]
-        wi = cta.searchsorted(ar[:C], "right")
-        self.wi = np.zeros(C + 1, dtype=np.int32)
-        self.wi[1:] = wi
-        # loads by np.add.reduceat over the CTAs' runs of items (CTAs ascend with the items): the
-        # runs of CTAs with items (`starts`; `nz` the CTAs themselves, None when all have items)
-        ends = self.wi[1:]
-        has = ends > self.wi[:-1]
-        self.starts = (self.wi[:-1][has].astype(np.intp), None if has.all() else has.nonzero()[0])
-        if self.wi[-1] != n:   # (never: the last piece's CTA is below C; bincount if it were not)
-            self.starts = None
-        # the item rows: request = tile, first query row qu x tile, qu; partial rows: a split tile's
-        # j-th piece qu j after the tile's first (qu x the split tiles' pieces before it), -1 for an
-        # unsplit tile's one item; merge: a split tile's first entry (qu x the split tiles before)
-        it = self.items = np.empty((8, n), dtype=np.int32)
-        it[0] = rep
-        np.multiply(rep, r.qu, out=it[1], casting="unsafe")
-        it[2] = qu
-        self.merge = None
-        if S == T:
-            it[5] = r.q32[:n]
-            it[6] = it[1]
-        elif S:
-            z = first * r.qu
-            np.invert(z, out=z)
-            z[st] = r.q64[:S] - st * r.qu
-            it[5] = z[rep]
-            it[5] += r.q32[:n]
-            mg = np.full(T, -1, dtype=np.int32)
-            mg[st] = r.q32[:S]
-            it[6] = mg[rep]
-        else:
-            it[5:7] = -1
-        if S:   # merge entry (split tile e // qu, row e % qu), entries in tile order
-            et, e = r.tile[:M], r.row32[:M]
-            if S == T:
-                m_row, pieces_st, first_st = sc.ar32[:M].copy(), pieces, first
-            else:
-                pieces_st, first_st = pieces[st], first[st]
-                m_row = (st * r.qu)[et] + e
-            m_indptr = np.zeros(M + 1, dtype=np.int32)
-            m_indptr[1:] = _ACC(pieces_st[et])   # entry (tile, row): the tile's pieces each
-            m_rows = np.empty((3, M), dtype=np.int32)   # (plan views' "_merge": row, start, stride)
-            m_rows[0] = m_row
-            np.add(it[5][first_st][et], e, out=m_rows[1])   # the tile's first item's partial row + row
-            m_rows[2] = qu
-            self.merge = (m_indptr, m_rows)
-        self.header = np.zeros(PLAN_INFO_LEN, dtype=np.int32)   # (written as every plan's header is)
-        write_info({"plan_info": self.header}, n, M, P, T, p._tq, p.page_size, C, qu * T, p._fold_chunk)
+        wi = self.wi = np.zeros(C + 1, dtype=np.int32)
+        wi[1:] = cta.searchsorted(ar[:C], "right")
+        # A layout seen once is planned as without it (bincount for the loads, the item rows and
+        # merge map written directly); one seen again keeps what the plans after it copy
+        self.starts, self.uses, self._written = None, 0, 0
+        self.items = self.merge = self.header = None   # (the second plan written with it fills them)
+        self._split = (first, st, pieces.copy())
 
     def loads(self, c, C) -> np.ndarray:
-        """Each CTA's load (a new array: PlanInfo keeps it) from the items' costs `c`."""
-        if self.starts is None:
-            return np.bincount(self.cta, weights=c, minlength=C).astype(np.int64)
-        starts, nz = self.starts
-        if nz is None:
-            return np.add.reduceat(c, starts)
-        loads = np.zeros(C, dtype=np.int64)
-        if nz.shape[0]:
-            loads[nz] = np.add.reduceat(c, starts)
-        return loads
+        """Each CTA's load (a new array: PlanInfo keeps it) from the items' costs `c`: from the
+        second use on, np.add.reduceat over the CTAs' runs of items (CTAs ascend with the items)
+        where every CTA has some (the contiguous partition's rule)."""
+        s = self.starts
+        if s is not None:
+            return np.add.reduceat(c, s)
+        if self.uses == 1:   # (decided once, on the second use)
+            wi = self.wi
+            if wi[-1] == self.n and (wi[1:] > wi[:-1]).all():
+                self.starts = s = wi[:-1].astype(np.intp)
+                return np.add.reduceat(c, s)
+        self.uses += 1
+        return np.bincount(self.cta, weights=c, minlength=C).astype(np.int64)
 
 
 def _write(p, v, sc, con, qo, qu, kv, kp, ids, B, nnz, nq) -> None:
     """The plan of a contiguous schedule `con` (_contiguous) into the views `v`: what
-    tile_table._write writes, the item rows but KV and pages from the layout."""
+    tile_table._write writes, the item rows but KV and pages from the layout (after its first two
+    plans: _write_first)."""
     lay = con[3]
     n, M = lay.n, lay.M
     write_requests(v, B, qo, qu, kp, kv, nnz, ids)
     v["work_indptr"][:] = lay.wi
+    if lay.items is None:
+        _write_first(p, v, sc, lay, qo, qu, kp, B)
+        return
     it = v["_items"][:, :n]
     it[...] = lay.items
     it[3:5] = sc.kv_rows[:, 1:n + 1]
@@ -348,3 +317,56 @@ def _write(p, v, sc, con, qo, qu, kv, kp, ids, B, nnz, nq) -> None:
     else:
         v["merge_indptr"][0] = 0
     v["plan_info"][:] = lay.header
+
+
+def _write_first(p, v, sc, lay, qo, qu, kp, B) -> None:
+    """The item rows, merge map and header of a layout's first plans, written from its tiles' rows
+    (sc.tiles); the second one's copied into the layout for the plans after it."""
+    n, M, P, S, rep = lay.n, lay.M, lay.P, lay.S, lay.rep
+    first, st, pieces = lay._split
+    tt = sc.tiles_for(qu)
+    r = sc.rows_of(qu)
+    tt[7, :B] = kp[:B]
+    # Partial rows: item j's first is z[tile] + qu j, z = qu (split tiles before - tile) for a split
+    # tile (its start, qu x the split tiles' pieces before it, less qu first) and -1 - qu first
+    # for the others (their one item: -1). Merge entries: a split tile's first is qu x the split
+    # tiles before it, -1 for the others.
+    if S == B:
+        tt[5, :B] = 0
+        tt[6, :B] = tt[1, :B]
+    elif S:
+        z = first * r.qu
+        np.invert(z, out=z)
+        x = st * r.qu
+        np.subtract(r.q64[:S], x, out=x)
+        z[st] = x
+        tt[5, :B] = z
+        mg = tt[6, :B]
+        mg.fill(-1)
+        mg[st] = r.q32[:S]
+    it = v["_items"][:, :n]
+    tt.take(rep, axis=1, out=it, mode="clip")   # (rep < B: clip is the unchecked take)
+    if S:
+        tt[5:7, :B] = -1   # (unsplit plans read the table's -1 rows)
+    it[3:5] = sc.kv_rows[:, 1:n + 1]
+    v["merge_indptr"][0] = 0
+    if S:
+        it[5] += r.q32[:n]
+        et = r.tile[:M]                          # each merge entry's split tile (0..S-1)
+        e = r.row32[:M]                          # ... and its row in the tile
+        if S == B:
+            v["merge_qo_row"][:M] = sc.ar32[:M]
+            pieces_st, first_st = pieces, first
+        else:
+            pieces_st, first_st = pieces[st], first[st]
+            np.add(qo[st][et], e, out=v["merge_qo_row"][:M])
+        v["merge_indptr"][1:M + 1] = _ACC(pieces_st[et])   # entry (tile, row): the tile's pieces each
+        np.add(it[5][first_st][et], e, out=v["merge_partial_start"][:M])   # the tile's first item's + row
+        v["merge_partial_stride"][:M].fill(qu)
+    write_info(v, n, M, P, B, p._tq, p.page_size, p.num_ctas, qu * B, p._fold_chunk)
+    if lay._written:   # (its second plan: the ones after it copy these)
+        lay.items = it.copy()
+        lay.merge = (v["merge_indptr"][:M + 1].copy(), v["_merge"][:, :M].copy()) if M else None
+        lay.header = v["plan_info"].copy()
+        lay._split = None
+    lay._written = 1
