@@ -49,13 +49,15 @@ def load_tree(root: Path):
         from rtattn import prefill_wrapper as PW
         from rtattn import wrapper as W
         from rtattn.runtime import Device, Event, PinnedBuffer, libcuda
-        real = (libcuda.copy_htod, libcuda.record_event, libcuda.wait_event)
+        copies = ("copy_htod", "record_event", "wait_event", "copy_and_record")   # (an older tree may lack some)
+        real = {n: getattr(libcuda, n) for n in copies if hasattr(libcuda, n)}
         dev = fakes.fake_device()
         dev.enter = Device(0).set_current().enter
         dev.streams_checked.add(0x5000)
         fakes.install_prefill(stub_driver.Patch(), device=dev)
         fakes.install(stub_driver.Patch(), fakes.FakeKernels, device=dev)
-        libcuda.copy_htod, libcuda.record_event, libcuda.wait_event = real
+        for n, f in real.items():   # plan()'s real copy path, into the stub
+            setattr(libcuda, n, f)
         stub = Device(0)
     finally:
         del sys.path[:2]
