@@ -107,8 +107,7 @@ class PlannedWrapper:
             buf = self._pinned[slot]
             info = self.planner.plan(qo_indptr, kv_indptr, kv_indices, kv_last_page_len,
                                      out=self._pinned_arrays[slot], window_left=window_left)
-            libcuda.copy_htod(self.workspace_ptr, buf.ptr, self.layout.plan_bytes, h)
-            libcuda.record_event(ev, h)
+            libcuda.copy_and_record(self.workspace_ptr, buf.ptr, self.layout.plan_bytes, h, ev)
         finally:
             Device.leave(prev)
         self._in_flight[slot] = True

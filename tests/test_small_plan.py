@@ -137,3 +137,36 @@ def test_contiguous_partition_matches_the_list_version_on_many_tiles(seed):
                 assert np.asarray(got[key]).tolist() == list(want[key]), (case, key)
             stride = got["m_stride"]
             assert (np.broadcast_to(stride, (want["merge_rows"],)).tolist() == list(want["m_stride"])), case
+
+
+def test_layouts_reused_over_a_serving_loop_plan_the_numpy_paths_bytes(monkeypatch):
+    """A batch replanned every step with KV a few tokens longer (decode steps, accepted drafts)
+    reuses small.Layout while the key holds: every step the numpy path's bytes and PlanInfo, over
+    the same stale buffer; layouts both reused and made anew as chunk counts and orders move."""
+    rng = np.random.default_rng(7)
+    used = []
+    write = small.Layout.write
+    monkeypatch.setattr(small.Layout, "write", lambda self, *a: used.append(1) or write(self, *a))
+    made = 0
+    for case in range(60):
+        ps = int(rng.choice([1, 16, 64]))
+        batch = int(rng.integers(1, 9))
+        decode = rng.random() < 0.5
+        qo = np.ones(batch, np.int64) if decode else rng.integers(1, 5, batch)
+        kv = np.maximum(rng.integers(1, int(rng.choice([200, 3000])), batch), qo)
+        pk = dict(max_batch=batch, max_qo_tokens=int(qo.sum()), max_pages=int((kv.max() + 400) // ps + 2) * batch,
+                  num_qo_heads=32, num_kv_heads=8, head_dim=128, page_size=ps, mode=str(rng.choice(small.MODES)),
+                  causal=not decode, num_ctas=int(rng.choice([16, 33, 66])), max_qo_len=int(qo.max()))
+        fast, ref = Planner(**pk), Planner(**pk)
+        fast.tile_table_path = ref.tile_table_path = False
+        ref.small_tiles = 0
+        stale = rng.integers(0, 256, fast.layout.plan_bytes, dtype=np.uint8)
+        for step in range(25):
+            args = [None if decode else indptr_from_lengths(qo), *paged_kv(kv, ps, shuffle_seed=step)]
+            got, want = _plan(fast, args, {}, stale), _plan(ref, args, {}, stale)
+            assert got[1] == want[1], (case, step, pk)
+            assert np.array_equal(got[0], want[0]), (case, step, pk)
+            stale = got[0]
+            kv = kv + rng.integers(0, 6, batch) * (rng.random() < 0.9)
+        made += sum(lay is not None for lay in fast._small_layouts.values())
+    assert len(used) > 400 and made > 60, (len(used), made)

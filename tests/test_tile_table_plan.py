@@ -115,7 +115,7 @@ def test_one_length_batches_plan_byte_identical_to_numpy_path(seed, monkeypatch)
     taken = []
     write, unsplit = uniform._write, uniform._unsplit
     monkeypatch.setattr(uniform, "_write", lambda p, v, sc, con, *a: taken.append(
-        "all split" if con[5] == a[5] else "some split" if con[5] else "none split") or write(p, v, sc, con, *a))
+        "all split" if con[3].S == a[5] else "some split" if con[3].S else "none split") or write(p, v, sc, con, *a))
     monkeypatch.setattr(uniform, "_unsplit", lambda *a: (lambda r: taken.append("unsplit" if r else "back") or r)(
         unsplit(*a)))
     for case in range(400):
@@ -142,3 +142,38 @@ def test_one_length_batches_plan_byte_identical_to_numpy_path(seed, monkeypatch)
             assert np.array_equal(got[0], want[0]), (case, pk)
             stale = got[0]
     assert all(taken.count(k) > 10 for k in ("all split", "some split", "none split", "unsplit")), taken
+
+
+def test_contiguous_layouts_reused_over_a_serving_loop_plan_the_numpy_paths_bytes(monkeypatch):
+    """One-length batches replanned every step with KV a few tokens longer reuse uniform.Layout
+    while each tile's first CTA and piece count hold: every step the numpy path's bytes and
+    PlanInfo over the same stale buffer; layouts both reused and made anew."""
+    rng = np.random.default_rng(11)
+    made = []
+    init = uniform.Layout.__init__
+    monkeypatch.setattr(uniform.Layout, "__init__", lambda self, *a: made.append(1) or init(self, *a))
+    plans = 0
+    for case in range(40):
+        ps = int(rng.choice([1, 16, 64]))
+        batch = int(rng.choice([4, 8, 16, 33, 64]))
+        tq = int(rng.choice([4, 8]))
+        qu = int(rng.integers(1, tq + 1))
+        kv = rng.integers(int(rng.choice([100, 768])), 1281, batch)
+        tile = TileConfig(tile_q=tq, tile_kv=64, max_rows=4 * tq, stages=2, threads=128, smem_bytes=0, kernel="prefill")
+        pk = dict(max_batch=batch, max_qo_tokens=qu * batch, max_pages=int((kv.max() + 200) // ps + 2) * batch,
+                  num_qo_heads=32, num_kv_heads=8, head_dim=128, page_size=ps, tile=tile,
+                  mode=str(rng.choice(["auto", "contiguous"])), causal=True, num_ctas=int(rng.choice([33, 66, 132])),
+                  max_qo_len=tq)
+        fast, ref = Planner(**pk), Planner(**pk)
+        fast.small_tiles = ref.small_tiles = 0
+        ref.tile_table_path = False
+        stale = rng.integers(0, 256, fast.layout.plan_bytes, dtype=np.uint8)
+        for step in range(20):
+            args = [indptr_from_lengths(np.full(batch, qu)), *paged_kv(kv, ps, shuffle_seed=step)]
+            got, want = _plan(fast, args, {}, stale), _plan(ref, args, {}, stale)
+            assert got[1] == want[1], (case, step, pk)
+            assert np.array_equal(got[0], want[0]), (case, step, pk)
+            stale = got[0]
+            plans += got[1][10] == "contiguous"
+            kv = kv + rng.integers(0, 6, batch) * (rng.random() < 0.9)
+    assert plans > 300 and 20 < len(made) < plans // 2, (plans, len(made))

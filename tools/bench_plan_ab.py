@@ -2,7 +2,7 @@
 """The wrapper's whole plan() on bench_overhead's rows, this tree against another checkout, in
 one process, without a GPU (the stub libcuda of tools/stub_libcuda.c, the fake H200 of tests/fakes.py).
 
-    python tools/bench_plan_ab.py OLD_TREE [--batches 1,16,64,256] [--reps 3000] [--families pf,decode]
+    python tools/bench_plan_ab.py OLD_TREE [--batches 1,16,64,256] [--reps 3000] [--families pf,decode] [--steps N]
 
 Inputs are tools/bench_overhead.py's: KV U(768, 1280) per request (rng seeded by the batch), page
 16, 32/8 heads, d128, pool for 256 requests; pf: BatchPrefillWrapper on PREFILL_QO = 4 tokens per
@@ -11,6 +11,8 @@ prefill wrapper's resident-4 tile, 33 for decode; the fake device alone would gi
 Both trees' wrappers plan the same inputs in alternating single calls (A, B, A, B, ...): the
 ratio of their medians holds on a busy machine where absolute figures drift. Every plan's bytes
 and PlanInfo fields are compared once between the trees (a difference is reported, not timed).
+`--steps N`: a serving loop's inputs instead (each call the next of N steps, every request's KV
+1-5 tokens longer a step): what plan layouts cached across calls meet in use.
 """
 from __future__ import annotations
 
@@ -47,13 +49,15 @@ def load_tree(root: Path):
         from rtattn import prefill_wrapper as PW
         from rtattn import wrapper as W
         from rtattn.runtime import Device, Event, PinnedBuffer, libcuda
-        real = (libcuda.copy_htod, libcuda.record_event, libcuda.wait_event)
+        copies = ("copy_htod", "record_event", "wait_event", "copy_and_record")   # (an older tree may lack some)
+        real = {n: getattr(libcuda, n) for n in copies if hasattr(libcuda, n)}
         dev = fakes.fake_device()
         dev.enter = Device(0).set_current().enter
         dev.streams_checked.add(0x5000)
         fakes.install_prefill(stub_driver.Patch(), device=dev)
         fakes.install(stub_driver.Patch(), fakes.FakeKernels, device=dev)
-        libcuda.copy_htod, libcuda.record_event, libcuda.wait_event = real
+        for n, f in real.items():   # plan()'s real copy path, into the stub
+            setattr(libcuda, n, f)
         stub = Device(0)
     finally:
         del sys.path[:2]
@@ -71,14 +75,29 @@ def load_tree(root: Path):
     return make
 
 
-def inputs(family, batch, pool):
+def inputs(family, batch, pool, steps=0):
+    """plan() on bench_overhead's inputs; `steps` > 0: a serving loop's instead, each call the
+    next of `steps` steps (cycled) in which every request's KV grew by 1-5 tokens (a decode step
+    or an accepted draft), the page table as bench_common.page_table lays it out."""
     rng = np.random.default_rng(batch)
     kv_lens = rng.integers(768, 1280 + 1, batch)
-    kv = page_table(rng, kv_lens, PS, pool)
-    if family == "pf":
-        qi = np.arange(0, batch * PREFILL_QO + 1, PREFILL_QO, dtype=np.int32)
-        return lambda w: w.plan(qi, *kv, stream=0x5000)
-    return lambda w: w.plan(*kv, stream=0x5000)
+    seq = [page_table(rng, kv_lens, PS, pool)]
+    for _ in range(steps - 1):
+        kv_lens = kv_lens + rng.integers(1, 6, batch)
+        seq.append(page_table(rng, kv_lens, PS, pool))
+    qi = np.arange(0, batch * PREFILL_QO + 1, PREFILL_QO, dtype=np.int32) if family == "pf" else None
+    if steps <= 1:
+        kv = seq[0]
+        if family == "pf":
+            return lambda w: w.plan(qi, *kv, stream=0x5000)
+        return lambda w: w.plan(*kv, stream=0x5000)
+    state = {}
+
+    def call(w):   # (A and B alternate: each plans every step once)
+        i = state[id(w)] = (state.get(id(w), -1) + 1) % steps
+        kv = seq[i]
+        return w.plan(qi, *kv, stream=0x5000) if family == "pf" else w.plan(*kv, stream=0x5000)
+    return call
 
 
 def same(wa, wb, ia, ib) -> str:
@@ -100,24 +119,31 @@ def main(argv=None) -> int:
     ap.add_argument("--batches", type=lambda s: [int(x) for x in s.split(",")], default=[1, 16, 64, 256])
     ap.add_argument("--families", type=lambda s: s.split(","), default=["pf", "decode"])
     ap.add_argument("--reps", type=int, default=3000)
+    ap.add_argument("--steps", type=int, default=0,
+                    help="plan a serving loop's N steps in turn (KV +1-5 tokens per request per step) "
+                         "instead of bench_overhead's one input")
     args = ap.parse_args(argv)
     if not stub_driver.active():
         return stub_driver.reexec_with_stub(__file__, sys.argv[1:] if argv is None else argv)
     make_a, make_b = load_tree(args.old.resolve()), load_tree(ROOT)
-    pool = max(args.batches) * (-(-1280 // PS)) + 16
+    pool = max(args.batches) * (-(-(1280 + 5 * args.steps) // PS)) + 16
     pc = time.perf_counter
     print(f"# wrapper plan() host us, stub driver, {H}/{HK} d{D} page {PS}, KV U(768,1280); "
-          f"A = {args.old}, B = this tree; median of {args.reps} interleaved calls each")
+          f"A = {args.old}, B = this tree; median of {args.reps} interleaved calls each"
+          + (f"; a serving loop of {args.steps} steps" if args.steps else ""))
     print(f"{'family':>6} {'batch':>5} {'C':>3} {'items':>5} {'A us':>7} {'B us':>7} {'B/A':>6}  plans")
     for family in args.families:
         for batch in args.batches:
             wa, wb = make_a(family, batch, pool), make_b(family, batch, pool)
-            call = inputs(family, batch, pool)
+            call = inputs(family, batch, pool, args.steps)
             for w in (wa, wb):   # the same stale bytes under both trees' plans
                 for a in w._pinned_arrays:
                     a[:] = 0xA5
-            ia, ib = call(wa), call(wb)
-            verdict = same(wa, wb, ia, ib)
+            verdict = "same"
+            for _ in range(max(args.steps, 1)):   # (every step of a loop compared once)
+                ia, ib = call(wa), call(wb)
+                if verdict == "same":
+                    verdict = same(wa, wb, ia, ib)
             for _ in range(50):
                 call(wa)
                 call(wb)

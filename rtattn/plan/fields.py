@@ -301,17 +301,21 @@ class PlanLayout:
             o = self.offsets[f.name]
             n = self.capacity[f.name]
             out[f.name] = raw[o:o + n * f.dtype.itemsize].view(f.dtype)
-        # The eight item_* arrays have one capacity, so they sit at equal strides:
-        # a 2-D view lets the planner write all of them with one assignment.
-        first = self.offsets["item_request"]
-        stride = self.offsets["item_qo_start"] - first
-        names = ("item_request", "item_qo_start", "item_qo_len", "item_kv_start",
-                 "item_kv_end", "item_partial", "item_merge", "item_kv_page_start")
-        assert all(self.offsets[k] == first + i * stride for i, k in enumerate(names))
-        out["_items"] = np.lib.stride_tricks.as_strided(
-            out["item_request"], shape=(len(names), self.capacity["item_request"]),
-            strides=(stride, 4), writeable=True)
+        # The eight item_* arrays have one capacity, so they sit at equal strides: a 2-D view
+        # lets the planner write all of them with one assignment; so do the merge map's rows
+        # after merge_indptr (cached layouts copy them in one go).
+        out["_items"] = self._rows(out, ("item_request", "item_qo_start", "item_qo_len", "item_kv_start",
+                                         "item_kv_end", "item_partial", "item_merge", "item_kv_page_start"))
+        out["_merge"] = self._rows(out, ("merge_qo_row", "merge_partial_start", "merge_partial_stride"))
         return out
+
+    def _rows(self, views: dict, names: tuple) -> np.ndarray:
+        """A 2-D view over consecutive fields of one capacity (equal strides in the buffer)."""
+        first = self.offsets[names[0]]
+        stride = self.offsets[names[1]] - first
+        assert all(self.offsets[k] == first + i * stride for i, k in enumerate(names))
+        return np.lib.stride_tricks.as_strided(views[names[0]], shape=(len(names), self.capacity[names[0]]),
+                                               strides=(stride, 4), writeable=True)
 
     # -- device side ------------------------------------------------------------
     def pack_plan_ptrs(self, base_ptr: int) -> bytes:

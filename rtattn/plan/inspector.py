@@ -365,6 +365,7 @@ class Planner:
         self._decode_items[0:2] = self._ar[:b.max_batch]
         self._decode_items[2], self._decode_items[3], self._decode_items[5:7] = 1, 0, -1
         self._tiles = None   # rtattn.plan.tile_table's table (tile_table.Tiles), made on first use
+        self._small_layouts = {}   # rtattn.plan.small's layouts of balanced plans (small.Layout)
 
     # convenience ---------------------------------------------------------------
     @property

@@ -8,7 +8,10 @@ tile_table.MIN_BATCH requests or more and several-tile batches past small_tokens
 the merge map) on lists, written into the same views with the same writes, so plan bytes and
 PlanInfo are identical (tests/test_small_plan.py compares both paths on fuzzed batches). What this path does not take
 (a larger batch, another mode, input its quick checks do not accept, an exceeded bound) goes
-the numpy way, whose validation names what is wrong: errors have one source.
+the numpy way, whose validation names what is wrong: errors have one source. A balanced plan of at
+most one item per CTA keeps its layout (every row but the last KV ends and the pages) per
+(qo_indptr, chunk counts, queue order): the next steps of a serving loop copy it (Layout;
+docs/perf-log.md "Host path v9").
 """
 from __future__ import annotations
 
@@ -28,6 +31,7 @@ SMALL_TOKENS = 32
 MODES = ("auto", "balanced", "contiguous")
 _I32 = np.dtype(np.int32)
 _I32_MAX = 2**31 - 1
+LAYOUTS = 64   # balanced layouts (and keys seen once) a planner keeps (Planner._small_layouts; cleared when full)
 
 
 class _Numpy(Exception):
@@ -57,11 +61,70 @@ def plan(p, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, window_left, out
     except _Numpy:
         return None
     buf, views = p._buffer(out)
-    _write(p, views, qo, qo_len, kp, kv_len, nnz, kv_indices, res)
+    lay = res.get("layout")
+    if lay is not None:
+        lay.write(views, kv_indptr, kv_len, nnz, kv_indices, res["t_kv"])
+        res.update(merge_rows=lay.M, partial_rows=lay.P, split_tiles=lay.S)
+    else:
+        _write(p, views, qo, qo_len, kp, kv_len, nnz, kv_indices, res)
+        key = res.get("key")
+        if key is not None:   # a key seen once is marked; seen again, its layout is kept
+            known = p._small_layouts
+            if key in known:
+                known[key] = Layout(views, res, qo, qo_len, key)
+            else:
+                if len(known) >= LAYOUTS:
+                    known.clear()
+                known[key] = None
     loads = np.zeros(p.num_ctas, dtype=np.int64)   # (CTAs past the list's end carry nothing)
     loads[:len(res["loads"])] = res["loads"]
     res["loads"] = loads
     return p._info(res, len(qo_len), qo[-1], buf, views)
+
+
+class Layout:
+    """A balanced small plan of at most one item per CTA as its key decides it -- the query
+    rows (qo_indptr), each tile's chunk count, L where tiles split, the queue order: every item
+    row but the tiles' last KV ends and the pages, work_indptr, the merge map, the header, copied
+    from the second plan written with it (a key seen once is only marked: a batch whose
+    composition never repeats pays ~nothing). Serving loops replan one batch composition every step
+    with KV a few tokens longer, which seldom changes a chunk count or the order of the costs
+    (the key is compared exactly: a plan is always the plan of its inputs)."""
+
+    __slots__ = ("items", "lastpos", "req", "wi", "merge", "header", "qo_start", "qo_len", "M", "P", "S")
+
+    def __init__(self, v, res, qo, qo_len, key):
+        n, M = res["n"], res["merge_rows"]
+        nchunk, order = key[2], key[3]
+        pos = [0] * n     # each item's queue position; a tile's last chunk ends at its KV
+        for q, i in enumerate(order):
+            pos[i] = q
+        lastpos = [pos[e - 1] for e in accumulate(nchunk)]
+        self.items = v["_items"][:, :n].copy()
+        self.req = self.items[0].astype(np.intp)   # (item_request: its page start is kv_indptr's)
+        self.lastpos = np.array(lastpos, dtype=np.intp)   # queue position of each tile's last chunk
+        self.wi = v["work_indptr"].copy()
+        self.merge = (v["merge_indptr"][:M + 1].copy(), v["_merge"][:, :M].copy()) if M else None
+        self.header = v["plan_info"].copy()
+        B = len(qo_len)
+        self.qo_start, self.qo_len = np.array(qo[:B], dtype=np.int32), np.array(qo_len, dtype=np.int32)
+        self.M, self.P, self.S = M, res["partial_rows"], res["split_tiles"]
+
+    def write(self, v, kv_indptr, kv_len, nnz, kv_indices, t_kv) -> None:
+        """This layout's plan for KV lengths `kv_len` (tiles' KV `t_kv`) and these pages into
+        the views `v`: the bytes _write writes."""
+        write_requests(v, self.qo_len.shape[0], self.qo_start, self.qo_len, kv_indptr, kv_len, nnz, kv_indices)
+        v["work_indptr"][:] = self.wi
+        it = v["_items"][:, :self.items.shape[1]]
+        it[...] = self.items
+        it[4][self.lastpos] = t_kv
+        kv_indptr.take(self.req, out=it[7], mode="clip")   # (requests < B: clip is the unchecked take)
+        if self.merge is not None:
+            M = self.M
+            v["merge_indptr"][:M + 1], v["_merge"][:, :M] = self.merge
+        else:
+            v["merge_indptr"][0] = 0
+        v["plan_info"][:] = self.header
 
 
 def _ints(a) -> list:
@@ -156,6 +219,12 @@ def _schedule(p, qo, qo_len, kv_len, window_left) -> dict:
     neg = [-x for x in cost]
     order = sorted(range(n), key=neg.__getitem__)   # longest first, stable
     cs = [cost[i] for i in order]
+    key = None
+    if n <= C and t_k0 is None:   # one item per CTA in sorted order: the layout follows from the key
+        key = (tuple(qo), L if it is None else 0, tuple(nchunk), tuple(order))   # (unsplit: L unread)
+        lay = p._small_layouts.get(key)
+        if lay is not None:
+            return dict(n=n, L=L, loads=cs, layout=lay, t_kv=t_kv, mode="balanced" if mode == "auto" else mode)
     con_top, auto = None, mode == "auto" and n > C
     if auto:   # the contiguous partition if lighter (inspector: the same bound, then LPT's loads;
         total = sum(cost)   # its loads alone decide: its items are laid out only when it is taken)
@@ -201,6 +270,8 @@ def _schedule(p, qo, qo_len, kv_len, window_left) -> dict:
                split_tiles=0, mode="balanced" if mode == "auto" else mode, i_tile=i_tile)
     if i_tile is not None:
         _partials(p, res, it, nchunk, t_qlen, t_qs, i_tile, i_chunk, decode)
+    if key is not None:   # (no layout yet: plan() marks or keeps one once the plan is written)
+        res["key"] = key
     return _shift(res, t_k0)
 
 

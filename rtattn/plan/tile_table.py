@@ -247,7 +247,7 @@ def _schedule(p, tl, t, T, nq, lo, hi, kv_least):
     def contiguous():   # (auto's alternative, made when a bound asks for it)
         return _contiguous(p, tl, t, ends, kv_least)
     if kvmax + L - 1 - tail < 2 * L:   # unsplit: every tile one item, its cost the tile's length
-        res = _balanced(p, cost, total, L, contiguous, None)
+        res = _balanced(p, cost, total, L, contiguous, None, (kvmax + hi, kv_least + lo))
         if res is not None and res["mode"] == "balanced":
             res["it"] = t[:8].take(res.pop("order"), axis=1)
         return res
@@ -317,15 +317,19 @@ def _chunks(p, tl, t, nchunk, pend, L0):
     return it, k, split
 
 
-def _balanced(p, cost, total, L, contiguous, con):
+def _balanced(p, cost, total, L, contiguous, con, span=None):
     """The numpy path's balanced schedule of items of costs `cost` (in layout order, summing to
     `total`): longest first, LPT past one item per CTA, auto's bound and loads against the
     contiguous partition (`con`, or made by calling `contiguous()` when asked: a dict with its
-    heaviest load `top`, or None where a bound is exceeded). The schedule dict: the
+    heaviest load `top`, or None where a bound is exceeded); `span` (hi, lo): bounds of the costs,
+    if known. The schedule dict: the
     contiguous plan's if auto takes it, else the balanced one with `order`, the layout indices
     of the items in queue order (the caller lays them out); None where a bound is exceeded."""
     C, n, ar, auto = p.num_ctas, cost.shape[0], p._ar, p.mode == "auto"
-    order = _sorted_keys(cost, -1, ar[:n])   # longest first, ties in layout order
+    if span is not None and span[0] - span[1] < 2**16:   # longest first, ties in layout order
+        order = np.subtract(_k(span[0]), cost).astype(np.uint16).argsort(kind="stable")   # (radix sort)
+    else:
+        order = _sorted_keys(cost, -1, ar[:n])
     cs = cost[order]
     res = dict(n=n, L=int(L), merge_rows=0, partial_rows=0, split_tiles=0, mode="balanced")
     if n <= C:   # one item per CTA at most: queue order is the sorted order
@@ -352,7 +356,8 @@ def _balanced(p, cost, total, L, contiguous, con):
                 con = contiguous()
             if con is None or con["top"] < top:
                 return con
-    q = _sorted_keys(cta, 1, ar[:n])   # queue order: (cta, assignment order)
+    # queue order: (cta, assignment order); CTA ids in 8 bits sort by radix (~2.5x cheaper)
+    q = cta.astype(np.uint8).argsort(kind="stable") if C <= 256 else _sorted_keys(cta, 1, ar[:n])
     res.update(loads=loads, wi=_ACC(np.bincount(cta, minlength=C)), order=order[q])
     return res
 

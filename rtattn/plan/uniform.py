@@ -7,7 +7,10 @@ than the table path (docs/perf-log.md "Host path v8").
 With one query length every tile has the same fixed cost f = 4 qu + 64, tile t's query rows are
 [qu t, qu t + qu), and a split tile's partial rows and merge entries are runs of qu, so the item
 rows, partial rows and merge map are products of item, tile and row numbers (cached qu x 0..n-1
-per qu) instead of columns laid out in the table and copied. The arithmetic keeps to one dtype
+per qu) instead of columns laid out in the table and copied. Of a contiguous plan, everything but
+the cuts' KV positions and the loads follows from each tile's first CTA and piece count: a Layout
+made once per (qu, those two) and reused while a serving loop replans the same composition
+(docs/perf-log.md "Host path v9"). The arithmetic keeps to one dtype
 (int64) with 0-d constants: a Python int operand or a cast in a ufunc costs ~2x the call. The
 schedule is the table path's decision for decision (the chunk bound, auto's early contiguous
 choice, the same cuts, loads, partial rows and merge map): the bytes are
@@ -21,9 +24,10 @@ import numpy as np
 
 from . import inspector, tile_table   # (PlanInfo, _balanced; both import this module: read at call time)
 from .costs import AUTO_IMBALANCE, COST_ALPHA, COST_GAMMA, TAIL_FRACTION
-from .fields import write_info, write_requests
+from .fields import PLAN_INFO_LEN, write_info, write_requests
 
 _ACC = np.add.accumulate
+LAYOUTS = 64   # contiguous layouts a planner keeps (Scratch.layout; cleared when full)
 
 
 class Scratch:
@@ -34,15 +38,19 @@ class Scratch:
         self.kv_rows = np.zeros((2, b.max_items + 1), dtype=np.int64)   # [KV start, end] of item j - 1
         self.ar32 = np.arange(max(b.max_items, b.max_merge_rows) + 1, dtype=np.int32)
         self.c = [np.zeros((), dtype=np.int64) for _ in range(4)]   # f, L - 1 - tail, L, w - 1
+        self.f = 0   # the f that c[0] holds
         self.cost = np.zeros(b.max_batch, dtype=np.int64)
         self.rows = {}   # qu -> Rows
-        # the tiles' item rows (inspector's order, int32): request, first query row (qu t), qu, KV
-        # start 0 and end (unsplit plans), partial and merge (-1 or as the split asks), first
-        # page; one take by each item's tile lays out every row of the items
+        # the tiles' item rows for unsplit plans (inspector's order, int32): request, first query row
+        # (qu t), qu, KV start 0 and end, partial and merge -1, first page; one take in queue order
+        # lays out every row of the items
         self.tiles = np.zeros((8, b.max_batch), dtype=np.int32)
         self.tiles[0] = self.ar32[:b.max_batch]
+        self.tiles[5:7] = -1
+        self.headers = {}   # (B, qu) -> an unsplit plan's header (int32: one copy beats packing it)
         self.tiles_qu = 0   # the qu rows 1 and 2 hold
-        self.tile64 = np.zeros(b.max_batch, dtype=np.int64)
+        self.key = np.zeros(2 * b.max_batch, dtype=np.int64)   # _contiguous's c0 and pieces
+        self.layouts = {}   # (qu, key bytes) -> Layout
 
     def tiles_for(self, qu: int) -> np.ndarray:
         if self.tiles_qu != qu:
@@ -50,6 +58,30 @@ class Scratch:
             self.tiles[2] = qu
             self.tiles_qu = qu
         return self.tiles
+
+    def layout(self, p, qu: int, key, c0, pieces):
+        """A new Layout of tiles with first CTAs c0 and `pieces` pieces (`key`: both, one array),
+        kept in `layouts` (_contiguous looks it up first); None where a bound is exceeded."""
+        k = (qu, key.tobytes())
+        b, T = p.bounds, c0.shape[0]
+        pend = _ACC(pieces)
+        n = pend.item(-1)
+        if n > b.max_items:
+            return None
+        if pieces.item(pieces.argmin()) > 1:     # every tile split
+            st, S = None, T
+        elif pieces.item(pieces.argmax()) > 1:
+            st = (pieces > 1).nonzero()[0]
+            S = st.shape[0]
+        else:
+            st, S = None, 0
+        M, P = S * qu, (qu * (n - (T - S)) if S else 0)   # (a split tile's pieces: qu partial rows each)
+        if P > b.max_partial_rows or M > b.max_merge_rows:
+            return None
+        if len(self.layouts) >= LAYOUTS:
+            self.layouts.clear()
+        lay = self.layouts[k] = Layout(p, qu, c0, pieces, pend, n, S, st, M, P)
+        return lay
 
     def rows_of(self, qu: int):
         r = self.rows.get(qu)
@@ -80,7 +112,9 @@ def plan(p, tl, out, qo, qu, kv, kp, ids, B, nnz, nq, kv_least, safe_kv):
         sc = tl.uniform = Scratch(p.bounds)
     F, K, L0, W1 = sc.c
     f = COST_ALPHA * qu + COST_GAMMA
-    F.fill(f)
+    if sc.f != f:
+        F.fill(f)
+        sc.f = f
     kv64 = sc.kv[:B]
     kv64[...] = kv
     cost = sc.cost[:B]                 # each tile's length on the cost axis: its unsplit cost
@@ -95,9 +129,10 @@ def plan(p, tl, out, qo, qu, kv, kp, ids, B, nnz, nq, kv_least, safe_kv):
         if L >= safe_kv:
             return None
         k = L - 1 - tail
-        if kv.item(kv.argmax()) + k < 2 * L:   # unsplit: every tile one item
+        kvmax = kv.item(kv.argmax())
+        if kvmax + k < 2 * L:   # unsplit: every tile one item
             return _unsplit(p, tl, sc, out, qo, qu, kv, kv64, kp, ids, B, nnz, nq, kv_least, cost, ends,
-                            total, L)
+                            total, L, (kvmax + f, kv_least + f))
         if mode != "auto" or kv_least <= tail:   # (short tiles: their chunk count is clamped)
             return None
         # Algorithm 1's chunk counts; each tile's last chunk is the remainder (less k)
@@ -136,12 +171,12 @@ def _keep(p, out, sc, con, qo, qu, kv, kp, ids, B, nnz, nq):
     """The contiguous plan `con` written into the plan buffer: its PlanInfo."""
     buf, v = p._buffer(out)
     _write(p, v, sc, con, qo, qu, kv, kp, ids, B, nnz, nq)
-    top, w, n, M, P, S, loads = con[:7]
-    return inspector.PlanInfo(n, M, P, B, nq, p.num_ctas, p._tq, p.page_size, w, S, loads,
+    top, w, loads, lay = con
+    return inspector.PlanInfo(lay.n, lay.M, lay.P, B, nq, p.num_ctas, p._tq, p.page_size, w, lay.S, loads,
                               buf if isinstance(buf, np.ndarray) else np.frombuffer(buf, np.uint8), v, "contiguous")
 
 
-def _unsplit(p, tl, sc, out, qo, qu, kv, kv64, kp, ids, B, nnz, nq, kv_least, cost, ends, total, L):
+def _unsplit(p, tl, sc, out, qo, qu, kv, kv64, kp, ids, B, nnz, nq, kv_least, cost, ends, total, L, span):
     """Every tile one item (modes auto and balanced): tile_table._balanced's schedule (LPT on the
     tiles' costs; auto weighs the contiguous partition when its bound asks), laid out here."""
     held = []
@@ -153,7 +188,7 @@ def _unsplit(p, tl, sc, out, qo, qu, kv, kv64, kp, ids, B, nnz, nq, kv_least, co
             return None
         held.append(con)
         return dict(top=con[0], mode="contiguous")
-    res = tile_table._balanced(p, cost, total, L, contiguous, None)
+    res = tile_table._balanced(p, cost, total, L, contiguous, None, span)
     if res is None or held and held[-1] is None:   # (a bound exceeded: the table path raises)
         return None
     if res["mode"] == "contiguous":
@@ -166,74 +201,129 @@ def _unsplit(p, tl, sc, out, qo, qu, kv, kv64, kp, ids, B, nnz, nq, kv_least, co
     wv[1:C + 1] = res["wi"]
     tt = sc.tiles_for(qu)
     tt[4, :B] = kv
-    tt[5:7, :B] = -1
     tt[7, :B] = kp[:B]
     tt.take(res["order"], axis=1, out=v["_items"][:, :n], mode="clip")   # (the tiles in queue order)
     v["merge_indptr"][0] = 0
-    write_info(v, n, 0, 0, B, p._tq, p.page_size, C, nq, p._fold_chunk)
+    hdr = sc.headers.get((B, qu))
+    if hdr is None:
+        hdr = sc.headers[B, qu] = np.zeros(PLAN_INFO_LEN, dtype=np.int32)
+        write_info({"plan_info": hdr}, n, 0, 0, B, p._tq, p.page_size, C, nq, p._fold_chunk)
+    v["plan_info"][:] = hdr
     return p._info(res, B, nq, buf, v)
 
 
 def _contiguous(p, tl, sc, qu, kv64, ends, total, T, kv_least):
-    """tile_table._contiguous on a uniform one-tile batch, into scratch: (top, w, n, M, P, S,
-    loads, wi, rep, pieces, first, st), or None where a bound is exceeded."""
-    C, ps, ar, b = p.num_ctas, p.page_size, p._ar, p.bounds
+    """tile_table._contiguous on a uniform one-tile batch, into scratch: (top, w, loads, Layout),
+    or None where a bound is exceeded. The cuts' KV positions and the loads are this plan's; the
+    rest follows from each tile's first CTA and piece count, which repeat from plan to plan while
+    a batch's composition does (cached: Scratch.layout)."""
+    C = p.num_ctas
     F, _, W, W1 = sc.c
     w = max(-(-total // C), p.min_chunk)
     W.fill(w)
     W1.fill(w - 1)
     base = ends - kv64                 # each tile's KV token 0 on the axis
-    c0 = base + tl.ps_less1            # the CTA whose slice ends past the tile's first page
-    c0 //= W
-    pieces = ends + W1
-    pieces //= W                       # one past the CTA of the tile's last piece
-    if kv_least < ps:                  # a tile shorter than a page is its last piece alone
+    key = sc.key[:2 * T]               # [c0 | pieces]: the layout's key, as bytes
+    c0, pieces = key[:T], key[T:]
+    np.add(base, tl.ps_less1, out=c0)  # the CTA whose slice ends past the tile's first page, and
+    np.add(ends, W1, out=pieces)       # one past the CTA of the tile's last piece: one division
+    key //= W
+    if kv_least < p.page_size:         # a tile shorter than a page is its last piece alone
         np.minimum(c0, pieces - tl.one, out=c0)
     pieces -= c0
-    pend = _ACC(pieces)
-    n = pend.item(-1)
-    if n > b.max_items:
-        return None
-    if pieces.item(pieces.argmin()) > 1:     # every tile split
-        st, S = None, T
-    elif pieces.item(pieces.argmax()) > 1:
-        st = (pieces > tl.one).nonzero()[0]
-        S = st.shape[0]
-    else:
-        st, S = None, 0
-    M, P = S * qu, (qu * (n - (T - S)) if S else 0)   # (a split tile's pieces: qu partial rows each)
-    if P > b.max_partial_rows or M > b.max_merge_rows:
-        return None
-    first = pend - pieces
-    rep = ar[:T].repeat(pieces)        # each item's tile
-    cta = c0 - first                   # an item's CTA: its tile's first CTA + its piece index
-    cta = cta[rep]
-    cta += ar[:n]
+    lay = sc.layouts.get((qu, key.tobytes()))
+    if lay is None:
+        lay = sc.layout(p, qu, key, c0, pieces)
+        if lay is None:
+            return None
+    n = lay.n
     kvr = sc.kv_rows[:, :n + 1]
     cut = kvr[0, 1:]
-    np.multiply(cta, W, out=cut)       # the piece's first token: its CTA's slice start, on a page
-    cut -= base[rep]
+    np.multiply(lay.cta, W, out=cut)   # the piece's first token: its CTA's slice start, on a page
+    cut -= base[lay.rep]
     np.maximum(cut, tl.zero, out=cut)
     cut &= tl.page_mask
     kv_end = kvr[1]                    # a piece ends where the next piece of its tile starts
     kv_end[1:n] = cut[1:]
-    kv_end[pend] = kv64                # ... the last at its tile's KV
+    kv_end[lay.pend] = kv64            # ... the last at its tile's KV
     c = kv_end[1:] - cut
     c += F
-    loads = np.bincount(cta, weights=c, minlength=C).astype(np.int64)
-    wi = cta.searchsorted(ar[:C], "right")
-    return loads.item(loads.argmax()), w, n, M, P, S, loads, wi, rep, pieces, first, st
+    loads = lay.loads(c, C)
+    return loads.item(loads.argmax()), w, loads, lay
+
+
+class Layout:
+    """A contiguous plan's items as far as its tiles' first CTAs c0 and piece counts decide them
+    (with qu and the planner): each item's tile (`rep`) and CTA, work_indptr, and -- copied from
+    the first plan written with it -- the item rows but the KV and page rows, the merge map and
+    the header. Serving loops replan one batch composition every step with KV a few tokens
+    longer, which moves the cuts but seldom a tile's first CTA or piece count, so this is made
+    once per (qu, c0, pieces) and later plans take it from Scratch.layouts (the key is compared
+    exactly: a plan is always the plan of its inputs). A layout seen once costs its plan little
+    more than planning without it: the first write is the direct one."""
+
+    __slots__ = ("n", "M", "P", "S", "rep", "pend", "cta", "wi", "starts", "uses", "items", "merge", "header",
+                 "_split", "_written")
+
+    def __init__(self, p, qu, c0, pieces, pend, n, S, st, M, P):
+        C, T, ar = p.num_ctas, c0.shape[0], p._ar
+        self.n, self.M, self.P, self.S, self.pend = n, M, P, S, pend
+        first = pend - pieces
+        rep = self.rep = ar[:T].repeat(pieces)   # each item's tile
+        cta = c0 - first                  # an item's CTA: its tile's first CTA + its piece index
+        cta = self.cta = cta[rep]
+        cta += ar[:n]
+        wi = self.wi = np.zeros(C + 1, dtype=np.int32)
+        wi[1:] = cta.searchsorted(ar[:C], "right")
+        # A layout seen once is planned as without it (bincount for the loads, the item rows and
+        # merge map written directly); one seen again keeps what the plans after it copy
+        self.starts, self.uses, self._written = None, 0, 0
+        self.items = self.merge = self.header = None   # (the second plan written with it fills them)
+        self._split = (first, st, pieces.copy())
+
+    def loads(self, c, C) -> np.ndarray:
+        """Each CTA's load (a new array: PlanInfo keeps it) from the items' costs `c`: from the
+        second use on, np.add.reduceat over the CTAs' runs of items (CTAs ascend with the items)
+        where every CTA has some (the contiguous partition's rule)."""
+        s = self.starts
+        if s is not None:
+            return np.add.reduceat(c, s)
+        if self.uses == 1:   # (decided once, on the second use)
+            wi = self.wi
+            if wi[-1] == self.n and (wi[1:] > wi[:-1]).all():
+                self.starts = s = wi[:-1].astype(np.intp)
+                return np.add.reduceat(c, s)
+        self.uses += 1
+        return np.bincount(self.cta, weights=c, minlength=C).astype(np.int64)
 
 
 def _write(p, v, sc, con, qo, qu, kv, kp, ids, B, nnz, nq) -> None:
     """The plan of a contiguous schedule `con` (_contiguous) into the views `v`: what
-    tile_table._write writes, the item rows taken from the tiles' rows."""
-    top, w, n, M, P, S, loads, wi, rep, pieces, first, st = con
-    C = p.num_ctas
+    tile_table._write writes, the item rows but KV and pages from the layout (after its first two
+    plans: _write_first)."""
+    lay = con[3]
+    n, M = lay.n, lay.M
     write_requests(v, B, qo, qu, kp, kv, nnz, ids)
-    wv = v["work_indptr"]
-    wv[0] = 0
-    wv[1:C + 1] = wi
+    v["work_indptr"][:] = lay.wi
+    if lay.items is None:
+        _write_first(p, v, sc, lay, qo, qu, kp, B)
+        return
+    it = v["_items"][:, :n]
+    it[...] = lay.items
+    it[3:5] = sc.kv_rows[:, 1:n + 1]
+    kp.take(lay.rep, out=it[7], mode="clip")   # (rep < B: clip is the unchecked take)
+    if M:
+        v["merge_indptr"][:M + 1], v["_merge"][:, :M] = lay.merge
+    else:
+        v["merge_indptr"][0] = 0
+    v["plan_info"][:] = lay.header
+
+
+def _write_first(p, v, sc, lay, qo, qu, kp, B) -> None:
+    """The item rows, merge map and header of a layout's first plans, written from its tiles' rows
+    (sc.tiles); the second one's copied into the layout for the plans after it."""
+    n, M, P, S, rep = lay.n, lay.M, lay.P, lay.S, lay.rep
+    first, st, pieces = lay._split
     tt = sc.tiles_for(qu)
     r = sc.rows_of(qu)
     tt[7, :B] = kp[:B]
@@ -245,8 +335,7 @@ def _write(p, v, sc, con, qo, qu, kv, kp, ids, B, nnz, nq) -> None:
         tt[5, :B] = 0
         tt[6, :B] = tt[1, :B]
     elif S:
-        z = sc.tile64[:B]
-        np.multiply(first, r.qu, out=z)
+        z = first * r.qu
         np.invert(z, out=z)
         x = st * r.qu
         np.subtract(r.q64[:S], x, out=x)
@@ -255,10 +344,10 @@ def _write(p, v, sc, con, qo, qu, kv, kp, ids, B, nnz, nq) -> None:
         mg = tt[6, :B]
         mg.fill(-1)
         mg[st] = r.q32[:S]
-    else:
-        tt[5:7, :B] = -1
     it = v["_items"][:, :n]
     tt.take(rep, axis=1, out=it, mode="clip")   # (rep < B: clip is the unchecked take)
+    if S:
+        tt[5:7, :B] = -1   # (unsplit plans read the table's -1 rows)
     it[3:5] = sc.kv_rows[:, 1:n + 1]
     v["merge_indptr"][0] = 0
     if S:
@@ -274,4 +363,10 @@ def _write(p, v, sc, con, qo, qu, kv, kp, ids, B, nnz, nq) -> None:
         v["merge_indptr"][1:M + 1] = _ACC(pieces_st[et])   # entry (tile, row): the tile's pieces each
         np.add(it[5][first_st][et], e, out=v["merge_partial_start"][:M])   # the tile's first item's + row
         v["merge_partial_stride"][:M].fill(qu)
-    write_info(v, n, M, P, B, p._tq, p.page_size, C, nq, p._fold_chunk)
+    write_info(v, n, M, P, B, p._tq, p.page_size, p.num_ctas, qu * B, p._fold_chunk)
+    if lay._written:   # (its second plan: the ones after it copy these)
+        lay.items = it.copy()
+        lay.merge = (v["merge_indptr"][:M + 1].copy(), v["_merge"][:, :M].copy()) if M else None
+        lay.header = v["plan_info"].copy()
+        lay._split = None
+    lay._written = 1
