@@ -25,23 +25,27 @@ __device__ __forceinline__ void group_row_ids(int (&idx)[2], int (&head)[2], int
   }
 }
 
+// Accumulators set to zero (an item's O, a block's S).
+template <int C>
+__device__ __forceinline__ void zero_accumulators(float (&a)[C][4]) {
+#pragma unroll
+  for (int c = 0; c < C; ++c)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) a[c][e] = 0.f;
+}
+
 // The QK accumulators' start for one 16-row group: zero, or with a linear bias (ALiBi) the rows'
 // bias in q.k units, slope / sm_scale * (kv_pos - origin), which the tensor cores then add to
 // q.k: one FMA per logit (a column's offset is an immediate), no index math, and the max, mask
 // and exponent stay as without a bias. Per thread, across blocks: each row's scaled slope and
-// its first column's distance to the origin. Every prefill kernel starts S with start() (an
-// mma that zeroes its accumulators on the first k-step would drop the bias).
+// its first column's distance to the origin. A prefill kernel starts S with start() wherever
+// its first k-step accumulates (an mma that zeroes its accumulators there would drop the bias).
 template <class Variant, bool = Variant::has_linear_bias>
 struct GroupBias {
   template <class P>
   __device__ __forceinline__ void init(const P&, const Variant&, const int (&)[2], const int (&)[2], int) {}
   template <int NT>
-  __device__ __forceinline__ void start(float (&s)[NT][4], int) const {
-#pragma unroll
-    for (int n = 0; n < NT; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[n][e] = 0.f;
-  }
+  __device__ __forceinline__ void start(float (&s)[NT][4], int) const { zero_accumulators(s); }
 };
 template <class Variant>
 struct GroupBias<Variant, true> {

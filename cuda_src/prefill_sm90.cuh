@@ -168,10 +168,7 @@ __device__ __forceinline__ void prefill_sm90_persistent(const P& p, char* smem) 
     float o[DT][4];
     RowSoftmax<Variant::use_softmax, NT, DT, FMA_EXP2> sm;
     sm.reset();
-#pragma unroll
-    for (int dn = 0; dn < DT; ++dn)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) o[dn][e] = 0.f;
+    zero_accumulators(o);
 
     auto block = [&](auto masked, int blk) {
       constexpr bool kMasked = decltype(masked)::value;

@@ -210,10 +210,7 @@ __device__ __forceinline__ void prefill_ws_consume(const P& p, const PrefillQueu
     float o[DT][4];
     RowSoftmax<Variant::use_softmax, NT, DT, FMA_EXP2> sm;
     sm.reset();
-#pragma unroll
-    for (int dn = 0; dn < DT; ++dn)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) o[dn][e] = 0.f;
+    zero_accumulators(o);
 
     // Block blk's logits (landed in s) -> weights, the factor O takes in corr; its K slot released,
     // and q after the item's last QK^T.
