@@ -40,16 +40,9 @@
 namespace rtattn {
 
 template <int HEAD_DIM, int WGS, int TILE_KV, int STAGES, int ELEM_BYTES>
-struct PrefillSm90Shape {
+struct PrefillSm90Shape : Sw128TileStages<HEAD_DIM, 64 * WGS, 1, TILE_KV, STAGES, ELEM_BYTES> {
   static constexpr int rows = 64 * WGS;
   static constexpr int threads = 128 * WGS;
-  static constexpr int q_bytes = rows * HEAD_DIM * ELEM_BYTES;
-  static constexpr int tile_bytes = TILE_KV * HEAD_DIM * ELEM_BYTES;
-  static constexpr int stage_bytes = 2 * tile_bytes;
-  static constexpr int smem_bytes = q_bytes + STAGES * stage_bytes;
-  static_assert(TILE_KV % 16 == 0 && TILE_KV <= 128, "KV tiles are whole k-steps of PV, at most n128 of QK^T");
-  static_assert(STAGES >= 2, "the pipeline needs a stage to compute and one in flight");
-  static_assert(q_bytes % 1024 == 0 && tile_bytes % 1024 == 0, "tiles are whole 1024-byte swizzle atoms");
 };
 
 // Warpgroup u's 128 threads meet (named barrier 1 + u; 0 is __syncthreads).

@@ -26,8 +26,10 @@
 
 namespace rtattn {
 
+// Two q tiles: the next item's q lands while the current item's blocks compute (one tile would
+// leave its copy to the gap between an item's last QK^T and the next item's first).
 template <int HEAD_DIM, int TILE_KV, int STAGES, int ELEM_BYTES>
-struct PrefillWsShape {
+struct PrefillWsShape : Sw128TileStages<HEAD_DIM, 128, 2, TILE_KV, STAGES, ELEM_BYTES> {
   static constexpr int rows = 128;
   static constexpr int consumer_threads = 256;
   static constexpr int threads = consumer_threads + 128;
@@ -35,16 +37,6 @@ struct PrefillWsShape {
   // rows; fewer spill), the consumers 208 (S, P and O of 64 rows at d128 kv128 without a spill).
   static constexpr int producer_regs = 88, consumer_regs = 208;
   static_assert(128 * producer_regs + consumer_threads * consumer_regs <= 65536, "the register file");
-  // Two q tiles: the next item's q lands while the current item's blocks compute (one tile would
-  // leave its copy to the gap between an item's last QK^T and the next item's first).
-  static constexpr int q_slots = 2;
-  static constexpr int q_bytes = q_slots * rows * HEAD_DIM * ELEM_BYTES;
-  static constexpr int tile_bytes = TILE_KV * HEAD_DIM * ELEM_BYTES;
-  static constexpr int stage_bytes = 2 * tile_bytes;
-  static constexpr int smem_bytes = q_bytes + STAGES * stage_bytes;
-  static_assert(TILE_KV % 16 == 0 && TILE_KV <= 128, "KV tiles are whole k-steps of PV, at most n128 of QK^T");
-  static_assert(STAGES >= 2, "a stage to compute and one filling");
-  static_assert(q_bytes % 1024 == 0 && tile_bytes % 1024 == 0, "tiles are whole 1024-byte swizzle atoms");
 };
 
 // The handshakes, per slot: "full" (the producer's 128 threads arrive once their copies landed)

@@ -34,4 +34,17 @@ struct Sw128Tile {
   }
 };
 
+// The shared memory of a warpgroup prefill kernel: Q_TILES q tiles of ROWS rows, then STAGES
+// stages of a K and a V tile of TILE_KV tokens, each whole 1024-byte swizzle atoms.
+template <int HEAD_DIM, int ROWS, int Q_TILES, int TILE_KV, int STAGES, int ELEM_BYTES>
+struct Sw128TileStages {
+  static constexpr int q_bytes = Q_TILES * ROWS * HEAD_DIM * ELEM_BYTES;
+  static constexpr int tile_bytes = TILE_KV * HEAD_DIM * ELEM_BYTES;
+  static constexpr int stage_bytes = 2 * tile_bytes;
+  static constexpr int smem_bytes = q_bytes + STAGES * stage_bytes;
+  static_assert(TILE_KV % 16 == 0 && TILE_KV <= 128, "KV tiles are whole k-steps of PV, at most n128 of QK^T");
+  static_assert(STAGES >= 2, "the pipeline needs a stage to compute and one in flight");
+  static_assert(q_bytes % 1024 == 0 && tile_bytes % 1024 == 0, "tiles are whole 1024-byte swizzle atoms");
+};
+
 }  // namespace rtattn
