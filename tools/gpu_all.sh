@@ -92,8 +92,8 @@ PF_LAST=$(last_case smoke_prefill) CASC_LAST=$(last_case smoke_cascade)
 stage smoke-fp8 "$T_SMOKE" "$PY" tools/smoke_decode.py --fp8 --no-timing
 stage smoke-prefill "$T_SMOKE" bash -c "for i in \$(seq 0 $PF_LAST); do timeout 60 $PY tools/smoke_prefill.py \$i & done; wait"
 grep -h -E "^(ok |BAD|EXC)" "$LOGS/smoke-prefill.log" | sort | uniq -c | sort -rn | head -5
-stage smoke-prefill-alt "$((T_SMOKE + 30))" bash -c "for m in '--mma sync' '--cross' '--mma sync --cross'; do \
-    for i in \$(seq 0 $PF_LAST); do timeout 60 $PY tools/smoke_prefill.py \$m \$i & done; wait; done"   # the other kernel, the KV stream across items
+stage smoke-prefill-alt "$((T_SMOKE + 45))" bash -c "for m in '--mma sync' '--tile ws' '--cross' '--mma sync --cross'; do \
+    for i in \$(seq 0 $PF_LAST); do timeout 60 $PY tools/smoke_prefill.py \$m \$i & done; wait; done"   # the other kernels, the KV stream across items
 grep -h -E "^(ok |BAD|EXC)" "$LOGS/smoke-prefill-alt.log" | sort | uniq -c | sort -rn | head -5
 stage smoke-cascade "$((T_SMOKE + 40))" bash -c "for i in \$(seq 0 $CASC_LAST); do timeout 90 $PY tools/smoke_cascade.py \$i & done; wait"
 grep -h -E "^(ok |BAD|EXC)" "$LOGS/smoke-cascade.log" | sort | uniq -c | sort -rn | head -5
