@@ -74,7 +74,6 @@ __device__ __forceinline__ void prefill_sm90_persistent(const P& p, char* smem) 
   using QTile = Sw128Tile<D, S::rows>;
   using KVTile = Sw128Tile<D, TILE_KV>;
   using Loader = KVTileLoader<T, D, TILE_KV, S::threads, PAGED, false, KVTile>;
-  constexpr int KT = D / 16;       // k-steps of QK^T
   constexpr int NT = TILE_KV / 8;  // 8-column chunks of S
   constexpr int KS = TILE_KV / 16; // k-steps of PV
   constexpr int DT = D / 8;        // 8-column chunks of O
@@ -89,12 +88,6 @@ __device__ __forceinline__ void prefill_sm90_persistent(const P& p, char* smem) 
   T* q_smem = reinterpret_cast<T*>(smem);
   auto k_stage = [&](int s) { return reinterpret_cast<T*>(smem + S::q_bytes + s * S::stage_bytes); };
   auto v_stage = [&](int s) { return reinterpret_cast<T*>(smem + S::q_bytes + s * S::stage_bytes + S::tile_bytes); };
-  // Descriptors: q and K K-major (8-row groups 1024 B apart; a k16 step is 32 B inside a 64-column
-  // slab, slabs rows * 128 B apart); V N-major (d slabs TILE_KV * 128 B apart (leading), 8-token
-  // groups 1024 B apart (stride); a k16 step is 16 tokens = 2048 B).
-  auto kmajor_desc = [](uint32_t base, int slab_bytes, int kk) {
-    return sw128_desc(base + (kk / 4) * slab_bytes + (kk % 4) * 32, 16, 1024);
-  };
   const uint32_t q_base = smem_addr(q_smem) + wg * 64 * 128;  // this warpgroup's 64 rows
 
   PrefillQueue queue;
@@ -180,10 +173,7 @@ __device__ __forceinline__ void prefill_sm90_persistent(const P& p, char* smem) 
       const uint32_t k_base = smem_addr(ks);
       if constexpr (PINGPONG) WarpgroupTurns::before_qk(wg);
       wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < KT; ++kk)
-        WgmmaSS<T, TILE_KV>::run(s, kmajor_desc(q_base, QTile::slab_bytes, kk),
-                                 kmajor_desc(k_base, KVTile::slab_bytes, kk), kk > 0 || Variant::has_linear_bias);
+      wgmma_qk<T, TILE_KV, D>(s, q_base, QTile::slab_bytes, k_base, KVTile::slab_bytes, Variant::has_linear_bias);
       wgmma_commit();
       if constexpr (PINGPONG) WarpgroupTurns::after_qk(wg);
       if constexpr (CROSS) {
@@ -218,9 +208,7 @@ __device__ __forceinline__ void prefill_sm90_persistent(const P& p, char* smem) 
       fence_accumulators(o);
       if constexpr (PINGPONG) WarpgroupTurns::before_pv(wg);
       wgmma_fence();
-#pragma unroll
-      for (int j = 0; j < KS; ++j)
-        WgmmaRS<T, D>::run(o, pa[j], sw128_desc(v_base + j * 2048, KVTile::slab_bytes, 1024));
+      wgmma_pv<T, TILE_KV, D>(o, pa, v_base, KVTile::slab_bytes);
       wgmma_commit();
       if constexpr (PINGPONG) WarpgroupTurns::after_pv(wg);
       wgmma_wait<0>();

@@ -3,10 +3,11 @@
 // (prefill.cuh, prefill_sm90.cuh), whose item fields, loader, logits and epilogue it shares.
 //
 // A CTA is three warpgroups over a 128-row tile (rows = token r / g, head r % g):
-//   producer (warpgroup 2, few registers): walks the CTA's queue and fills a ring of STAGES K/V
-//     stages (cp.async through the paged loader) and the q tile, one item after another, each
-//     copy announced on an mbarrier ("full") once it has landed, each slot reused once the
-//     consumers have announced it "empty". It never waits for the tensor cores, only for slots.
+//   producer (warpgroup 2, few registers): walks the CTA's queue and fills STAGES K and V slots
+//     (cp.async through the paged loader) and two q tiles, one item after another, each copy
+//     announced on an mbarrier ("full") once it has landed, each slot reused once the consumers
+//     have announced it "empty"; each item's plan fields travel with its q tile. It never waits
+//     for the tensor cores, only for slots.
 //   consumers (warpgroups 0 and 1, the registers the producer gave back): rows [64u, 64u + 64)
 //     of the tile, as the wgmma kernel's warpgroups. Per KV block n they issue S(n) = Q K(n)^T
 //     and O += P(n-1) V(n-1) together, then weigh S(n) while PV(n-1) runs (the softmax under the
@@ -60,8 +61,8 @@ struct WsBarriers {
       k[s].init();
       v[s].init();
     }
-    q[0].init(129);
-    q[1].init(129);
+    q[0].init(128 + 1);
+    q[1].init(128 + 1);
   }
 };
 
@@ -160,29 +161,19 @@ __device__ __forceinline__ void prefill_ws_consume(const P& p, const PrefillQueu
   using QTile = Sw128Tile<D, 128>;
   using KVTile = Sw128Tile<D, TILE_KV>;
   using Pos = StagePos<STAGES>;
-  constexpr int KT = D / 16;       // k-steps of QK^T
   constexpr int NT = TILE_KV / 8;  // 8-column chunks of S
   constexpr int KS = TILE_KV / 16; // k-steps of PV
   constexpr int DT = D / 8;        // 8-column chunks of O
   const int warp = tid / 32, lane = tid % 32, wg = warp / 4, warp_row0 = warp * 16;
   const int kv_head = blockIdx.y, heads = p.group_size, first_qo_head = kv_head * heads;
-  // Descriptors as the wgmma kernel's: q and K K-major, V N-major (prefill_sm90.cuh).
-  auto kmajor_desc = [](uint32_t base, int slab_bytes, int kk) {
-    return sw128_desc(base + (kk / 4) * slab_bytes + (kk % 4) * 32, 16, 1024);
-  };
   uint32_t q_base = 0;  // this warpgroup's 64 rows of the item's q tile
-  auto issue_qk = [&](float (&s)[NT][4], int st, bool biased) {
-    const uint32_t k_base = smem_addr(k_stage(st));
-#pragma unroll
-    for (int kk = 0; kk < KT; ++kk)
-      WgmmaSS<T, TILE_KV>::run(s, kmajor_desc(q_base, QTile::slab_bytes, kk),
-                               kmajor_desc(k_base, KVTile::slab_bytes, kk), kk > 0 || biased);
+  auto issue_qk = [&](float (&s)[NT][4], int st) {
+    wgmma_qk<T, TILE_KV, D>(s, q_base, QTile::slab_bytes, smem_addr(k_stage(st)), KVTile::slab_bytes,
+                            Variant::has_linear_bias);
     wgmma_commit();
   };
   auto issue_pv = [&](float (&o)[DT][4], const uint32_t (&pa)[KS][4], int st) {
-    const uint32_t v_base = smem_addr(v_stage(st));
-#pragma unroll
-    for (int j = 0; j < KS; ++j) WgmmaRS<T, D>::run(o, pa[j], sw128_desc(v_base + j * 2048, KVTile::slab_bytes, 1024));
+    wgmma_pv<T, TILE_KV, D>(o, pa, smem_addr(v_stage(st)), KVTile::slab_bytes);
     wgmma_commit();
   };
 
@@ -230,7 +221,7 @@ __device__ __forceinline__ void prefill_ws_consume(const P& p, const PrefillQueu
       fence_proxy_async();
       if constexpr (Variant::has_linear_bias) bias.start(s, lo);  // else the first k-step overwrites S
       wgmma_fence();
-      issue_qk(s, st, Variant::has_linear_bias);
+      issue_qk(s, st);
       ConsumerTurns::pass(wg);
       wgmma_wait<0>();
       weigh(s, 0, corr);
@@ -246,7 +237,7 @@ __device__ __forceinline__ void prefill_ws_consume(const P& p, const PrefillQueu
         if constexpr (Variant::has_linear_bias) bias.start(s, lo + blk * TILE_KV);
         fence_accumulators(o);
         wgmma_fence();
-        issue_qk(s, st, Variant::has_linear_bias);
+        issue_qk(s, st);
         issue_pv(o, pa, prev);
         ConsumerTurns::pass(wg);
         wgmma_wait<1>();

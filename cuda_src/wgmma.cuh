@@ -119,4 +119,29 @@ RTATTN_WGMMA_RS_256(__half, "f16")
 #undef RTATTN_WGMMA_RS_256
 
 
+// The products of one 64-row warpgroup's KV block, as the prefill kernels issue them (uncommitted).
+// Operands in the canonical 128-byte swizzle (Sw128Tile): q and K K-major, the descriptor of k-step
+// kk (16 elements) 32 B apart inside a 64-column slab, slabs slab_bytes apart, 8-row groups 1024 B
+// apart; V N-major, d slabs v_slab apart (leading), 8-token groups 1024 B apart (stride), a k-step
+// 16 tokens = 2048 B.
+__device__ __forceinline__ uint64_t kmajor_desc(uint32_t base, int slab_bytes, int kk) {
+  return sw128_desc(base + (kk / 4) * slab_bytes + (kk % 4) * 32, 16, 1024);
+}
+// S (+)= Q K^T over head_dim D: q's 64 rows at q_base, K's N tokens at k_base; accumulate keeps S's
+// start (a linear bias) from the first k-step on, else that k-step overwrites S.
+template <typename T, int N, int D>
+__device__ __forceinline__ void wgmma_qk(float (&s)[N / 8][4], uint32_t q_base, int q_slab, uint32_t k_base,
+                                         int k_slab, bool accumulate) {
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk)
+    WgmmaSS<T, N>::run(s, kmajor_desc(q_base, q_slab, kk), kmajor_desc(k_base, k_slab, kk), kk > 0 || accumulate);
+}
+// O += P V: P's N / 16 k-steps from registers, V's N tokens at v_base.
+template <typename T, int N, int D>
+__device__ __forceinline__ void wgmma_pv(float (&o)[D / 8][4], const uint32_t (&pa)[N / 16][4], uint32_t v_base,
+                                         int v_slab) {
+#pragma unroll
+  for (int j = 0; j < N / 16; ++j) WgmmaRS<T, D>::run(o, pa[j], sw128_desc(v_base + j * 2048, v_slab, 1024));
+}
+
 }  // namespace rtattn
