@@ -183,8 +183,7 @@ def choose_tile(device, head_dim: int, group: int, avg_qo_len: float = 1024, *, 
     if mma == "ws":
         return _ws_tile(dev, head_dim, group, paged, rows, tile_kv, stages, ctas_per_sm, fma_exp2)
     if mma == "wgmma":
-        if tuple(dev.cc) != (9, 0):
-            raise ValueError(f"prefill mma='wgmma' needs a cc 9.0 (sm_90a) device, not {dev.name} (cc {dev.cc})")
+        _require_sm90a(dev, mma)
         if rows is None:
             rows, short_tile, long_tile = WGMMA_POLICY.get(head_dim, (WGMMA_ROWS, None, None))   # (others: refused below)
             short_kv = (avg_kv_len or 0) < WGMMA_LONG_KV and not (linear_bias and head_dim in WGMMA_BIAS_SPILLS)
@@ -246,6 +245,12 @@ def _wgmma_fits(dev, head_dim: int, group: int, avg_qo_len: float) -> bool:
     return wgmma_runs(dev, head_dim, group) and avg_qo_len >= WGMMA_MIN_QO
 
 
+def _require_sm90a(dev, mma: str) -> None:
+    """The warpgroup kernels are sm_90a CUBINs: a cc 9.0 device only."""
+    if tuple(dev.cc) != (9, 0):
+        raise ValueError(f"prefill mma={mma!r} needs a cc 9.0 (sm_90a) device, not {dev.name} (cc {dev.cc})")
+
+
 def _ws_fits(head_dim: int, group: int, avg_kv_len: float | None) -> bool:
     """The policy's choice between the warpgroup kernels, where it takes one (H200, docs/perf-log.md
     "prefill v7"): the warp-specialized kernel at WS_HEAD_DIMS, except at d128 with head groups of 2
@@ -275,8 +280,7 @@ def _wgmma_tile(dev, head_dim: int, rows: int, paged: bool, tile_kv, stages, cta
 def _ws_tile(dev, head_dim: int, group: int, paged: bool, rows, tile_kv, stages, ctas_per_sm, fma_exp2) -> PrefillTile:
     """The warp-specialized kernel's tile: WS_TILES's at head_dim unless tile_kv / stages are given;
     one CTA per SM (its three warpgroups split the register file between them)."""
-    if tuple(dev.cc) != (9, 0):
-        raise ValueError(f"prefill mma='ws' needs a cc 9.0 (sm_90a) device, not {dev.name} (cc {dev.cc})")
+    _require_sm90a(dev, "ws")
     if head_dim not in WS_TILES or rows not in (None, WS_ROWS) or group > WS_ROWS:
         raise ValueError(f"the warp-specialized prefill kernel takes {WS_ROWS} rows (head group <= {WS_ROWS}) at "
                          f"head dims {sorted(WS_TILES)}, got rows={rows}, head_dim={head_dim}, group={group}")
