@@ -143,18 +143,9 @@ def copy_htod(dst: int, src: int, nbytes: int, stream: int) -> None:
 
 def copy_and_record(dst: int, src: int, nbytes: int, stream: int, event) -> None:
     """copy_htod, then record_event(event) on the same stream: a plan's copy and the event the
-    next fill of its pinned buffer waits on, in one call (one entry lookup for both)."""
-    e = entry()
-    if e is None:
-        check(cu.cuMemcpyHtoDAsync(dst, src, nbytes, stream), "cuMemcpyHtoDAsync")
-        check(cu.cuEventRecord(event, stream), "cuEventRecord")
-        return
-    res = e.memcpy_htod_async(dst, src, nbytes, stream)
-    if res:
-        fail(res, "cuMemcpyHtoDAsync")
-    res = e.event_record(int(event), stream)
-    if res:
-        fail(res, "cuEventRecord")
+    next fill of its pinned buffer waits on (one name for the pair every plan() issues)."""
+    copy_htod(dst, src, nbytes, stream)
+    record_event(event, stream)
 
 
 def record_event(event, stream: int) -> None:
