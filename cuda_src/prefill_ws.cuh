@@ -196,11 +196,10 @@ __device__ __forceinline__ void prefill_ws_consume(const P& p, const PrefillQueu
     zero_accumulators(o);
 
     // Block blk's logits (landed in s) -> weights, the factor O takes in corr; its K slot released,
-    // and q after the item's last QK^T.
+    // and q once the item's last logits are weighed.
     auto weigh = [&](float (&s)[NT][4], int blk, float (&corr)[2]) {
       fence_accumulators(s);
       mbar_arrive_warp(&bars.k[Pos::stage(n + blk)].empty, lane);
-      if (blk == nb - 1) mbar_arrive_warp(&qs.empty, lane);
       const int pos0 = lo + blk * TILE_KV;
       if (it.template needs_mask<TILE_KV>(p, var, pos0)) {
         mask_logits<true>(p, var, s, pos0, hi, row_qo_idx, row_qo_head, kv_head, lane);
@@ -208,6 +207,10 @@ __device__ __forceinline__ void prefill_ws_consume(const P& p, const PrefillQueu
         mask_logits<false>(p, var, s, pos0, hi, row_qo_idx, row_qo_head, kv_head, lane);
       }
       sm.weigh(s, logits_scale(p, var), corr);
+      // After the softmax, not before it: this branch ends the softmax's basic block, and ptxas
+      // hoists the PV's wait (WARPGROUP.DEPBAR) to the top of the block that holds it -- in the
+      // softmax's block, the softmax ran after the product instead of under it (SASS, cuobjdump).
+      if (blk == nb - 1) mbar_arrive_warp(&qs.empty, lane);
     };
 
     if (nb > 0) {

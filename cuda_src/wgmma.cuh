@@ -124,24 +124,35 @@ RTATTN_WGMMA_RS_256(__half, "f16")
 // kk (16 elements) 32 B apart inside a 64-column slab, slabs slab_bytes apart, 8-row groups 1024 B
 // apart; V N-major, d slabs v_slab apart (leading), 8-token groups 1024 B apart (stride), a k-step
 // 16 tokens = 2048 B.
-__device__ __forceinline__ uint64_t kmajor_desc(uint32_t base, int slab_bytes, int kk) {
-  return sw128_desc(base + (kk / 4) * slab_bytes + (kk % 4) * 32, 16, 1024);
+//
+// A k-step's descriptor is its tile's plus the step's offset in the start-address field (bits
+// 0-13, 16-byte units): shared-memory addresses stay below 2^18 bytes, so the field never carries
+// into the next, and the sum is the descriptor of base + offset. The tile's descriptor is built
+// once per product; each k-step adds a constant (built per step, the descriptor math took ~10
+// instructions between consecutive wgmmas of a warpgroup, enough to starve the tensor cores).
+__device__ __forceinline__ uint64_t desc_step(uint64_t tile_desc, int offset_bytes) {
+  const uint32_t lo = uint32_t(tile_desc) + uint32_t(offset_bytes >> 4), hi = uint32_t(tile_desc >> 32);
+  return (uint64_t(hi) << 32) | lo;   // (a 32-bit add: the constant upper half stays a constant)
 }
+__device__ __forceinline__ int kmajor_offset(int slab_bytes, int kk) { return (kk / 4) * slab_bytes + (kk % 4) * 32; }
 // S (+)= Q K^T over head_dim D: q's 64 rows at q_base, K's N tokens at k_base; accumulate keeps S's
 // start (a linear bias) from the first k-step on, else that k-step overwrites S.
 template <typename T, int N, int D>
 __device__ __forceinline__ void wgmma_qk(float (&s)[N / 8][4], uint32_t q_base, int q_slab, uint32_t k_base,
                                          int k_slab, bool accumulate) {
+  const uint64_t qd = sw128_desc(q_base, 16, 1024), kd = sw128_desc(k_base, 16, 1024);
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk)
-    WgmmaSS<T, N>::run(s, kmajor_desc(q_base, q_slab, kk), kmajor_desc(k_base, k_slab, kk), kk > 0 || accumulate);
+    WgmmaSS<T, N>::run(s, desc_step(qd, kmajor_offset(q_slab, kk)), desc_step(kd, kmajor_offset(k_slab, kk)),
+                       kk > 0 || accumulate);
 }
 // O += P V: P's N / 16 k-steps from registers, V's N tokens at v_base.
 template <typename T, int N, int D>
 __device__ __forceinline__ void wgmma_pv(float (&o)[D / 8][4], const uint32_t (&pa)[N / 16][4], uint32_t v_base,
                                          int v_slab) {
+  const uint64_t vd = sw128_desc(v_base, v_slab, 1024);
 #pragma unroll
-  for (int j = 0; j < N / 16; ++j) WgmmaRS<T, D>::run(o, pa[j], sw128_desc(v_base + j * 2048, v_slab, 1024));
+  for (int j = 0; j < N / 16; ++j) WgmmaRS<T, D>::run(o, pa[j], desc_step(vd, j * 2048));
 }
 
 }  // namespace rtattn

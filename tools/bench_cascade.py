@@ -36,7 +36,8 @@ rt-le (leave_early), rt-b2 / rt-b2n / rt-b2nle (the 128-row shared tile as the p
 short-KV tile, two CTAs per SM / one / one with leave_early), rt-b3 (the 64-row tile at three CTAs
 per SM), rt-g75 / rt-g75le / rt-g85le / rt-g50le (the one-CTA shared tile on that fraction of the
 SMs: prefill_ctas), rt-ov1le, rt-cm1le, rt-g75lem1, rt-wgb2 / rt-wgb2nle (every shared group on
-the short-KV 128-row tile). --row-libs PATTERN=LIBS gives rows their own sets. `--breakdown` also times each kernel of the launch lists of
+the short-KV 128-row tile), rt-ws (the shared levels on the warp-specialized kernel: 128 rows, one
+CTA per SM, its producer warpgroup streaming K and V). --row-libs PATTERN=LIBS gives rows their own sets. `--breakdown` also times each kernel of the launch lists of
 BREAKDOWN (rt-ser, rt-serwg, rt-casc, rt-ov1, rt-wide) alone (prefill, decode, fold: where the
 step's time goes; a joined list's decode kernel alone includes its join). Every output is checked
 against a float32 torch reference (relative error < 2e-2) after an eager call and after the
@@ -63,7 +64,7 @@ TOL = 2e-2
 LIBS = ("rt-casc", "rt-fold", "rt-sync", "rt-join", "rt-pre", "rt-prej", "rt-wg", "rt-wgj", "rt-ser", "rt-serwg",
         "rt-128", "rt-dec", "rt-m1", "rt-flat", "rt-ov1", "rt-wide", "rt-cm1", "rt-le", "rt-b2", "rt-b2n", "rt-b2nle",
         "rt-b3", "rt-g75", "rt-g75le", "rt-g50le", "rt-g85le", "rt-ov1le", "rt-wgb2", "rt-cm1le",
-        "rt-g75lem1", "rt-wgb2nle", "rt-ju", "rt-jus", "rt-q2", "rt-flatauto", "rt-noflat", "rt-single", "fi-casc", "fi-cc",
+        "rt-g75lem1", "rt-wgb2nle", "rt-ju", "rt-jus", "rt-q2", "rt-flatauto", "rt-noflat", "rt-ws", "rt-single", "fi-casc", "fi-cc",
         "fi-tc")
 # CascadeWrapper configurations: the arguments each sets (the rest: the wrapper's defaults)
 SYNC, FOLD = {"prefill_mma": "sync"}, {"join_levels": False}
@@ -83,7 +84,7 @@ RT_CASC = {"rt-casc": {}, "rt-fold": FOLD, "rt-sync": SYNC, "rt-join": SYNC,
            "rt-g75lem1": dict(m_tiles=1, leave_early=True),
            "rt-wgb2nle": dict(prefill=True, prefill_mma="wgmma", prefill_ctas_per_sm=1, leave_early=True, **FOLD),
            "rt-ju": dict(join_uneven=True), "rt-jus": dict(join_uneven=True, join_unsplit=True),
-           "rt-q2": dict(single_query_build=False), "rt-flatauto": dict(flat="auto"),
+           "rt-q2": dict(single_query_build=False), "rt-flatauto": dict(flat="auto"), "rt-ws": dict(prefill_mma="ws"),
            "rt-noflat": dict(flat=False)}
 # A/Bs of the shared level's wgmma tile (SHARED_TILE_AB: its rows -> choose_tile's overrides) and grid
 # (SHARED_GRID_AB: the fraction of its resident wave, per KV head)

@@ -129,14 +129,14 @@ class Bench:
         if family == "prefill":
             rows = batch * PREFILL_QO
             w = BatchPrefillWrapper(H, HK, D, PS, max_batch=batch, max_qo_tokens=rows, max_pages=self.pool,
-                                    max_qo_len=PREFILL_QO, mode=mode)
+                                    max_qo_len=PREFILL_QO, mode=mode, pdl=not self.args.no_pdl)
             qi = np.arange(0, rows + 1, PREFILL_QO, dtype=np.int32)
 
             def plan():
                 w.plan(qi, *kv, stream=s)
         else:
             rows = batch
-            w = BatchDecodeWrapper(H, HK, D, PS, max_batch=batch, max_pages=self.pool, mode=mode)
+            w = BatchDecodeWrapper(H, HK, D, PS, max_batch=batch, max_pages=self.pool, mode=mode, pdl=not self.args.no_pdl)
 
             def plan():
                 w.plan(*kv, stream=s)
@@ -328,6 +328,8 @@ def main(argv=None) -> int:
     ap.add_argument("--layers", type=int, default=32)
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--no-flashinfer", action="store_true")
+    ap.add_argument("--no-pdl", action="store_true",
+                    help="rtattn's kernels without programmatic dependent launch (an A/B of the launch attribute's host cost)")
     ap.add_argument("--no-invariant", action="store_true", help="skip the batch-invariant wrapper")
     ap.add_argument("--no-prefill", action="store_true", help="skip the prefill wrapper's rows")
     ap.add_argument("--fi-prefill-backend", default="fa2",
