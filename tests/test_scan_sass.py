@@ -1,5 +1,6 @@
 """tools/scan_sass.py: async copies that read uniform registers their kernel never writes (the
-fp8 miscompile) are found; copies whose registers are written are not."""
+fp8 miscompile) are found, copies whose registers are written are not; warp-specialized kernels
+whose softmax waits for PV are found, those with the softmax between the waits are not."""
 from __future__ import annotations
 
 import tool_module
@@ -32,3 +33,20 @@ def test_bad_arguments_exit_2(tmp_path, capsys):
     assert scan_sass.main([str(tmp_path / "missing"), "--cuobjdump", "/bin/true"]) == 2
     assert scan_sass.main([str(tmp_path), "--cuobjdump", "/bin/true"]) == 2   # no CUBIN in it
     assert "scan_sass:" in capsys.readouterr().err
+
+
+def _ws(name, between):
+    return (f"\n\t\tFunction : {name}\n"
+            "        /*3460*/                   WARPGROUP.DEPBAR.LE gsb0, 0x1 ;           /* 0x0 */\n"
+            + between +
+            "        /*4500*/                   WARPGROUP.DEPBAR.LE gsb0, 0x0 ;           /* 0x0 */\n")
+
+
+def test_softmax_after_pv_is_found_in_warp_specialized_kernels():
+    mufu = "        /*3ee0*/                   MUFU.EX2 R88, R88 ;                      /* 0x0 */\n"
+    fmnmx = "        /*3b80*/                   FMNMX R17, R88, R89, !PT ;               /* 0x0 */\n"
+    under = _ws("rtattn_prefill_causal_bfloat16_d128_ws_q128_kv64_w8_s4_b1", fmnmx + mufu)
+    after = _ws("rtattn_prefill_alibi_bfloat16_d128_ws_q128_kv64_w8_s4_b1", fmnmx) + mufu
+    other = _ws("rtattn_prefill_causal_bfloat16_d128_wg_q128_kv32_w8_s3_pp_b2", fmnmx)   # not ws: not checked
+    assert scan_sass.softmax_after_pv(under + other) == []
+    assert scan_sass.softmax_after_pv(under + after) == ["rtattn_prefill_alibi_bfloat16_d128_ws_q128_kv64_w8_s4_b1"]

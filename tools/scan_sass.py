@@ -1,11 +1,17 @@
 #!/usr/bin/env python3
-"""Scan CUBINs for async copies (LDGSTS) that read a uniform register no instruction of their
-kernel writes -- the miscompile that made every fp8 decode kernel die with an illegal
-instruction on the H200 (ptx.cuh, cp_async_16_generic). Needs cuobjdump (CUDA's, or the one in
-Triton's wheel: --cuobjdump PATH); no GPU.
+"""Scan CUBINs for two things ptxas can do that the source does not show. Needs cuobjdump (CUDA's,
+or a wheel's: --cuobjdump PATH); no GPU.
 
-    python tools/scan_sass.py [--cuobjdump PATH] CUBIN_OR_DIR ...   # e.g. the CUBIN cache
-Exit 1 if any kernel has such a copy, 2 on bad arguments.
+- Async copies (LDGSTS) that read a uniform register no instruction of their kernel writes: the
+  miscompile that made every fp8 decode kernel die with an illegal instruction on the H200
+  (ptx.cuh, cp_async_16_generic).
+- Warp-specialized prefill kernels (names with "_ws_") whose consumers wait for PV before the
+  softmax instead of after it: no MUFU between a wait for all but one product group
+  (WARPGROUP.DEPBAR.LE gsb0, 0x1) and the next wait for all (0x0). ptxas hoists that wait to the
+  top of its basic block (prefill_ws.cuh, the q release's branch).
+
+    python tools/scan_sass.py [--cuobjdump PATH] CUBIN_OR_DIR ...   # e.g. a CUBIN cache
+(a cache folder keeps older sources' builds too: scan one that a single rtattn-compile filled.) Exit 1 if any kernel has either, 2 on bad arguments.
 """
 from __future__ import annotations
 
@@ -40,6 +46,26 @@ def unwritten_uniform_reads(sass: str) -> list[tuple[str, str]]:
     return bad
 
 
+def softmax_after_pv(sass: str) -> list[str]:
+    """Warp-specialized prefill kernels with a wait for one product group (S) followed by the wait
+    for all (PV) and no MUFU between them: the softmax was not issued under PV."""
+    bad = []
+    for fn in re.split(r"\n\s*Function : ", sass)[1:]:
+        name, body = fn.split("\n", 1)
+        if "_ws_" not in name or "merge" in name:
+            continue
+        window = None   # MUFU count since the last wait for one group, or None outside such a window
+        for op, args in _INSTR.findall(body):
+            if op == "WARPGROUP.DEPBAR.LE":
+                if window == 0 and args.endswith("0x0"):
+                    bad.append(name.strip())
+                    break
+                window = 0 if args.endswith("0x1") else None
+            elif window is not None and op.startswith("MUFU"):
+                window += 1
+    return bad
+
+
 def _images(path: pathlib.Path):
     """(name, ELF bytes) of a CUBIN file, or of every file under a folder that holds one (the
     CUBIN cache's entries carry a header before the image)."""
@@ -66,7 +92,7 @@ def main(argv=None) -> int:
     if not images:
         print("scan_sass: no CUBIN found", file=sys.stderr)
         return 2
-    bad = 0
+    bad = late = 0
     with tempfile.TemporaryDirectory() as tmp:
         for name, image in images:
             f = pathlib.Path(tmp, "k.cubin")
@@ -75,8 +101,12 @@ def main(argv=None) -> int:
             for kernel, text in unwritten_uniform_reads(sass):
                 bad += 1
                 print(f"{name}: {kernel}: {text}")
-    print(f"scan_sass: {len(images)} CUBINs, {bad} copies reading unwritten uniform registers")
-    return 1 if bad else 0
+            for kernel in softmax_after_pv(sass):
+                late += 1
+                print(f"{name}: {kernel}: the softmax waits for PV (no MUFU between the waits)")
+    print(f"scan_sass: {len(images)} CUBINs, {bad} copies reading unwritten uniform registers, "
+          f"{late} warp-specialized kernels with the softmax after PV")
+    return 1 if bad or late else 0
 
 
 if __name__ == "__main__":
