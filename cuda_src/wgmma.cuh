@@ -128,8 +128,8 @@ RTATTN_WGMMA_RS_256(__half, "f16")
 // A k-step's descriptor is its tile's plus the step's offset in the start-address field (bits
 // 0-13, 16-byte units): shared-memory addresses stay below 2^18 bytes, so the field never carries
 // into the next, and the sum is the descriptor of base + offset. The tile's descriptor is built
-// once per product; each k-step adds a constant (built per step, the descriptor math took ~10
-// instructions between consecutive wgmmas of a warpgroup, enough to starve the tensor cores).
+// once per product and each k-step adds a constant (rebuilt per step, it took ~10 instructions
+// between consecutive wgmmas; docs/perf-log.md "prefill v8").
 __device__ __forceinline__ uint64_t desc_step(uint64_t tile_desc, int offset_bytes) {
   const uint32_t lo = uint32_t(tile_desc) + uint32_t(offset_bytes >> 4), hi = uint32_t(tile_desc >> 32);
   return (uint64_t(hi) << 32) | lo;   // (a 32-bit add: the constant upper half stays a constant)

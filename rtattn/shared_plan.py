@@ -95,7 +95,8 @@ class SharedPlan:
             # one context entry for the copy and its event, as a wrapper's own plan() does
             h, prev = enter_stream(s, w.device)
             try:
-                libcuda.copy_and_record(w.workspace_ptr, buf.ptr, self.plan_bytes, h, ev.handle)
+                libcuda.copy_htod(w.workspace_ptr, buf.ptr, self.plan_bytes, h)
+                libcuda.record_event(ev.handle, h)
             finally:
                 Device.leave(prev)
             w._take_plan(info, window_left, nnz, buf)

@@ -107,7 +107,8 @@ class PlannedWrapper:
             buf = self._pinned[slot]
             info = self.planner.plan(qo_indptr, kv_indptr, kv_indices, kv_last_page_len,
                                      out=self._pinned_arrays[slot], window_left=window_left)
-            libcuda.copy_and_record(self.workspace_ptr, buf.ptr, self.layout.plan_bytes, h, ev)
+            libcuda.copy_htod(self.workspace_ptr, buf.ptr, self.layout.plan_bytes, h)
+            libcuda.record_event(ev, h)
         finally:
             Device.leave(prev)
         self._in_flight[slot] = True

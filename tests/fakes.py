@@ -114,7 +114,6 @@ def install(monkeypatch, kernels, *, device=None, buffer=FakeBuffer, memcpy=lamb
     # plan()'s copy and its event go straight to libcuda's calls (one context entry per plan)
     monkeypatch.setattr(libcuda, "copy_htod", lambda dst, src, n, stream: memcpy(dst, src, n))
     monkeypatch.setattr(libcuda, "record_event", lambda event, stream: None)
-    monkeypatch.setattr(libcuda, "copy_and_record", lambda dst, src, n, stream, event: memcpy(dst, src, n))
     monkeypatch.setattr(libcuda, "wait_event", lambda event: None)
     for mod in (W, B):   # the wrapper base holds the shared buffers; the decode wrapper its own outputs
         for name, fake in (("DeviceBuffer", buffer), ("PinnedBuffer", buffer), ("memcpy_htod_async", memcpy),

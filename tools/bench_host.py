@@ -74,14 +74,14 @@ def main(argv=None) -> int:
 
     from rtattn.runtime import Device, Event, PinnedBuffer
     real_enqueue = launch_mod.enqueue
-    real_copies = (libcuda.copy_htod, libcuda.record_event, libcuda.wait_event, libcuda.copy_and_record)
+    real_copies = (libcuda.copy_htod, libcuda.record_event, libcuda.wait_event)
     dev = fakes.fake_device()
     dev.enter = Device(0).set_current().enter   # the real context check; current already, as under torch
     dev.streams_checked.add(0x5000)    # the stream: the stub's, checked once (as a real device remembers it)
     fakes.install_prefill(stub_driver.Patch(), device=dev)
     fakes.install(stub_driver.Patch(), fakes.FakeKernels, device=dev)
     launch_mod.enqueue = real_enqueue           # the real launch path, into the stub driver
-    libcuda.copy_htod, libcuda.record_event, libcuda.wait_event, libcuda.copy_and_record = real_copies   # and plan()'s copy
+    libcuda.copy_htod, libcuda.record_event, libcuda.wait_event = real_copies   # and plan()'s copy
     stub = Device(0)
 
     def real_plan_buffers(w):

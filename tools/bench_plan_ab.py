@@ -49,7 +49,7 @@ def load_tree(root: Path):
         from rtattn import prefill_wrapper as PW
         from rtattn import wrapper as W
         from rtattn.runtime import Device, Event, PinnedBuffer, libcuda
-        copies = ("copy_htod", "record_event", "wait_event", "copy_and_record")   # (an older tree may lack some)
+        copies = ("copy_htod", "record_event", "wait_event", "copy_and_record")   # (a tree has those it has: the last, session 9's only)
         real = {n: getattr(libcuda, n) for n in copies if hasattr(libcuda, n)}
         dev = fakes.fake_device()
         dev.enter = Device(0).set_current().enter

@@ -21,7 +21,7 @@ from cuda.bindings import driver as cu
 from .driver import check
 
 __all__ = ["LaunchConfig", "LaunchAttribute", "KernelNodeParams", "entry", "set_entry", "fail",
-           "PDL_ATTRIBUTE", "copy_htod", "copy_and_record", "record_event", "wait_event"]
+           "PDL_ATTRIBUTE", "copy_htod", "record_event", "wait_event"]
 
 # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION (cuda.h); read from the bindings' enum.
 PDL_ATTRIBUTE = int(cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION)
@@ -139,13 +139,6 @@ def copy_htod(dst: int, src: int, nbytes: int, stream: int) -> None:
     res = e.memcpy_htod_async(dst, src, nbytes, stream)
     if res:
         fail(res, "cuMemcpyHtoDAsync")
-
-
-def copy_and_record(dst: int, src: int, nbytes: int, stream: int, event) -> None:
-    """copy_htod, then record_event(event) on the same stream: a plan's copy and the event the
-    next fill of its pinned buffer waits on (one name for the pair every plan() issues)."""
-    copy_htod(dst, src, nbytes, stream)
-    record_event(event, stream)
 
 
 def record_event(event, stream: int) -> None:
