@@ -41,15 +41,17 @@ struct PrefillWsShape : Sw128TileStages<HEAD_DIM, 128, 2, TILE_KV, STAGES, ELEM_
 };
 
 // The handshakes, per slot: "full" (the producer's 128 threads arrive once their copies landed)
-// and "empty" (the consumers' 8 warps arrive once their products read it). K and V of a stage are
+// and "empty" (the consumers' 8 warps arrive once their products read it; for q, every consumer
+// thread, since each reads the item's fields itself and one lane's arrival would not order the other
+// lanes' reads before the producer's next write, a race under racecheck). K and V of a stage are
 // separate slots: K(n) is free once S(n) is computed, V(n) only after PV(n), a block later, so the
 // producer refills each as early as it can (one whole block of latency hidden, where one slot for
 // both would leave the next tile's copies none at two stages). The same pair for q.
 struct WsSlot {
   uint64_t full, empty;
-  __device__ __forceinline__ void init(int producers = 128) {
+  __device__ __forceinline__ void init(int producers = 128, int consumers = 8) {
     mbar_init(&full, producers);
-    mbar_init(&empty, 8);
+    mbar_init(&empty, consumers);
   }
 };
 // A q slot also carries its item (below): the producer's thread 0 arrives once more, after writing it.
@@ -61,8 +63,8 @@ struct WsBarriers {
       k[s].init();
       v[s].init();
     }
-    q[0].init(128 + 1);
-    q[1].init(128 + 1);
+    q[0].init(128 + 1, 256);
+    q[1].init(128 + 1, 256);
   }
 };
 
@@ -185,7 +187,7 @@ __device__ __forceinline__ void prefill_ws_consume(const P& p, const PrefillQueu
     PrefillItem<Variant> it = handoff[k & 1].it;
     Variant var = handoff[k & 1].var;
     const int lo = it.lo, hi = it.hi, nb = it.num_blocks;
-    if (nb == 0) mbar_arrive_warp(&qs.empty, lane);  // its fields are read: the slot is free
+    if (nb == 0) mbar_arrive(&qs.empty);  // its fields are read: the slot is free
     int row_qo_idx[2], row_qo_head[2];
     group_row_ids(row_qo_idx, row_qo_head, warp_row0, it.rows_valid, heads, it.qo_idx0, first_qo_head, lane);
     GroupBias<Variant> bias;
@@ -210,7 +212,7 @@ __device__ __forceinline__ void prefill_ws_consume(const P& p, const PrefillQueu
       // After the softmax, not before it: this branch ends the softmax's basic block, and ptxas
       // hoists the PV's wait (WARPGROUP.DEPBAR) to the top of the block that holds it -- in the
       // softmax's block, the softmax ran after the product instead of under it (SASS, cuobjdump).
-      if (blk == nb - 1) mbar_arrive_warp(&qs.empty, lane);
+      if (blk == nb - 1) mbar_arrive(&qs.empty);
     };
 
     if (nb > 0) {
