@@ -43,10 +43,15 @@ def _ws(name, between):
 
 
 def test_softmax_after_pv_is_found_in_warp_specialized_kernels():
+    """kv64: 32 exponentials per thread and block; 16 between the waits pass, 15 (part of the
+    softmax hoisted under PV's wait) or none do not."""
     mufu = "        /*3ee0*/                   MUFU.EX2 R88, R88 ;                      /* 0x0 */\n"
     fmnmx = "        /*3b80*/                   FMNMX R17, R88, R89, !PT ;               /* 0x0 */\n"
-    under = _ws("rtattn_prefill_causal_bfloat16_d128_ws_q128_kv64_w8_s4_b1", fmnmx + mufu)
-    after = _ws("rtattn_prefill_alibi_bfloat16_d128_ws_q128_kv64_w8_s4_b1", fmnmx) + mufu
+    under = _ws("rtattn_prefill_causal_bfloat16_d128_ws_q128_kv64_w8_s4_b1", fmnmx + 16 * mufu)
+    after = _ws("rtattn_prefill_alibi_bfloat16_d128_ws_q128_kv64_w8_s4_b1", fmnmx) + 32 * mufu
+    partly = _ws("rtattn_prefill_plain_bfloat16_d128_ws_q128_kv64_w8_s4_b1", 15 * mufu) + 17 * mufu
+    narrow = _ws("rtattn_prefill_causal_bfloat16_d256_ws_q128_kv32_w8_s2_b1", 8 * mufu)   # kv32: 8 pass
     other = _ws("rtattn_prefill_causal_bfloat16_d128_wg_q128_kv32_w8_s3_pp_b2", fmnmx)   # not ws: not checked
-    assert scan_sass.softmax_after_pv(under + other) == []
-    assert scan_sass.softmax_after_pv(under + after) == ["rtattn_prefill_alibi_bfloat16_d128_ws_q128_kv64_w8_s4_b1"]
+    assert scan_sass.softmax_after_pv(under + narrow + other) == []
+    assert scan_sass.softmax_after_pv(under + after + partly) == [
+        "rtattn_prefill_alibi_bfloat16_d128_ws_q128_kv64_w8_s4_b1", "rtattn_prefill_plain_bfloat16_d128_ws_q128_kv64_w8_s4_b1"]
