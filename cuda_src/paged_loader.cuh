@@ -12,6 +12,15 @@
 
 namespace rtattn {
 
+// RTATTN_PREFILL_KV_EVICT_FIRST (PrefillTile.kv_evict_first: a cascade's shared level, whose plan
+// reads each KV block once): the prefill kernels' KV copies under decode's evict-first L2 policy.
+// Under the normal policy the shared level streamed 134 MB at ~3.3 TB/s (p32768x16, H200, session 11).
+#ifdef RTATTN_PREFILL_KV_EVICT_FIRST
+constexpr bool kPrefillKvEvictFirst = true;
+#else
+constexpr bool kPrefillKvEvictFirst = false;
+#endif
+
 // Tile: the shared layout's at(row, chunk) (SwizzledRows; Sw128Tile for the wgmma kernel).
 template <typename T, int HEAD_DIM, int TILE_KV, int THREADS, bool PAGED, bool EVICT_FIRST = false,
           class Tile = SwizzledRows<HEAD_DIM>>

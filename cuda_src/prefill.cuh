@@ -46,7 +46,7 @@ __device__ __forceinline__ void prefill_persistent(const P& p, char* smem) {
   constexpr int D = P::head_dim;
   using S = PrefillShape<D, NUM_WARPS, MMA_Q, TILE_KV, STAGES, sizeof(T)>;
   using Tile = SwizzledRows<D>;
-  using Loader = KVTileLoader<T, D, TILE_KV, S::threads, PAGED>;
+  using Loader = KVTileLoader<T, D, TILE_KV, S::threads, PAGED, kPrefillKvEvictFirst>;
   constexpr int KT = D / 16;       // k-steps of QK^T; also 16-column pairs of O
   constexpr int NT = TILE_KV / 8;  // n-tiles of the logits
   constexpr int KS = TILE_KV / 16; // k-steps of PV

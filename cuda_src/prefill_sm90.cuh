@@ -73,7 +73,7 @@ __device__ __forceinline__ void prefill_sm90_persistent(const P& p, char* smem) 
   using S = PrefillSm90Shape<D, WGS, TILE_KV, STAGES, sizeof(T)>;
   using QTile = Sw128Tile<D, S::rows>;
   using KVTile = Sw128Tile<D, TILE_KV>;
-  using Loader = KVTileLoader<T, D, TILE_KV, S::threads, PAGED, false, KVTile>;
+  using Loader = KVTileLoader<T, D, TILE_KV, S::threads, PAGED, kPrefillKvEvictFirst, KVTile>;
   constexpr int NT = TILE_KV / 8;  // 8-column chunks of S
   constexpr int KS = TILE_KV / 16; // k-steps of PV
   constexpr int DT = D / 8;        // 8-column chunks of O

@@ -99,6 +99,9 @@ __device__ __forceinline__ void prefill_ws_produce(const P& p, const PrefillQueu
   constexpr int D = P::head_dim;
   using QTile = Sw128Tile<D, 128>;
   using KVTile = Sw128Tile<D, TILE_KV>;
+  // (ptxas, NVRTC 13.0: this kernel's evict-first copies read a uniform register nothing writes,
+  // the fp8 miscompile of ptx.cuh; tools/scan_sass.py finds it. PrefillTile refuses the pair.)
+  static_assert(!kPrefillKvEvictFirst, "the warp-specialized kernel keeps L2's normal policy");
   using Loader = KVTileLoader<T, D, TILE_KV, 128, PAGED, false, KVTile>;
   using Pos = StagePos<STAGES>;
   const int kv_head = blockIdx.y, heads = p.group_size, first_qo_head = kv_head * heads;

@@ -33,6 +33,7 @@ import ctypes
 import functools
 import math
 import re
+from dataclasses import replace
 
 import numpy as np
 
@@ -126,14 +127,18 @@ def shared_prefill_tile(device: plan_devices.Device, head_dim: int, group: int, 
     "wgmma" its 64-row tile (one warpgroup), or at head_dim 128 its 128-row tile where the group
     fills more (the family's own policy, WGMMA_POLICY, takes 128 rows at d64 and d256 too; the
     shared levels keep 64 there). None where the family cannot serve: pages past 128 tokens, a
-    head group past its rows."""
+    head group past its rows. Its KV copies are evict-first (kv_evict_first) on the sync and wgmma
+    kernels: a shared level reads each prefix block once per query tile, which one tile per group makes read-once
+    (H200, wgmma: p32768x16 52.7 -> 50.0 us, no cascade row slower, docs/perf-log.md session 11)."""
     mma = shared_prefill_mma(device, head_dim, group, mma)
     if page_size > 128 or group > PREFILL_ROWS[-1]:
         return None
     if mma == "wgmma":
         rows = 128 if max_queries * group > WGMMA_ROWS and head_dim == 128 else WGMMA_ROWS
-        return choose_tile(device, head_dim, group, max_queries, mma=mma, rows=rows)
-    return choose_tile(device, head_dim, group, max_queries, mma=mma)
+        tile = choose_tile(device, head_dim, group, max_queries, mma=mma, rows=rows)
+    else:
+        tile = choose_tile(device, head_dim, group, max_queries, mma=mma)
+    return tile if tile.mma == "ws" else replace(tile, kv_evict_first=True)
 
 
 def shared_level_ctas_per_sm(tile, ctas_per_sm: int | None = None) -> int:

@@ -615,6 +615,8 @@ def test_level_kernels_and_the_fold_compile(isolated_cache):
     for dtype, D, softmax in (("bfloat16", 128, True), ("bfloat16", 64, True), ("float16", 256, False)):
         assert compile_fold(dtype, D, softmax, "sm_90")[:4] == b"\x7fELF"
     # the shared groups' prefill kernel, on the same spec (its tile from the family's policy)
+    from dataclasses import replace
+    from rtattn.codegen.render import render_prefill
     from rtattn.families.prefill import compile_prefill
     from rtattn.families import resources
     h200 = resources.device_for_arch("sm_90")
@@ -631,6 +633,13 @@ def test_level_kernels_and_the_fold_compile(isolated_cache):
     assert (C.shared_prefill_tile(h200, 256, 4, 16, 64, "wgmma").rows, C.shared_prefill_tile(h200, 64, 1, 16, 200,
                                                                                             "wgmma").rows) == (64, 64)
     assert compile_prefill(spec, wg[0], "sm_90", quiet=True)[1][:4] == b"\x7fELF"
+    # a shared level reads its prefix once per query tile: evict-first KV copies, except on the
+    # warp-specialized kernel (which refuses them)
+    assert tile.kv_evict_first and all(t.kv_evict_first and t.tag.endswith("_ef_b" + str(t.min_blocks)) for t in wg)
+    assert "#define RTATTN_PREFILL_KV_EVICT_FIRST" in render_prefill(spec, wg[0]).source
+    assert "#define RTATTN_PREFILL_KV_EVICT_FIRST" not in render_prefill(spec, replace(wg[0], kv_evict_first=False)).source
+    ws = C.shared_prefill_tile(h200, 128, 4, 16, 64, "ws")
+    assert ws.mma == "ws" and not ws.kv_evict_first
 
 
 def test_prefill_kernels_let_the_next_grid_launch_only_after_their_wait():

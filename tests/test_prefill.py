@@ -64,6 +64,16 @@ def test_wgmma_policy_tiles_by_head_dim_compile_for_sm90a(head_dim, rows, tile_k
     assert (two.num_warps, two.min_blocks, two.tag[:7]) == (8, 1, "wg_q128")
 
 
+def test_evict_first_kv_copies_are_a_tile_field_refused_on_the_ws_kernel():
+    """kv_evict_first (a cascade's read-once shared level): '_ef' in the tag, a define in the source;
+    the warp-specialized kernel refuses it (ptxas miscompiles its evict-first copies)."""
+    from dataclasses import replace
+    t = replace(P.choose_tile(H200, 128, 4, 16, mma="wgmma", rows=64), kv_evict_first=True)
+    assert t.tag == "wg_q64_kv64_w4_s3_ef_b2"
+    with pytest.raises(ValueError, match="kv_evict_first=True is built for the sync and wgmma kernels"):
+        replace(P.choose_tile(H200, 128, 4, 4096, mma="ws"), kv_evict_first=True)
+
+
 def test_head_dim_128_takes_two_warpgroups_and_long_kv_128_token_tiles():
     long = P.choose_tile(H200, 128, 4, 1024, avg_kv_len=P.WGMMA_LONG_KV, mma="wgmma")
     assert (long.mma, long.rows, long.tile_kv, long.stages, long.min_blocks) == ("wgmma", 128, 128, 2, 1)

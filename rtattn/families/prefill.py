@@ -88,6 +88,9 @@ class PrefillTile:
     cross: bool = False  # the KV stream (and q) runs across items (template CROSS of either kernel)
     pingpong: bool = False  # two warpgroups take turns on the tensor cores (wgmma, 128 rows; PINGPONG)
     fma_exp2: bool = False  # half the softmax's exp2 on the FMA pipe (wgmma; FMA_EXP2)
+    # KV copies under L2's evict-first policy, for plans that read each KV block once (a cascade's
+    # shared level: rtattn.cascade.shared_prefill_tile); sync / wgmma (RTATTN_PREFILL_KV_EVICT_FIRST)
+    kv_evict_first: bool = False
 
     def __post_init__(self):
         if self.mma not in MMAS:
@@ -102,6 +105,9 @@ class PrefillTile:
         if self.pingpong and (self.mma != "wgmma" or self.rows != 128):
             raise ValueError(f"prefill pingpong=True takes turns between two warpgroups: the wgmma kernel at "
                              f"128 rows (got mma={self.mma!r}, rows={self.rows})")
+        if self.kv_evict_first and self.mma == "ws":
+            raise ValueError("prefill kv_evict_first=True is built for the sync and wgmma kernels: ptxas miscompiles "
+                             "the warp-specialized kernel's evict-first copies (tools/scan_sass.py)")
         if self.fma_exp2 and self.mma == "sync":
             raise ValueError(f"prefill fma_exp2=True is built for the warpgroup kernels (got mma={self.mma!r})")
         if self.rows not in ROWS:
@@ -130,7 +136,8 @@ class PrefillTile:
     @property
     def tag(self) -> str:
         flags = "".join(part for part, on in (("_ragged", not self.paged), ("_x", self.cross),
-                                              ("_pp", self.pingpong), ("_fe", self.fma_exp2)) if on)
+                                              ("_pp", self.pingpong), ("_fe", self.fma_exp2),
+                                              ("_ef", self.kv_evict_first)) if on)
         return (f"{ {'wgmma': 'wg_', 'ws': 'ws_'}.get(self.mma, '')}q{self.rows}_kv{self.tile_kv}_w{self.num_warps}"
                 f"_s{self.stages}{flags}_b{self.min_blocks}")
 
