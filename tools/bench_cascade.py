@@ -65,7 +65,7 @@ TOL = 2e-2
 LIBS = ("rt-casc", "rt-fold", "rt-sync", "rt-join", "rt-pre", "rt-prej", "rt-wg", "rt-wgj", "rt-ser", "rt-serwg",
         "rt-128", "rt-dec", "rt-m1", "rt-flat", "rt-ov1", "rt-wide", "rt-cm1", "rt-le", "rt-b2", "rt-b2n", "rt-b2nle",
         "rt-b3", "rt-g75", "rt-g75le", "rt-g50le", "rt-g85le", "rt-ov1le", "rt-wgb2", "rt-cm1le",
-        "rt-g75lem1", "rt-wgb2nle", "rt-ju", "rt-jus", "rt-q2", "rt-flatauto", "rt-noflat", "rt-ws", "rt-noef", "rt-single", "fi-casc", "fi-cc",
+        "rt-g75lem1", "rt-wgb2nle", "rt-ju", "rt-jus", "rt-q2", "rt-flatauto", "rt-noflat", "rt-ws", "rt-noef", "rt-k32s6", "rt-k64s4", "rt-k128s2", "rt-single", "fi-casc", "fi-cc",
         "fi-tc")
 # CascadeWrapper configurations: the arguments each sets (the rest: the wrapper's defaults)
 SYNC, FOLD = {"prefill_mma": "sync"}, {"join_levels": False}
@@ -86,17 +86,22 @@ RT_CASC = {"rt-casc": {}, "rt-fold": FOLD, "rt-sync": SYNC, "rt-join": SYNC,
            "rt-wgb2nle": dict(prefill=True, prefill_mma="wgmma", prefill_ctas_per_sm=1, leave_early=True, **FOLD),
            "rt-ju": dict(join_uneven=True), "rt-jus": dict(join_uneven=True, join_unsplit=True),
            "rt-q2": dict(single_query_build=False), "rt-flatauto": dict(flat="auto"), "rt-ws": dict(prefill_mma="ws"),
-           "rt-noflat": dict(flat=False), "rt-noef": {}}
+           "rt-noflat": dict(flat=False), "rt-noef": {}, "rt-k32s6": {}, "rt-k64s4": {},
+           "rt-k128s2": {}}
 # A/Bs of the shared level's wgmma tile (SHARED_TILE_AB: its rows -> choose_tile's overrides) and grid
 # (SHARED_GRID_AB: the fraction of its resident wave, per KV head)
 B2 = {128: dict(tile_kv=32, stages=3, ctas_per_sm=2)}   # wg_q128_kv32_w8_s3_pp_b2 (the prefill policy's short-KV tile)
 NOEF = dict(kv_evict_first=False)   # rt-noef: the shared level's KV copies under L2's normal policy
 SHARED_TILE_AB = {"rt-b2": B2, "rt-b2n": B2, "rt-b2nle": B2, "rt-wgb2": B2, "rt-wgb2nle": B2,
-                  "rt-b3": {64: dict(tile_kv=32, stages=3, ctas_per_sm=3)}, "rt-noef": {64: NOEF, 128: NOEF}}
+                  "rt-b3": {64: dict(tile_kv=32, stages=3, ctas_per_sm=3)}, "rt-noef": {64: NOEF, 128: NOEF},
+                  # the 64-row shared tile's stream: more stages in flight, or one CTA per SM with deeper ones
+                  "rt-k32s6": {64: dict(tile_kv=32, stages=6, ctas_per_sm=2)},
+                  "rt-k64s4": {64: dict(tile_kv=64, stages=4, ctas_per_sm=1)},
+                  "rt-k128s2": {64: dict(tile_kv=128, stages=2, ctas_per_sm=1)}}
 SHARED_GRID_AB = {"rt-g75": 0.75, "rt-g75le": 0.75, "rt-g50le": 0.5, "rt-g85le": 0.85, "rt-g75lem1": 0.75}
 BREAKDOWN = ("rt-ser", "rt-serwg", "rt-casc", "rt-ov1", "rt-wide", "rt-le", "rt-b2", "rt-b2n", "rt-b2nle", "rt-b3",
              "rt-g75", "rt-g75le", "rt-g50le", "rt-g85le", "rt-ov1le", "rt-wgb2", "rt-cm1le",
-             "rt-g75lem1", "rt-wgb2nle", "rt-ju", "rt-jus", "rt-q2", "rt-noef")   # --breakdown's libraries
+             "rt-g75lem1", "rt-wgb2nle", "rt-ju", "rt-jus", "rt-q2", "rt-noef", "rt-k32s6", "rt-k64s4", "rt-k128s2")   # --breakdown's libraries
 # PERF.md: FlashInfer cascade µs, single-format µs
 PERF_MD = {(1024, 16): (24.3, 36.6), (1024, 64): (44.6, 119.0), (8192, 16): (36.0, 196.0),
            (8192, 64): (72.7, 750.4), (32768, 16): (64.8, 735.2), (32768, 64): (148.0, 2906.4)}
