@@ -143,9 +143,12 @@ __device__ __forceinline__ void merge_tile(const P& p, Variant& var, int entry0,
 // rows' earlier-level states -- the previous grid's (the prefill level's), rows start + k * step
 // of the partial states for entry e -- before writing: their fold (level, KV order), then the
 // row's own state last, so no fold kernel follows. Two columns per thread, as the combine's.
+#ifndef RTATTN_DEV_JOIN_KU
+#define RTATTN_DEV_JOIN_KU 16
+#endif
 template <bool SOFTMAX, class P>
 __device__ __forceinline__ void join_levels(const P& p, int e, int head, int d, float& o0, float& o1, float& lse) {
-  constexpr int D = P::head_dim, KU = 8;
+  constexpr int D = P::head_dim, KU = RTATTN_DEV_JOIN_KU;
   const int H = p.num_qo_heads;
   const int n = p.plan.merge_indptr[e + 1] - p.plan.merge_indptr[e];
   const int start = p.plan.merge_partial_start[e], step = p.plan.merge_partial_stride[e];
