@@ -143,8 +143,6 @@ __device__ __forceinline__ void merge_tile(const P& p, Variant& var, int entry0,
 // rows' earlier-level states -- the previous grid's (the prefill level's), rows start + k * step
 // of the partial states for entry e -- before writing: their fold (level, KV order), then the
 // row's own state last, so no fold kernel follows. Two columns per thread, as the combine's.
-// Rounds of KU states, the next round's loads in flight while one is folded (the rounds' latency
-// was the joining step's cost: H200 p32768x16, 33 states, 50.0 us at 5 rounds of 8, 49.0 at 3 of 16).
 #ifndef RTATTN_DEV_JOIN_KU
 #define RTATTN_DEV_JOIN_KU 16
 #endif
@@ -155,8 +153,9 @@ __device__ __forceinline__ void join_levels(const P& p, int e, int head, int d, 
   const int n = p.plan.merge_indptr[e + 1] - p.plan.merge_indptr[e];
   const int start = p.plan.merge_partial_start[e], step = p.plan.merge_partial_stride[e];
   wait_for_previous_grid();  // the states are complete and visible; returns at once after the first time
-  // States k0 .. k0 + KU - 1 (those below n; the rest pad: l = -inf weighs 0).
-  auto load = [&](float (&l)[KU], float (&v)[KU][2], int k0) {
+  StateFold<SOFTMAX, 2> fold;
+  for (int k0 = 0; k0 < n; k0 += KU) {
+    float l[KU], v[KU][2];
 #pragma unroll
     for (int k = 0; k < KU; ++k) {
       const bool ok = k0 + k < n;
@@ -165,16 +164,7 @@ __device__ __forceinline__ void join_levels(const P& p, int e, int head, int d, 
       l[k] = ok ? __ldcg(p.partial_lse + prow) : -INFINITY;  // (another grid's writes: through L2)
       v[k][0] = x.x, v[k][1] = x.y;
     }
-  };
-  StateFold<SOFTMAX, 2> fold;
-  float la[KU], va[KU][2], lb[KU], vb[KU][2];
-  load(la, va, 0);
-  for (int k0 = 0; k0 < n; k0 += 2 * KU) {  // rounds a (k0) and b (k0 + KU): every round with a state is folded
-    load(lb, vb, k0 + KU);
-    fold.round(la, va);
-    if (k0 + KU >= n) break;
-    load(la, va, k0 + 2 * KU);
-    fold.round(lb, vb);
+    fold.round(l, v);
   }
   const float l_own[1] = {lse};
   const float v_own[1][2] = {{o0, o1}};
