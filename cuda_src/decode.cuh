@@ -143,6 +143,8 @@ __device__ __forceinline__ void merge_tile(const P& p, Variant& var, int entry0,
 // rows' earlier-level states -- the previous grid's (the prefill level's), rows start + k * step
 // of the partial states for entry e -- before writing: their fold (level, KV order), then the
 // row's own state last, so no fold kernel follows. Two columns per thread, as the combine's.
+// Rounds of 16 states (H200, p32768x16's 33: 50.0 us at 8 a round, 49.0 at 16, 47.3 at 33 -- which
+// cost p1024x64 and p8192x64 4 us: docs/perf-log.md session 11).
 #ifndef RTATTN_DEV_JOIN_KU
 #define RTATTN_DEV_JOIN_KU 16
 #endif
