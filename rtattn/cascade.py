@@ -128,8 +128,9 @@ def shared_prefill_tile(device: plan_devices.Device, head_dim: int, group: int, 
     fills more (the family's own policy, WGMMA_POLICY, takes 128 rows at d64 and d256 too; the
     shared levels keep 64 there). None where the family cannot serve: pages past 128 tokens, a
     head group past its rows. Its KV copies are evict-first (kv_evict_first) on the sync and wgmma
-    kernels: a shared level reads each prefix block once per query tile, which one tile per group makes read-once
-    (H200, wgmma: p32768x16 52.7 -> 50.0 us, no cascade row slower, docs/perf-log.md session 11)."""
+    kernels: a shared level reads each prefix block once per query tile, once where one tile holds
+    the group (H200, wgmma: p32768x16 52.7 -> 50.0 us, no cascade row slower; docs/perf-log.md
+    session 11)."""
     mma = shared_prefill_mma(device, head_dim, group, mma)
     if page_size > 128 or group > PREFILL_ROWS[-1]:
         return None
