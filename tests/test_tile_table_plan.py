@@ -177,3 +177,30 @@ def test_contiguous_layouts_reused_over_a_serving_loop_plan_the_numpy_paths_byte
             plans += got[1][10] == "contiguous"
             kv = kv + rng.integers(0, 6, batch) * (rng.random() < 0.9)
     assert plans > 300 and 20 < len(made) < plans // 2, (plans, len(made))
+
+
+def test_auto_weighs_contiguous_before_its_early_bound_on_short_kv():
+    """Auto on short KV (the chunk bound L at min_chunk, above the mean load): uniform.plan makes
+    the contiguous plan before the early bound b0 needs the largest last chunk, which it then
+    takes modulo L -- not modulo the contiguous slice w (they once shared a constant)."""
+    rng = np.random.default_rng(21)
+    tile = TileConfig(tile_q=4, tile_kv=64, max_rows=16, stages=2, threads=128, smem_bytes=0, kernel="prefill")
+    modes = []
+    for case in range(500):
+        ps, batch, C = int(rng.choice([1, 16])), int(rng.choice([16, 33, 64])), int(rng.choice([33, 66]))
+        qu = int(rng.integers(1, 5))
+        lo, hi = sorted(rng.integers(qu, int(rng.choice([200, 400])), 2))
+        kv = rng.integers(lo, hi + 2, batch)
+        pk = dict(max_batch=batch, max_qo_tokens=qu * batch, max_pages=int(kv.max() // ps + 2) * batch,
+                  num_qo_heads=32, num_kv_heads=8, head_dim=128, page_size=ps, tile=tile, mode="auto",
+                  causal=True, num_ctas=C, max_qo_len=4)
+        fast, ref = Planner(**pk), Planner(**pk)
+        fast.small_tiles = ref.small_tiles = 0
+        ref.tile_table_path = False
+        stale = rng.integers(0, 256, fast.layout.plan_bytes, dtype=np.uint8)
+        args = [indptr_from_lengths(np.full(batch, qu)), *paged_kv(kv, ps, shuffle_seed=case)]
+        got, want = _plan(fast, args, {}, stale), _plan(ref, args, {}, stale)
+        assert got[1] == want[1], (case, pk)
+        assert np.array_equal(got[0], want[0]), (case, pk)
+        modes.append(got[1][10])
+    assert modes.count("contiguous") > 30 and modes.count("balanced") > 30, modes

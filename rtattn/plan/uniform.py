@@ -37,9 +37,11 @@ class Scratch:
         self.kv = np.zeros(b.max_batch, dtype=np.int64)
         self.kv_rows = np.zeros((2, b.max_items + 1), dtype=np.int64)   # [KV start, end] of item j - 1
         self.ar32 = np.arange(max(b.max_items, b.max_merge_rows) + 1, dtype=np.int32)
-        self.c = [np.zeros((), dtype=np.int64) for _ in range(4)]   # f, L - 1 - tail, L, w - 1
-        self.f = 0   # the f that c[0] holds
-        self.cost = np.zeros(b.max_batch, dtype=np.int64)
+        # f, L - 1 - tail, L, w, w - 1 - f (each its own: _contiguous's w must not replace auto's L)
+        self.c = [np.zeros((), dtype=np.int64) for _ in range(5)]
+        self.f = self.L = self.w = 0   # the f, L and w that c holds
+        self.cost = np.zeros(b.max_batch + 1, dtype=np.int64)   # [f, each tile's cost]: its running sum
+        # is each tile's KV token 0 on the cost axis (then the tile's end + f)
         self.rows = {}   # qu -> Rows
         # the tiles' item rows for unsplit plans (inspector's order, int32): request, first query row
         # (qu t), qu, KV start 0 and end, partial and merge -1, first page; one take in queue order
@@ -110,17 +112,18 @@ def plan(p, tl, out, qo, qu, kv, kp, ids, B, nnz, nq, kv_least, safe_kv):
     sc = tl.uniform
     if sc is None:
         sc = tl.uniform = Scratch(p.bounds)
-    F, K, L0, W1 = sc.c
+    F, K, L0 = sc.c[:3]
     f = COST_ALPHA * qu + COST_GAMMA
     if sc.f != f:
         F.fill(f)
-        sc.f = f
+        sc.cost[0] = f
+        sc.f, sc.w = f, 0
     kv64 = sc.kv[:B]
     kv64[...] = kv
-    cost = sc.cost[:B]                 # each tile's length on the cost axis: its unsplit cost
+    cost = sc.cost[1:B + 1]            # each tile's length on the cost axis: its unsplit cost
     np.add(kv64, F, out=cost)
-    ends = _ACC(cost)                  # each tile's end on the axis
-    total = ends.item(-1)
+    acc = _ACC(sc.cost[:B + 1])        # f + the tiles' ends before each: tile t's KV token 0 at acc[t]
+    total = acc.item(-1) - f
     if mode != "contiguous":
         kv_total = total - f * B
         L = max(-(-kv_total // C), p.min_chunk)
@@ -130,14 +133,16 @@ def plan(p, tl, out, qo, qu, kv, kp, ids, B, nnz, nq, kv_least, safe_kv):
             return None
         k = L - 1 - tail
         kvmax = kv.item(kv.argmax())
+        if sc.L != L:
+            K.fill(k)
+            L0.fill(L)
+            sc.L = L
         if kvmax + k < 2 * L:   # unsplit: every tile one item
-            return _unsplit(p, tl, sc, out, qo, qu, kv, kv64, kp, ids, B, nnz, nq, kv_least, cost, ends,
+            return _unsplit(p, tl, sc, out, qo, qu, kv, kv64, kp, ids, B, nnz, nq, kv_least, cost, acc,
                             total, L, (kvmax + f, kv_least + f))
         if mode != "auto" or kv_least <= tail:   # (short tiles: their chunk count is clamped)
             return None
         # Algorithm 1's chunk counts; each tile's last chunk is the remainder (less k)
-        K.fill(k)
-        L0.fill(L)
         x = kv64 + K
         n = _ACC(x // L0).item(-1)
         if not C < n <= min(2 * C, p.bounds.max_items):
@@ -155,7 +160,7 @@ def plan(p, tl, out, qo, qu, kv, kp, ids, B, nnz, nq, kv_least, safe_kv):
             b0 = max(lo, L + f + x.item(x.argmax()) - k)
             if b0 * C <= AUTO_IMBALANCE * total2:
                 return None
-    con = _contiguous(p, tl, sc, qu, kv64, ends, total, B, kv_least)
+    con = _contiguous(p, tl, sc, qu, kv64, acc, total, B, kv_least)
     if con is None:
         return None
     if mode == "auto" and con[0] >= lo:   # (auto keeps it below b0)
@@ -176,13 +181,13 @@ def _keep(p, out, sc, con, qo, qu, kv, kp, ids, B, nnz, nq):
                               buf if isinstance(buf, np.ndarray) else np.frombuffer(buf, np.uint8), v, "contiguous")
 
 
-def _unsplit(p, tl, sc, out, qo, qu, kv, kv64, kp, ids, B, nnz, nq, kv_least, cost, ends, total, L, span):
+def _unsplit(p, tl, sc, out, qo, qu, kv, kv64, kp, ids, B, nnz, nq, kv_least, cost, acc, total, L, span):
     """Every tile one item (modes auto and balanced): tile_table._balanced's schedule (LPT on the
     tiles' costs; auto weighs the contiguous partition when its bound asks), laid out here."""
     held = []
 
     def contiguous():   # (tile_table._balanced's alternative; a dict with the heaviest load)
-        con = _contiguous(p, tl, sc, qu, kv64, ends, total, B, kv_least)
+        con = _contiguous(p, tl, sc, qu, kv64, acc, total, B, kv_least)
         if con is None:
             held.append(None)
             return None
@@ -212,21 +217,24 @@ def _unsplit(p, tl, sc, out, qo, qu, kv, kv64, kp, ids, B, nnz, nq, kv_least, co
     return p._info(res, B, nq, buf, v)
 
 
-def _contiguous(p, tl, sc, qu, kv64, ends, total, T, kv_least):
-    """tile_table._contiguous on a uniform one-tile batch, into scratch: (top, w, loads, Layout),
+def _contiguous(p, tl, sc, qu, kv64, acc, total, T, kv_least):
+    """tile_table._contiguous on a uniform one-tile batch (`acc`: f + the running tile ends, as
+    uniform.plan sums them), into scratch: (top, w, loads, Layout),
     or None where a bound is exceeded. The cuts' KV positions and the loads are this plan's; the
     rest follows from each tile's first CTA and piece count, which repeat from plan to plan while
     a batch's composition does (cached: Scratch.layout)."""
     C = p.num_ctas
-    F, _, W, W1 = sc.c
+    F, W, W1 = sc.c[0], sc.c[3], sc.c[4]
     w = max(-(-total // C), p.min_chunk)
-    W.fill(w)
-    W1.fill(w - 1)
-    base = ends - kv64                 # each tile's KV token 0 on the axis
+    if sc.w != w:
+        W.fill(w)
+        W1.fill(w - 1 - sc.f)          # (acc[t + 1] is tile t's end + f)
+        sc.w = w
+    base = acc[:T]                     # each tile's KV token 0 on the axis
     key = sc.key[:2 * T]               # [c0 | pieces]: the layout's key, as bytes
     c0, pieces = key[:T], key[T:]
     np.add(base, tl.ps_less1, out=c0)  # the CTA whose slice ends past the tile's first page, and
-    np.add(ends, W1, out=pieces)       # one past the CTA of the tile's last piece: one division
+    np.add(acc[1:], W1, out=pieces)    # one past the CTA of the tile's last piece: one division
     key //= W
     if kv_least < p.page_size:         # a tile shorter than a page is its last piece alone
         np.minimum(c0, pieces - tl.one, out=c0)
