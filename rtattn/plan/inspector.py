@@ -92,7 +92,7 @@ def invariant_chunk(num_ctas: int, page_size: int, min_chunk_tokens: int = MIN_C
     return -(-c // page_size) * page_size
 
 
-@dataclass
+@dataclass(slots=True)
 class PlanInfo:
     """What plan() made.  `views` alias `buffer`; entries past the counts are
     unspecified (stale from earlier plans) and never read by the kernels."""
@@ -206,16 +206,19 @@ def lpt_assign(cost_sorted: np.ndarray, num_ctas: int, ar: np.ndarray) -> np.nda
         m = n if cost_sorted.item(n - 1) == c0 else int((cost_sorted != c0).argmax())
     else:
         m = min(n, num_ctas)
+    if m == n:
+        return ar[:n] % num_ctas if m > num_ctas else ar[:n].copy()
+    shift = num_ctas.bit_length()
+    mask = (1 << shift) - 1
+    keys = cost_sorted << shift
+    last = cost_sorted.item(n - 1)
+    if m == num_ctas and last > max(c0 - cost_sorted.item(m - 1), cost_sorted.item(m) - last):
+        return _lpt_rounds(keys, num_ctas, ar, mask)   # (the first round on CTAs 0 .. C-1, then rounds)
     if m > num_ctas:
         cta = ar[:n] % num_ctas
     else:   # (the first m items on CTAs 0 .. m-1: no modulo, ~1.3 us at 256 items)
         cta = np.empty(n, dtype=np.int64)
         cta[:m] = ar[:m]
-    if m == n:
-        return cta
-    shift = num_ctas.bit_length()
-    mask = (1 << shift) - 1
-    keys = cost_sorted << shift
     if m > num_ctas:   # the run dealt k or k + 1 items to every CTA
         k, r = divmod(m, num_ctas)
         loads = np.full(num_ctas, k * c0, dtype=np.int64)
@@ -225,33 +228,41 @@ def lpt_assign(cost_sorted: np.ndarray, num_ctas: int, ar: np.ndarray) -> np.nda
     else:
         heap = keys[:m] | ar[:m]
         spread = c0 - cost_sorted.item(m - 1)
-    last = cost_sorted.item(n - 1)
     if last > max(spread, cost_sorted.item(m) - last):
-        _lpt_rounds(heap, keys[m:], cta[m:], mask)
+        rows = _lpt_rounds(np.concatenate((heap, keys[m:])), num_ctas, ar, mask, dealt=False)
+        cta[m:] = rows[num_ctas:]
     else:
         cta[m:] = small.lpt_deal(heap.tolist(), keys[m:].tolist(), mask)
     return cta
 
 
-def _lpt_rounds(heap: np.ndarray, keys: np.ndarray, out: np.ndarray, mask: int) -> None:
-    """LPT's heap steps when every remaining item outweighs the spread of the CTA loads (all C
-    CTAs loaded). Within a round of C items (descending) the heap then deals them onto the CTAs
-    in ascending (load, id) order: a CTA served in the round weighs at least the lightest load
-    plus the smallest item, more than any load not yet served. And a round leaves the loads'
+def _lpt_rounds(keys: np.ndarray, C: int, ar: np.ndarray, mask: int, dealt: bool = True) -> np.ndarray:
+    """LPT's heap steps when every item past the first C outweighs the spread of the CTA loads
+    (all C CTAs loaded). Within a round of C items (descending) the heap then deals them onto the
+    CTAs in ascending (load, id) order: a CTA served in the round weighs at least the lightest
+    load plus the smallest item, more than any load not yet served. And a round leaves the loads'
     spread within max(their spread, the round's items' spread) (loads ascending + items
     descending), which the caller checked is below the smallest item: the next round qualifies
-    too. One in-place sort per round; `out` gets the CTA of each key."""
-    C, n = heap.shape[0], keys.shape[0]
+    too. `keys`: the items' costs << shift, descending, the first C on CTAs 0 .. C-1 (`dealt`)
+    or, if not, the first C the CTAs' keys (load << shift | id) before the rest. One in-place
+    sort per round; returns the CTA of each key (a new array)."""
+    n = keys.shape[0]
     R = -(-n // C)
-    rows = np.empty((R, C), dtype=np.int64)   # round r: every CTA's key before it, ascending
-    rows[0] = heap
-    nxt = keys[:(R - 1) * C].reshape(R - 1, C)
-    for r in range(R - 1):
+    rows = np.empty((R, C), dtype=np.int64)   # row r > 0: every CTA's key before round r, ascending
+    rows[0] = ar[:C]                              # (row 0: the first round's CTAs)
+    if dealt:
+        np.bitwise_or(keys[:C], ar[:C], out=rows[1])
+    else:
+        rows[1] = keys[:C]
+    nxt = keys[C:(R - 1) * C].reshape(R - 2, C) if R > 2 else ()
+    for r in range(1, R - 1):
         row = rows[r]
         row.sort()
-        np.add(row, nxt[r], out=rows[r + 1])   # item r*C + j onto the j-th lightest CTA
+        np.add(row, nxt[r - 1], out=rows[r + 1])   # item r*C + j onto the j-th lightest CTA
     rows[R - 1].sort()
-    np.bitwise_and(rows.reshape(-1)[:n], mask, out=out)
+    cta = rows.reshape(-1)[:n]
+    cta &= mask
+    return cta
 
 
 ROUNDS_MIN_ITEMS_PER_CTA = 8   # batch-invariant: rounds_assign past this many items per CTA, else LPT
@@ -386,7 +397,8 @@ class Planner:
              window_left: int | None = None) -> PlanInfo:
         """`window_left`: the sliding window (query at q_pos sees KV >= q_pos - window_left);
         None: no window, every tile reads from KV 0."""
-        window_left = check_window(window_left)
+        if window_left is not None:
+            window_left = check_window(window_left)
         # (the fast paths' quick checks decide which batches they take: None for the rest; decode
         # batches keep the numpy path's unsplit template; tile_table.plan's checks start from these)
         if (qo_indptr is not None and self.tile_table_path and type(kv_indptr) is np.ndarray

@@ -142,9 +142,11 @@ def plan(p, tl, out, qo, qu, kv, kp, ids, B, nnz, nq, kv_least, safe_kv):
                             total, L, (kvmax + f, kv_least + f))
         if mode != "auto" or kv_least <= tail:   # (short tiles: their chunk count is clamped)
             return None
-        # Algorithm 1's chunk counts; each tile's last chunk is the remainder (less k)
+        # Algorithm 1's chunk counts sum((kv + k) // L), from the remainders (which b0 may read):
+        # each tile's last chunk is its remainder (less k)
         x = kv64 + K
-        n = _ACC(x // L0).item(-1)
+        x %= L0
+        n = (kv_total + B * k - _ACC(x).item(-1)) // L
         if not C < n <= min(2 * C, p.bounds.max_items):
             return None
         total2 = kv_total + n * f
@@ -156,7 +158,6 @@ def plan(p, tl, out, qo, qu, kv, kp, ids, B, nnz, nq, kv_least, safe_kv):
         lo = max(L + f, mean)
         b0 = None
         if lo * C <= AUTO_IMBALANCE * total2:
-            x %= L0
             b0 = max(lo, L + f + x.item(x.argmax()) - k)
             if b0 * C <= AUTO_IMBALANCE * total2:
                 return None
@@ -165,7 +166,6 @@ def plan(p, tl, out, qo, qu, kv, kp, ids, B, nnz, nq, kv_least, safe_kv):
         return None
     if mode == "auto" and con[0] >= lo:   # (auto keeps it below b0)
         if b0 is None:
-            x %= L0
             b0 = max(lo, L + f + x.item(x.argmax()) - k)
         if con[0] >= b0:
             return None
