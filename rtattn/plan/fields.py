@@ -349,13 +349,22 @@ class PlanLayout:
                 for f in PLAN_FIELDS]
 
 
-def write_requests(v: dict, B: int, qo_indptr, qo_len, kv_indptr, kv_len, nnz: int, kv_indices) -> None:
+def request_rows(v: dict, B: int) -> tuple:
+    """The views of B requests' rows (query start and length, first page, KV length) in the
+    views `v` of a plan buffer (write_requests' `rows`, for a caller that keeps them)."""
+    return v["req_qo_start"][:B], v["req_qo_len"][:B], v["req_kv_page_start"][:B], v["req_kv_len"][:B]
+
+
+def write_requests(v: dict, B: int, qo_indptr, qo_len, kv_indptr, kv_len, nnz: int, kv_indices,
+                   rows: tuple | None = None) -> None:
     """The requests' rows (query start and length, first page, KV length) and the page table's
-    first `nnz` ids into the views `v` of a plan buffer (every planner path writes these alike)."""
-    v["req_qo_start"][:B] = qo_indptr[:B]
-    v["req_qo_len"][:B] = qo_len
-    v["req_kv_page_start"][:B] = kv_indptr[:B]
-    v["req_kv_len"][:B] = kv_len
+    first `nnz` ids into the views `v` of a plan buffer (every planner path writes these alike);
+    `rows`: request_rows(v, B), if the caller has them."""
+    qs, ql, ps, kl = rows or request_rows(v, B)
+    qs[...] = qo_indptr[:B]
+    ql[...] = qo_len
+    ps[...] = kv_indptr[:B]
+    kl[...] = kv_len
     v["kv_indices"][:nnz] = kv_indices[:nnz]
 
 

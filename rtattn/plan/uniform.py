@@ -24,7 +24,7 @@ import numpy as np
 
 from . import inspector, tile_table   # (PlanInfo, _balanced; both import this module: read at call time)
 from .costs import AUTO_IMBALANCE, COST_ALPHA, COST_GAMMA, TAIL_FRACTION
-from .fields import PLAN_INFO_LEN, write_info, write_requests
+from .fields import PLAN_INFO_LEN, request_rows, write_info, write_requests
 
 _ACC = np.add.accumulate
 LAYOUTS = 64   # contiguous layouts a planner keeps (Scratch.layout; cleared when full)
@@ -52,7 +52,24 @@ class Scratch:
         self.headers = {}   # (B, qu) -> an unsplit plan's header (int32: one copy beats packing it)
         self.tiles_qu = 0   # the qu rows 1 and 2 hold
         self.key = np.zeros(2 * b.max_batch, dtype=np.int64)   # _contiguous's c0 and pieces
+        self.acc = np.zeros(b.max_batch + 1, dtype=np.int64)   # the running sum of cost
         self.layouts = {}   # (qu, key bytes) -> Layout
+        self.batches = {}   # B -> BatchViews (a view costs ~0.1 us: a plan takes a dozen)
+        self.planned = {}   # (id(plan views), B) -> PlanViews
+
+    def plan_views(self, v, B: int) -> "PlanViews":
+        pv = self.planned.get((id(v), B))
+        if pv is None or pv.v is not v:
+            if len(self.planned) >= 8:
+                self.planned.clear()
+            pv = self.planned[id(v), B] = PlanViews(v, B, self)
+        return pv
+
+    def batch(self, B: int) -> "BatchViews":
+        bv = self.batches.get(B)
+        if bv is None:
+            bv = self.batches[B] = BatchViews(self, B)
+        return bv
 
     def tiles_for(self, qu: int) -> np.ndarray:
         if self.tiles_qu != qu:
@@ -82,7 +99,7 @@ class Scratch:
             return None
         if len(self.layouts) >= LAYOUTS:
             self.layouts.clear()
-        lay = self.layouts[k] = Layout(p, qu, c0, pieces, pend, n, S, st, M, P)
+        lay = self.layouts[k] = Layout(p, qu, c0, pieces, pend, n, S, st, M, P, self.kv_rows)
         return lay
 
     def rows_of(self, qu: int):
@@ -90,6 +107,34 @@ class Scratch:
         if r is None:
             r = self.rows[qu] = Rows(self.ar32, qu)
         return r
+
+
+class BatchViews:
+    """The scratch views a uniform plan of B tiles reads and writes (made once per B)."""
+
+    __slots__ = ("kv64", "cost", "costx", "acc", "base", "tail", "key", "c0", "pieces")
+
+    def __init__(self, sc, B: int):
+        self.kv64 = sc.kv[:B]
+        self.cost = sc.cost[1:B + 1]   # each tile's length on the cost axis: its unsplit cost
+        self.costx = sc.cost[:B + 1]   # [f, cost]
+        self.acc = sc.acc[:B + 1]      # its running sum: f + the tiles' ends before each
+        self.base = self.acc[:B]       # each tile's KV token 0 on the axis
+        self.tail = self.acc[1:]       # each tile's end + f
+        self.key = sc.key[:2 * B]      # _contiguous's [c0 | pieces]: the layout's key, as bytes
+        self.c0, self.pieces = self.key[:B], self.key[B:]
+
+
+class PlanViews:
+    """The views a uniform plan of B tiles writes in the plan views `v` (made once per buffer
+    and B): the request rows, and an unsplit plan's item rows, work_indptr[1:] and tiles' rows."""
+
+    __slots__ = ("v", "requests", "items", "wi", "kv", "page")
+
+    def __init__(self, v, B: int, sc):
+        self.v, self.requests = v, request_rows(v, B)
+        self.items, self.wi = v["_items"][:, :B], v["work_indptr"][1:]
+        self.kv, self.page = sc.tiles[4, :B], sc.tiles[7, :B]   # (the tiles' KV end and first page)
 
 
 class Rows:
@@ -118,11 +163,11 @@ def plan(p, tl, out, qo, qu, kv, kp, ids, B, nnz, nq, kv_least, safe_kv):
         F.fill(f)
         sc.cost[0] = f
         sc.f, sc.w = f, 0
-    kv64 = sc.kv[:B]
+    bv = sc.batch(B)
+    kv64, cost, acc = bv.kv64, bv.cost, bv.acc
     kv64[...] = kv
-    cost = sc.cost[1:B + 1]            # each tile's length on the cost axis: its unsplit cost
     np.add(kv64, F, out=cost)
-    acc = _ACC(sc.cost[:B + 1])        # f + the tiles' ends before each: tile t's KV token 0 at acc[t]
+    _ACC(bv.costx, out=acc)            # f + the tiles' ends before each: tile t's KV token 0 at acc[t]
     total = acc.item(-1) - f
     if mode != "contiguous":
         kv_total = total - f * B
@@ -138,7 +183,7 @@ def plan(p, tl, out, qo, qu, kv, kp, ids, B, nnz, nq, kv_least, safe_kv):
             L0.fill(L)
             sc.L = L
         if kvmax + k < 2 * L:   # unsplit: every tile one item
-            return _unsplit(p, tl, sc, out, qo, qu, kv, kv64, kp, ids, B, nnz, nq, kv_least, cost, acc,
+            return _unsplit(p, tl, sc, out, qo, qu, kv, bv, kp, ids, B, nnz, nq, kv_least, cost,
                             total, L, (kvmax + f, kv_least + f))
         if mode != "auto" or kv_least <= tail:   # (short tiles: their chunk count is clamped)
             return None
@@ -161,7 +206,7 @@ def plan(p, tl, out, qo, qu, kv, kp, ids, B, nnz, nq, kv_least, safe_kv):
             b0 = max(lo, L + f + x.item(x.argmax()) - k)
             if b0 * C <= AUTO_IMBALANCE * total2:
                 return None
-    con = _contiguous(p, tl, sc, qu, kv64, acc, total, B, kv_least)
+    con = _contiguous(p, tl, sc, qu, bv, total, kv_least)
     if con is None:
         return None
     if mode == "auto" and con[0] >= lo:   # (auto keeps it below b0)
@@ -181,13 +226,13 @@ def _keep(p, out, sc, con, qo, qu, kv, kp, ids, B, nnz, nq):
                               buf if isinstance(buf, np.ndarray) else np.frombuffer(buf, np.uint8), v, "contiguous")
 
 
-def _unsplit(p, tl, sc, out, qo, qu, kv, kv64, kp, ids, B, nnz, nq, kv_least, cost, acc, total, L, span):
+def _unsplit(p, tl, sc, out, qo, qu, kv, bv, kp, ids, B, nnz, nq, kv_least, cost, total, L, span):
     """Every tile one item (modes auto and balanced): tile_table._balanced's schedule (LPT on the
     tiles' costs; auto weighs the contiguous partition when its bound asks), laid out here."""
     held = []
 
     def contiguous():   # (tile_table._balanced's alternative; a dict with the heaviest load)
-        con = _contiguous(p, tl, sc, qu, kv64, acc, total, B, kv_least)
+        con = _contiguous(p, tl, sc, qu, bv, total, kv_least)
         if con is None:
             held.append(None)
             return None
@@ -200,14 +245,14 @@ def _unsplit(p, tl, sc, out, qo, qu, kv, kv64, kp, ids, B, nnz, nq, kv_least, co
         return _keep(p, out, sc, held[-1], qo, qu, kv, kp, ids, B, nnz, nq)
     buf, v = p._buffer(out)
     n, C = B, p.num_ctas
-    write_requests(v, B, qo, qu, kp, kv, nnz, ids)
-    wv = v["work_indptr"]
-    wv[0] = 0
-    wv[1:C + 1] = res["wi"]
+    pv = sc.plan_views(v, B)
+    write_requests(v, B, qo, qu, kp, kv, nnz, ids, pv.requests)
+    v["work_indptr"][0] = 0
+    pv.wi[...] = res["wi"]
     tt = sc.tiles_for(qu)
-    tt[4, :B] = kv
-    tt[7, :B] = kp[:B]
-    tt.take(res["order"], axis=1, out=v["_items"][:, :n], mode="clip")   # (the tiles in queue order)
+    pv.kv[...] = kv
+    pv.page[...] = kp[:B]
+    tt.take(res["order"], axis=1, out=pv.items, mode="clip")   # (the tiles in queue order)
     v["merge_indptr"][0] = 0
     hdr = sc.headers.get((B, qu))
     if hdr is None:
@@ -217,9 +262,9 @@ def _unsplit(p, tl, sc, out, qo, qu, kv, kv64, kp, ids, B, nnz, nq, kv_least, co
     return p._info(res, B, nq, buf, v)
 
 
-def _contiguous(p, tl, sc, qu, kv64, acc, total, T, kv_least):
-    """tile_table._contiguous on a uniform one-tile batch (`acc`: f + the running tile ends, as
-    uniform.plan sums them), into scratch: (top, w, loads, Layout),
+def _contiguous(p, tl, sc, qu, bv, total, kv_least):
+    """tile_table._contiguous on a uniform one-tile batch (`bv`: its views, the running sum
+    uniform.plan made), into scratch: (top, w, loads, Layout),
     or None where a bound is exceeded. The cuts' KV positions and the loads are this plan's; the
     rest follows from each tile's first CTA and piece count, which repeat from plan to plan while
     a batch's composition does (cached: Scratch.layout)."""
@@ -230,11 +275,9 @@ def _contiguous(p, tl, sc, qu, kv64, acc, total, T, kv_least):
         W.fill(w)
         W1.fill(w - 1 - sc.f)          # (acc[t + 1] is tile t's end + f)
         sc.w = w
-    base = acc[:T]                     # each tile's KV token 0 on the axis
-    key = sc.key[:2 * T]               # [c0 | pieces]: the layout's key, as bytes
-    c0, pieces = key[:T], key[T:]
+    base, key, c0, pieces = bv.base, bv.key, bv.c0, bv.pieces
     np.add(base, tl.ps_less1, out=c0)  # the CTA whose slice ends past the tile's first page, and
-    np.add(acc[1:], W1, out=pieces)    # one past the CTA of the tile's last piece: one division
+    np.add(bv.tail, W1, out=pieces)    # one past the CTA of the tile's last piece: one division
     key //= W
     if kv_least < p.page_size:         # a tile shorter than a page is its last piece alone
         np.minimum(c0, pieces - tl.one, out=c0)
@@ -244,17 +287,14 @@ def _contiguous(p, tl, sc, qu, kv64, acc, total, T, kv_least):
         lay = sc.layout(p, qu, key, c0, pieces)
         if lay is None:
             return None
-    n = lay.n
-    kvr = sc.kv_rows[:, :n + 1]
-    cut = kvr[0, 1:]
+    cut, kv_end, kv_mid, cut_next, kv_tail, _ = lay.kv   # (sc.kv_rows)
     np.multiply(lay.cta, W, out=cut)   # the piece's first token: its CTA's slice start, on a page
     cut -= base[lay.rep]
     np.maximum(cut, tl.zero, out=cut)
     cut &= tl.page_mask
-    kv_end = kvr[1]                    # a piece ends where the next piece of its tile starts
-    kv_end[1:n] = cut[1:]
-    kv_end[lay.pend] = kv64            # ... the last at its tile's KV
-    c = kv_end[1:] - cut
+    kv_mid[...] = cut_next             # a piece ends where the next piece of its tile starts
+    kv_end[lay.pend] = bv.kv64         # ... the last at its tile's KV
+    c = kv_tail - cut
     c += F
     loads = lay.loads(c, C)
     return loads.item(loads.argmax()), w, loads, lay
@@ -271,9 +311,9 @@ class Layout:
     more than planning without it: the first write is the direct one."""
 
     __slots__ = ("n", "M", "P", "S", "rep", "pend", "cta", "wi", "starts", "uses", "items", "merge", "header",
-                 "_split", "_written")
+                 "_split", "_written", "kv", "_views")
 
-    def __init__(self, p, qu, c0, pieces, pend, n, S, st, M, P):
+    def __init__(self, p, qu, c0, pieces, pend, n, S, st, M, P, kv_rows):
         C, T, ar = p.num_ctas, c0.shape[0], p._ar
         self.n, self.M, self.P, self.S, self.pend = n, M, P, S, pend
         first = pend - pieces
@@ -288,6 +328,26 @@ class Layout:
         self.starts, self.uses, self._written = None, 0, 0
         self.items = self.merge = self.header = None   # (the second plan written with it fills them)
         self._split = (first, st, pieces.copy())
+        # the views _contiguous computes the cuts in (kv_rows: [KV start, end] of item j - 1):
+        # cut, kv_end, kv_end[1:n], cut[1:], kv_end[1:], and both rows of the items
+        kvr = kv_rows[:, :n + 1]
+        cut, kv_end = kvr[0, 1:], kvr[1]
+        self.kv = (cut, kv_end, kv_end[1:n], cut[1:], kv_end[1:], kv_rows[:, 1:n + 1])
+        self._views = {}   # id(plan views) -> (those views, the items' views _write writes)
+
+    def views(self, v) -> tuple:
+        """The item rows [:n], their KV rows and page row, and the merge map's views [:M + 1] /
+        [:M] in the plan views `v` (kept for the few buffers a planner writes into)."""
+        hit = self._views.get(id(v))
+        if hit is not None and hit[0] is v:
+            return hit
+        n, M = self.n, self.M
+        it = v["_items"][:, :n]
+        hit = (v, it, it[3:5], it[7], v["merge_indptr"][:M + 1], v["_merge"][:, :M])
+        if len(self._views) >= 4:
+            self._views.clear()
+        self._views[id(v)] = hit
+        return hit
 
     def loads(self, c, C) -> np.ndarray:
         """Each CTA's load (a new array: PlanInfo keeps it) from the items' costs `c`: from the
@@ -311,17 +371,17 @@ def _write(p, v, sc, con, qo, qu, kv, kp, ids, B, nnz, nq) -> None:
     plans: _write_first)."""
     lay = con[3]
     n, M = lay.n, lay.M
-    write_requests(v, B, qo, qu, kp, kv, nnz, ids)
+    write_requests(v, B, qo, qu, kp, kv, nnz, ids, sc.plan_views(v, B).requests)
     v["work_indptr"][:] = lay.wi
     if lay.items is None:
         _write_first(p, v, sc, lay, qo, qu, kp, B)
         return
-    it = v["_items"][:, :n]
+    _, it, it_kv, it_page, mi, mg = lay.views(v)
     it[...] = lay.items
-    it[3:5] = sc.kv_rows[:, 1:n + 1]
-    kp.take(lay.rep, out=it[7], mode="clip")   # (rep < B: clip is the unchecked take)
+    it_kv[...] = lay.kv[5]
+    kp.take(lay.rep, out=it_page, mode="clip")   # (rep < B: clip is the unchecked take)
     if M:
-        v["merge_indptr"][:M + 1], v["_merge"][:, :M] = lay.merge
+        mi[...], mg[...] = lay.merge
     else:
         v["merge_indptr"][0] = 0
     v["plan_info"][:] = lay.header
