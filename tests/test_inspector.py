@@ -597,3 +597,17 @@ def test_auto_early_contiguous_choice_changes_no_plan(monkeypatch, seed):
         assert np.array_equal(bufs[0], bufs[1]), case
     for decode in (True, False):   # both outcomes exercised, on both kinds of tiles
         assert {took for d, took in chosen if d == decode} == {True, False}
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 80), st.integers(1, 2000), st.lists(st.lists(st.integers(0, 2000), min_size=1, max_size=300),
+                                                        min_size=1, max_size=4))
+def test_lpt_rounds_in_kept_scratch_deal_like_the_textbook_heap(num_ctas, base, batches):
+    """lpt_assign with a scratch dict (the rounds' arrays kept per (items, CTAs), reused by the
+    next calls: tile_table's unsplit plans) == the textbook heap, call after call."""
+    from rtattn.plan.inspector import lpt_assign
+    scratch, ar = {}, np.arange(2 * 300 + 2 * 80, dtype=np.int64)
+    for offsets in batches + batches:   # (every shape twice: the second call reuses the arrays)
+        costs = [base + o % (base + 1) for o in offsets]
+        cs = np.sort(np.array(costs, dtype=np.int64))[::-1].copy()
+        assert lpt_assign(cs, num_ctas, ar, scratch).tolist() == _textbook_lpt(cs, num_ctas)

@@ -186,10 +186,12 @@ def _item_partials(it, T, st, pbase_st, entry_st, i_tile, row_off) -> None:
     it[5:7] = pm
 
 
-def lpt_assign(cost_sorted: np.ndarray, num_ctas: int, ar: np.ndarray) -> np.ndarray:
+def lpt_assign(cost_sorted: np.ndarray, num_ctas: int, ar: np.ndarray, scratch: dict | None = None) -> np.ndarray:
     """Longest-processing-time assignment of costs sorted descending (int64).
     Least-loaded CTA first, ties by CTA id.  Returns the CTA of each item
-    (int64); a CTA's load is the sum of its items' costs.
+    (int64); a CTA's load is the sum of its items' costs. `scratch` (a dict the caller keeps):
+    the rounds' arrays are kept there per (items, CTAs), and the result may be one of them
+    (valid until the next call with that scratch).
 
     Key = (load << shift) | cta as one Python int, so heapq compares plain ints
     and the loop body is two C calls.  The first num_ctas items land on CTAs
@@ -210,10 +212,16 @@ def lpt_assign(cost_sorted: np.ndarray, num_ctas: int, ar: np.ndarray) -> np.nda
         return ar[:n] % num_ctas if m > num_ctas else ar[:n].copy()
     shift = num_ctas.bit_length()
     mask = (1 << shift) - 1
-    keys = cost_sorted << shift
     last = cost_sorted.item(n - 1)
     if m == num_ctas and last > max(c0 - cost_sorted.item(m - 1), cost_sorted.item(m) - last):
-        return _lpt_rounds(keys, num_ctas, ar, mask)   # (the first round on CTAs 0 .. C-1, then rounds)
+        # (the first round on CTAs 0 .. C-1, then rounds)
+        if scratch is None:
+            return _lpt_rounds(cost_sorted << shift, num_ctas, ar, mask)
+        rd = scratch.get((n, num_ctas))
+        if rd is None:
+            rd = scratch[n, num_ctas] = _Rounds(n, num_ctas, ar)
+        return rd.assign(cost_sorted, shift, mask)
+    keys = cost_sorted << shift
     if m > num_ctas:
         cta = ar[:n] % num_ctas
     else:   # (the first m items on CTAs 0 .. m-1: no modulo, ~1.3 us at 256 items)
@@ -263,6 +271,34 @@ def _lpt_rounds(keys: np.ndarray, C: int, ar: np.ndarray, mask: int, dealt: bool
     cta = rows.reshape(-1)[:n]
     cta &= mask
     return cta
+
+
+class _Rounds:
+    """_lpt_rounds' arrays and views for n items on C CTAs, the first C dealt (kept: a view or
+    an array costs ~0.1-0.2 us, the rounds a dozen)."""
+
+    __slots__ = ("keys", "ids", "first", "heap", "steps", "last", "cta")
+
+    def __init__(self, n: int, C: int, ar: np.ndarray):
+        R = -(-n // C)
+        self.keys = np.empty(n, dtype=np.int64)
+        rows = np.empty((R, C), dtype=np.int64)
+        rows[0] = ar[:C]
+        self.ids, self.first, self.heap = rows[0].copy(), self.keys[:C], rows[1]
+        self.steps = [(rows[r], self.keys[r * C:(r + 1) * C], rows[r + 1]) for r in range(1, R - 1)]
+        self.last, self.cta = rows[R - 1], rows.reshape(-1)[:n]
+
+    def assign(self, cost_sorted, shift: int, mask: int) -> np.ndarray:
+        """_lpt_rounds(cost_sorted << shift, ...) in these arrays: the CTAs (a view of them)."""
+        np.left_shift(cost_sorted, shift, out=self.keys)
+        np.bitwise_or(self.first, self.ids, out=self.heap)
+        for row, nxt, out in self.steps:
+            row.sort()
+            np.add(row, nxt, out=out)   # item r*C + j onto the j-th lightest CTA
+        self.last.sort()
+        cta = self.cta
+        cta &= mask
+        return cta
 
 
 ROUNDS_MIN_ITEMS_PER_CTA = 8   # batch-invariant: rounds_assign past this many items per CTA, else LPT

@@ -73,6 +73,7 @@ class Tiles:
         self.ps32, self.page_mask, self.ps_less1 = np.array(ps, dtype=np.int32), _k(-ps), _k(ps - 1)
         self.alpha, self.gamma, self.zero, self.one = _k(COST_ALPHA), _k(COST_GAMMA), _k(0), _k(1)
         self.uniform = None   # rtattn.plan.uniform's scratch (uniform.Scratch), made on first use
+        self.lpt = {}   # inspector.lpt_assign's scratch
         # qu -> the bytes of qu x (0, 1, .., max_batch) as int32 (qo_indptr of qu tokens per request),
         # for the query lengths of one tile (1..tile_q) that plans have used; and qu repeated
         self.uniform_bytes, self._uniform_q = {}, {}
@@ -347,7 +348,7 @@ def _balanced(p, cost, total, L, contiguous, con, span=None):
     if cs.item(0) == cs.item(n - 1):
         cta = ar[:n] % C
     else:
-        cta = inspector.lpt_assign(cs, C, ar)
+        cta = inspector.lpt_assign(cs, C, ar, p._tiles.lpt)
     loads = np.bincount(cta, weights=cs, minlength=C).astype(np.int64)
     if auto:
         top = loads.item(loads.argmax())
