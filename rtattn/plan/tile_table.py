@@ -74,6 +74,7 @@ class Tiles:
         self.alpha, self.gamma, self.zero, self.one = _k(COST_ALPHA), _k(COST_GAMMA), _k(0), _k(1)
         self.uniform = None   # rtattn.plan.uniform's scratch (uniform.Scratch), made on first use
         self.lpt = {}   # inspector.lpt_assign's scratch
+        self.span_top = _k(0)   # _balanced's bound of the costs
         # qu -> the bytes of qu x (0, 1, .., max_batch) as int32 (qo_indptr of qu tokens per request),
         # for the query lengths of one tile (1..tile_q) that plans have used; and qu repeated
         self.uniform_bytes, self._uniform_q = {}, {}
@@ -328,7 +329,9 @@ def _balanced(p, cost, total, L, contiguous, con, span=None):
     of the items in queue order (the caller lays them out); None where a bound is exceeded."""
     C, n, ar, auto = p.num_ctas, cost.shape[0], p._ar, p.mode == "auto"
     if span is not None and span[0] - span[1] < 2**16:   # longest first, ties in layout order
-        order = np.subtract(_k(span[0]), cost).astype(np.uint16).argsort(kind="stable")   # (radix sort)
+        hi0 = p._tiles.span_top   # (a kept 0-d array: a new one costs more than the fill)
+        hi0.fill(span[0])
+        order = np.subtract(hi0, cost).astype(np.uint16).argsort(kind="stable")   # (radix sort)
     else:
         order = _sorted_keys(cost, -1, ar[:n])
     cs = cost[order]

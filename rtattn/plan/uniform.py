@@ -259,7 +259,8 @@ def _unsplit(p, tl, sc, out, qo, qu, kv, bv, kp, ids, B, nnz, nq, kv_least, cost
         hdr = sc.headers[B, qu] = np.zeros(PLAN_INFO_LEN, dtype=np.int32)
         write_info({"plan_info": hdr}, n, 0, 0, B, p._tq, p.page_size, C, nq, p._fold_chunk)
     v["plan_info"][:] = hdr
-    return p._info(res, B, nq, buf, v)
+    return inspector.PlanInfo(n, 0, 0, B, nq, C, p._tq, p.page_size, res["L"], 0, res["loads"],
+                              buf if isinstance(buf, np.ndarray) else np.frombuffer(buf, np.uint8), v, "balanced")
 
 
 def _contiguous(p, tl, sc, qu, bv, total, kv_least):
