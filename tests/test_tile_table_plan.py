@@ -204,3 +204,42 @@ def test_auto_weighs_contiguous_before_its_early_bound_on_short_kv():
         assert np.array_equal(got[0], want[0]), (case, pk)
         modes.append(got[1][10])
     assert modes.count("contiguous") > 30 and modes.count("balanced") > 30, modes
+
+
+def test_serving_loop_into_two_kept_buffers_plans_the_numpy_paths_bytes(monkeypatch):
+    """A wrapper's serving loop: plans alternate between two kept buffers (the views uniform keeps
+    per buffer and batch size, a layout's per buffer, LPT's rounds per item count are reused),
+    the batch size and query length change now and then, KV grows every step; every plan's
+    buffer the numpy path's (planning into its own two buffers of the same stale bytes)."""
+    from rtattn.plan import inspector
+    rng = np.random.default_rng(12)
+    paths, rounds = [], []
+    assign = inspector._Rounds.assign
+    monkeypatch.setattr(inspector._Rounds, "assign", lambda self, *a: rounds.append(1) or assign(self, *a))
+    for case in range(12):
+        ps = int(rng.choice([1, 16]))
+        tq, top = 4, 64
+        C = int(rng.choice([33, 66]))
+        tile = TileConfig(tile_q=tq, tile_kv=64, max_rows=16, stages=2, threads=128, smem_bytes=0, kernel="prefill")
+        kv = rng.integers(768, 1281, top)
+        pk = dict(max_batch=top, max_qo_tokens=tq * top, max_pages=int((kv.max() + 400) // ps + 2) * top,
+                  num_qo_heads=32, num_kv_heads=8, head_dim=128, page_size=ps, tile=tile,
+                  mode=str(rng.choice(["auto", "auto", "balanced", "contiguous"])), causal=True, num_ctas=C,
+                  max_qo_len=tq)
+        fast, ref = Planner(**pk), Planner(**pk)
+        fast.small_tiles = ref.small_tiles = 0
+        ref.tile_table_path = False
+        stale = rng.integers(0, 256, fast.layout.plan_bytes, dtype=np.uint8)
+        bufs = {p: [stale.copy(), stale.copy()] for p in (fast, ref)}
+        B, qu = int(rng.choice([16, 40, 64])), int(rng.integers(1, tq + 1))
+        for step in range(30):
+            if rng.random() < 0.15:   # requests join or leave; another draft length
+                B, qu = int(rng.choice([8, 16, 40, 64])), int(rng.integers(1, tq + 1))
+            args = [indptr_from_lengths(np.full(B, qu)), *paged_kv(kv[:B], ps, shuffle_seed=step)]
+            got, want = (p.plan(*args, out=bufs[p][step & 1]) for p in (fast, ref))
+            assert np.array_equal(bufs[fast][step & 1], bufs[ref][step & 1]), (case, step, pk)
+            assert (got.num_items, got.mode, got.chunk_tokens, got.cta_loads.tolist()) == \
+                (want.num_items, want.mode, want.chunk_tokens, want.cta_loads.tolist()), (case, step)
+            paths.append(got.mode)
+            kv = kv + rng.integers(1, 6, top)
+    assert paths.count("contiguous") > 40 and paths.count("balanced") > 40 and len(rounds) > 40, (paths, len(rounds))
