@@ -46,7 +46,11 @@ class Scratch:
         # the tiles' item rows for unsplit plans (inspector's order, int32): request, first query row
         # (qu t), qu, KV start 0 and end, partial and merge -1, first page; one take in queue order
         # lays out every row of the items
-        self.tiles = np.zeros((8, b.max_batch), dtype=np.int32)
+        # (stored tile-major: taking whole tiles of 32 bytes, then one transposed copy into the
+        # plan's rows, is cheaper than taking along the rows)
+        self.tiles_by_tile = np.zeros((b.max_batch, 8), dtype=np.int32)
+        self.tiles = self.tiles_by_tile.T
+        self.taken = np.zeros((max(b.max_batch, b.max_items), 8), dtype=np.int32)   # tiles taken per item
         self.tiles[0] = self.ar32[:b.max_batch]
         self.tiles[5:7] = -1
         self.headers = {}   # (B, qu) -> an unsplit plan's header (int32: one copy beats packing it)
@@ -129,12 +133,14 @@ class PlanViews:
     """The views a uniform plan of B tiles writes in the plan views `v` (made once per buffer
     and B): the request rows, and an unsplit plan's item rows, work_indptr[1:] and tiles' rows."""
 
-    __slots__ = ("v", "requests", "items", "wi", "kv", "page")
+    __slots__ = ("v", "requests", "items", "wi", "kv", "page", "taken", "taken_rows")
 
     def __init__(self, v, B: int, sc):
         self.v, self.requests = v, request_rows(v, B)
         self.items, self.wi = v["_items"][:, :B], v["work_indptr"][1:]
         self.kv, self.page = sc.tiles[4, :B], sc.tiles[7, :B]   # (the tiles' KV end and first page)
+        self.taken = sc.taken[:B]
+        self.taken_rows = self.taken.T
 
 
 class Rows:
@@ -249,10 +255,11 @@ def _unsplit(p, tl, sc, out, qo, qu, kv, bv, kp, ids, B, nnz, nq, kv_least, cost
     write_requests(v, B, qo, qu, kp, kv, nnz, ids, pv.requests)
     v["work_indptr"][0] = 0
     pv.wi[...] = res["wi"]
-    tt = sc.tiles_for(qu)
+    sc.tiles_for(qu)
     pv.kv[...] = kv
     pv.page[...] = kp[:B]
-    tt.take(res["order"], axis=1, out=pv.items, mode="clip")   # (the tiles in queue order)
+    sc.tiles_by_tile.take(res["order"], axis=0, out=pv.taken, mode="clip")   # (the tiles in queue order)
+    pv.items[...] = pv.taken_rows
     v["merge_indptr"][0] = 0
     hdr = sc.headers.get((B, qu))
     if hdr is None:
@@ -414,7 +421,9 @@ def _write_first(p, v, sc, lay, qo, qu, kp, B) -> None:
         mg.fill(-1)
         mg[st] = r.q32[:S]
     it = v["_items"][:, :n]
-    tt.take(rep, axis=1, out=it, mode="clip")   # (rep < B: clip is the unchecked take)
+    taken = sc.taken[:n]
+    sc.tiles_by_tile.take(rep, axis=0, out=taken, mode="clip")   # (rep < B: clip is the unchecked take)
+    it[...] = taken.T
     if S:
         tt[5:7, :B] = -1   # (unsplit plans read the table's -1 rows)
     it[3:5] = sc.kv_rows[:, 1:n + 1]
