@@ -37,6 +37,7 @@ MODES = ("auto", "balanced", "contiguous")
 MIN_BATCH = 4
 _I32 = np.dtype(np.int32)
 _ACC = np.add.accumulate
+_bincount = uniform._bincount
 # KV tokens (pages x page size) below this keep every per-tile sum (kv + chunk bound, kv + fixed
 # cost) inside int32; larger steps go the numpy way (int64 throughout).
 SAFE_KV_TOKENS = 2**30
@@ -352,7 +353,7 @@ def _balanced(p, cost, total, L, contiguous, con, span=None):
         cta = ar[:n] % C
     else:
         cta = inspector.lpt_assign(cs, C, ar, p._tiles.lpt)
-    loads = np.bincount(cta, weights=cs, minlength=C).astype(np.int64)
+    loads = _bincount(cta, weights=cs, minlength=C).astype(np.int64)
     if auto:
         top = loads.item(loads.argmax())
         if top * C > AUTO_IMBALANCE * total:
@@ -362,7 +363,7 @@ def _balanced(p, cost, total, L, contiguous, con, span=None):
                 return con
     # queue order: (cta, assignment order); CTA ids in 8 bits sort by radix (~2.5x cheaper)
     q = cta.astype(np.uint8).argsort(kind="stable") if C <= 256 else _sorted_keys(cta, 1, ar[:n])
-    res.update(loads=loads, wi=_ACC(np.bincount(cta, minlength=C)), order=order[q])
+    res.update(loads=loads, wi=_ACC(_bincount(cta, minlength=C)), order=order[q])
     return res
 
 
@@ -477,7 +478,7 @@ def _contiguous(p, tl, t, ends, kv_least):
     kv_end[pend] = t[KV_END]
     c = kv_end - cut
     c += it[FIXED]
-    loads = np.bincount(cta, weights=c, minlength=C).astype(np.int64)
+    loads = _bincount(cta, weights=c, minlength=C).astype(np.int64)
     res = dict(n=k.shape[0], L=int(w), loads=loads, top=loads.item(loads.argmax()),
                wi=cta.searchsorted(ar[:C], "right"), it=it[:8], merge_rows=0, partial_rows=0, split_tiles=0,
                mode="contiguous")
