@@ -12,6 +12,9 @@ the cuts' KV positions and the loads follows from each tile's first CTA and piec
 made once per (qu, those two) and reused while a serving loop replans the same composition
 (docs/perf-log.md "Host path v9"). The arithmetic keeps to one dtype
 (int64) with 0-d constants: a Python int operand or a cast in a ufunc costs ~2x the call. The
+slices a plan reads and writes are kept too (a view costs ~0.1 us, a plan took ~25): per batch
+size (BatchViews), per plan buffer and batch size (PlanViews), per layout and buffer
+(Layout.views); each keeps the arrays it views, so a hit is always the same memory. The
 schedule is the table path's decision for decision (the chunk bound, auto's early contiguous
 choice, the same cuts, loads, partial rows and merge map): the bytes are
 (tests/test_tile_table_plan.py). What it does not plan (auto's balanced schedules, short tiles
