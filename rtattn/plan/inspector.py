@@ -219,6 +219,8 @@ def lpt_assign(cost_sorted: np.ndarray, num_ctas: int, ar: np.ndarray, scratch: 
             return _lpt_rounds(cost_sorted << shift, num_ctas, ar, mask)
         rd = scratch.get((n, num_ctas))
         if rd is None:
+            if len(scratch) >= 64:   # (a few KB each: serving loops keep to a few batch sizes)
+                scratch.clear()
             rd = scratch[n, num_ctas] = _Rounds(n, num_ctas, ar)
         return rd.assign(cost_sorted, shift, mask)
     keys = cost_sorted << shift
