@@ -12,6 +12,7 @@ import functools
 
 from rtattn.codegen.cstruct import CStruct, Member
 from rtattn.codegen.spec import DTYPES
+from rtattn.kernels import dev_defines
 from rtattn.runtime import Device, Module, compile_to_cubin
 
 THREADS = 256
@@ -46,7 +47,7 @@ def source(dtype: str, head_dim: int, softmax: bool) -> str:
 def compile_fold(dtype: str, head_dim: int, softmax: bool, arch: str) -> bytes:
     """CUBIN of the fold kernel (through the on-disk cache); needs no GPU."""
     return bytes(compile_to_cubin(source(dtype, head_dim, softmax), name=kernel_name(dtype, head_dim, softmax),
-                                  arch=arch))
+                                  arch=arch, options=dev_defines()))
 
 
 @functools.lru_cache(maxsize=None)

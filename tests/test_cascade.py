@@ -15,7 +15,7 @@ import pytest
 from rtattn import cascade as C
 from rtattn.codegen.spec import BUILTINS
 from rtattn import wrapper as W
-from rtattn.level_fold import params_struct
+from rtattn.level_fold import THREADS, params_struct
 from rtattn.plan.cascade import PREFILL_MIN_SAVING_US, execute_cascade
 from rtattn.plan.reference import Variant, reference_attention
 from rtattn.runtime import export
@@ -955,4 +955,24 @@ def test_gpu_shared_level_at_one_cta_per_sm_matches_float64(variant, join, heads
     assert w.info.level_prefill_items[0] > 0 and w.info.joined == join
     check_gpu(c, out, lse, REF[variant])
     again, lse2 = gpu_run(c, w, variant)
+    assert torch.equal(out, again) and torch.equal(lse, lse2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("heads, D, B, prefix", [
+    ((64, 8), 128, 128, 2048), ((32, 4), 128, 128, 1024), ((64, 8), 128, 160, 1024), ((32, 8), 64, 256, 1024),
+    ((32, 8), 256, 256, 1024), ((32, 8), 256, 128, 1024)])
+def test_gpu_fold_of_many_rows_with_few_states_matches_float64(heads, D, B, prefix):
+    """Many query rows with 2-5 states each (a short prefix over 128-256 requests, the fold's
+    (row, head) jobs 2-8 times its warps): its warps take 2 or 4 jobs a round where the states fit
+    (cascade_fold.cuh; at 160 requests the rows' state counts differ within a warp's jobs), one
+    otherwise. Float64 reference with poisoned outputs, and the bits of a second run."""
+    import torch
+    c = gpu_case(one_prefix_batch(B, prefix, 40, 16, seed=B), *heads, D, 16)
+    w = gpu_wrapper(c, 2)
+    out, lse = gpu_run(c, w)
+    jobs, warps = B * heads[0], w.fold_ctas * THREADS // 32
+    assert not w.info.joined and jobs > warps and w.info.num_state_rows <= 5 * w.info.num_qo_tokens
+    check_gpu(c, out, lse, Variant())
+    again, lse2 = gpu_run(c, w)
     assert torch.equal(out, again) and torch.equal(lse, lse2)
