@@ -143,10 +143,11 @@ __device__ __forceinline__ void merge_tile(const P& p, Variant& var, int entry0,
 // rows' earlier-level states -- the previous grid's (the prefill level's), rows start + k * step
 // of the partial states for entry e -- before writing: their fold (level, KV order), then the
 // row's own state last, so no fold kernel follows. Two columns per thread, as the combine's.
-// Rounds of 16 states (H200, p32768x16's 33: 50.0 us at 8 a round, 49.0 at 16, 47.3 at 33 -- which
-// cost p1024x64 and p8192x64 4 us: docs/perf-log.md session 11).
+// Rounds of 17 states: a shared level of 8 query tiles split over the 264-CTA grid gives a row 33
+// (two rounds, not three of 16). H200, p32768x16: 50.0 us at 8 a round, 48.4 at 16, 47.2 at 17,
+// 47.3 at 33 -- which cost p1024x64 and p8192x64 4 us; 17 costs them 0.7 (docs/perf-log.md).
 #ifndef RTATTN_DEV_JOIN_KU
-#define RTATTN_DEV_JOIN_KU 16
+#define RTATTN_DEV_JOIN_KU 17
 #endif
 template <bool SOFTMAX, class P>
 __device__ __forceinline__ void join_levels(const P& p, int e, int head, int d, float& o0, float& o1, float& lse) {
