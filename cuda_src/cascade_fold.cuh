@@ -89,9 +89,9 @@ __device__ __forceinline__ void cascade_fold(const P& p) {
   if (jobs * W <= num_warps) {
     fold_jobs<T, SOFTMAX, D, 1, 1, 32>(p, rows, warp, num_warps, lane);
   } else if (RTATTN_DEV_FOLD_MAX_J >= 4 && KU4 >= 2 && jobs > 3 * num_warps && states <= KU4) {
-    fold_jobs<T, SOFTMAX, D, W, 4, (KU4 >= 2 ? KU4 : 2)>(p, rows, warp, num_warps, lane);
+    fold_jobs<T, SOFTMAX, D, W, 4, KU4>(p, rows, warp, num_warps, lane);
   } else if (RTATTN_DEV_FOLD_MAX_J >= 2 && KU2 >= 2 && jobs > num_warps && states <= KU2) {
-    fold_jobs<T, SOFTMAX, D, W, 2, (KU2 >= 2 ? KU2 : 2)>(p, rows, warp, num_warps, lane);
+    fold_jobs<T, SOFTMAX, D, W, 2, KU2>(p, rows, warp, num_warps, lane);
   } else {
     fold_jobs<T, SOFTMAX, D, W, 1, KU>(p, rows, warp, num_warps, lane);
   }
