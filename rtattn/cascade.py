@@ -126,16 +126,23 @@ def shared_prefill_tile(device: plan_devices.Device, head_dim: int, group: int, 
     tile would spend half its MMAs on padding. `mma`: the kernel (shared_prefill_mma) -- on
     "wgmma" its 64-row tile (one warpgroup), or at head_dim 128 its 128-row tile where the group
     fills more (the family's own policy, WGMMA_POLICY, takes 128 rows at d64 and d256 too; the
-    shared levels keep 64 there). None where the family cannot serve: pages past 128 tokens, a
+    shared levels keep 64 there). By default ("auto") those 128 rows run on the warp-specialized
+    kernel ("ws"), which measured faster there wherever the prefix is long (H200, docs/perf-log.md
+    session 14: p32768x64 111.2 -> 101.5 us, nb-4Kx128-q64k8 99.5 -> 96.5, p8192x64 46.3 -> 44.7,
+    nb-16Kx32-q32k4 47.1 -> 45.3; p1024x64 27.0 -> 28.2, the rest within 0.3) and slower on the
+    half-filled 128 rows of 16 queries (p8192x16 22.0 -> 24.9: they keep the 64-row wgmma tile).
+    None where the family cannot serve: pages past 128 tokens, a
     head group past its rows. Its KV copies are evict-first (kv_evict_first) on the sync and wgmma
     kernels: a shared level reads each prefix block once per query tile, once where one tile holds
     the group (H200, wgmma: p32768x16 52.7 -> 50.0 us, no cascade row slower; docs/perf-log.md
     session 11)."""
-    mma = shared_prefill_mma(device, head_dim, group, mma)
+    auto, mma = mma == "auto", shared_prefill_mma(device, head_dim, group, mma)
     if page_size > 128 or group > PREFILL_ROWS[-1]:
         return None
     if mma == "wgmma":
         rows = 128 if max_queries * group > WGMMA_ROWS and head_dim == 128 else WGMMA_ROWS
+        if auto and rows == 128:   # (the warp-specialized kernel: see above)
+            return choose_tile(device, head_dim, group, max_queries, mma="ws")
         tile = choose_tile(device, head_dim, group, max_queries, mma=mma, rows=rows)
     else:
         tile = choose_tile(device, head_dim, group, max_queries, mma=mma)
@@ -326,8 +333,9 @@ class CascadeWrapper:
     prefill tiles whose suffix rows are one decode item each skip the fold kernel: the decode
     kernel joins each row's prefix states before writing it (H200: 0.2-3.0 us faster than the
     fold on 5 of the 6 prefix rows, docs/perf-log.md "Cascade v6").
-    `prefill_mma` (default "auto": the prefill family's sm_90a wgmma kernel on cc 9.0 where its
-    tile fits, else the mma.sync kernel; shared_prefill_mma): "sync" or "wgmma" forces one.
+    `prefill_mma` (default "auto": the prefill family's sm_90a kernels on cc 9.0 where their
+    tiles fit -- the warp-specialized one for 128-row shared tiles, wgmma for 64 -- else the
+    mma.sync kernel; shared_prefill_mma, shared_prefill_tile): "sync", "wgmma" or "ws" forces one.
     `prefill_ctas_per_sm`: the shared level's prefill CTAs per SM, i.e. its grid
     (shared_level_ctas_per_sm); fewer than the tile allows leaves each SM a slot for the decode
     level's CTAs, which then run beside the shared level instead of after it. Default None: as
@@ -344,9 +352,12 @@ class CascadeWrapper:
     ... and their suffixes are scheduled unsplit so that they are. H200 (docs/perf-log.md "v16"):
     both slower on nb-4Kx128-q64k8 (108.7 / 108.6 against 103.6 us) and nb-2Kx128-q32k4, join_unsplit
     faster on nb-4Kx32-q64k8 (35.9 against 38.2): no rule picks them yet.
-    `leave_early` (default False; an A/B): the concurrent decode build's CTAs but (0, 0) leave
-    after their items instead of waiting for the prefill grid, so later decode CTAs take their
-    slots while the shared level runs (codegen spec `leave_early`).
+    `leave_early` (default True; False: the A/B): the concurrent decode build's CTAs but (0, 0)
+    leave after their items instead of waiting for the prefill grid, so later decode CTAs take
+    their slots while the shared level runs (codegen spec `leave_early`; the grid still completes
+    after the prefill grid, through CTA (0, 0)'s wait). H200 (docs/perf-log.md session 14, with
+    the ws shared tile): nb-4Kx128-q64k8 96.5 -> 95.6 us, nb-4Kx32-q64k8 38.5 -> 37.8, never
+    slower beyond 0.4 us (this call's spread) on the lists it applies to.
     The launch list follows each plan (launch_list()).
     """
 
@@ -356,7 +367,7 @@ class CascadeWrapper:
                  num_ctas: int | None = None, pdl: bool = True, num_pages_pool: int | None = None, device=None,
                  prefill: bool | str = "auto", concurrent_levels: bool = True, flat: bool | str = "auto",
                  join_levels: bool = True, prefill_mma: str = "auto", prefill_ctas_per_sm: int | None = None,
-                 prefill_ctas: int | None = None, leave_early: bool = False, single_query_build: bool = True,
+                 prefill_ctas: int | None = None, leave_early: bool = True, single_query_build: bool = True,
                  join_uneven: bool = False, join_unsplit: bool = False):
         if prefill not in (True, False, "auto"):
             raise ValueError(f"prefill must be 'auto', True or False, got {prefill!r}")
@@ -396,7 +407,7 @@ class CascadeWrapper:
         self.num_levels = num_levels
         self.max_qo_tokens = max_qo_tokens or max_batch
         dev = plan_devices.from_props(W.current_device(device).props)
-        prefill_mma = shared_prefill_mma(dev, head_dim, group, prefill_mma)   # (refused before anything is built)
+        shared_prefill_mma(dev, head_dim, group, prefill_mma)   # (refused before anything is built)
         tile = shared_prefill_tile(dev, head_dim, group, page_size, self.max_qo_tokens, prefill_mma) if prefill else None
         pp = narrow = None
         if tile is not None:   # the prefill family's planner: its tile, its grid (shared_level_ctas_per_sm)

@@ -16,6 +16,7 @@ def _row(batch, with_fi=True):
     if with_fi:
         row["fi"] = dict(eager_enqueue_us=30.0, graph_enqueue_us=1.0, plan_us=400.0, plan_host_us=160.0,
                          pf_plan_us=180.0, pf_plan_host_us=150.0)
+        row["plan_interleaved"], row["pf_plan_interleaved"] = dict(ratio=0.22), dict(ratio=0.48)
     return row
 
 
@@ -26,5 +27,6 @@ def test_summary_fits_a_tail_and_holds_every_target(capsys):
     assert len(lines) <= 40 and len(out) < 3000
     assert all(h in out for h in ("eager", "dg.step", "stepgr", "FI eager", "rt/FI", "pf/FIpf", "inv/auto"))
     b16 = next(x.split() for x in lines if x.split()[:1] == ["16"] and "0.20" in x)
-    assert b16[-5:] == ["0.20", "0.50", "0.50", "0.60", "1.05"]   # rt/FI, rt/FI-h, pf/FIpf, pf/FIpf-h, inv/auto
+    # rt/FI, rt/FI-h, pf/FIpf, pf/FIpf-h, inv/auto; the interleaved rt/FI~ and pf/FIpf~
+    assert b16[-7:] == ["0.20", "0.50", "0.50", "0.60", "1.05", "0.22", "0.48"]
     assert any(x.split()[:1] == ["512"] and x.split().count("-") >= 4 for x in lines)   # no FlashInfer: dashes

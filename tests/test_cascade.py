@@ -284,17 +284,20 @@ def test_prefill_mma_picks_the_wgmma_kernel_for_the_shared_levels(fake_gpu):
             C.CascadeWrapper(2, 32, 8, 128, 16, max_batch=24, max_pages=pool, prefill=prefill, prefill_mma="mfma")
 
 
-def test_the_defaults_are_the_wgmma_kernel_and_joined_levels_on_cc_9_0(fake_gpu):
+def test_the_defaults_are_the_sm90a_kernels_and_joined_levels_on_cc_9_0(fake_gpu):
     """By default (prefill_mma="auto", join_levels=True) a cc 9.0 device runs the shared levels on
-    the prefill family's wgmma kernel and one-prefix plans on it join their levels (prefill
-    kernel, joining decode build: no fold); other devices, and head groups past its 64 rows,
+    the prefill family's sm_90a kernels -- wgmma's 64-row tile for up to 16 queries at g = 4, the
+    ws kernel's 128 rows past them (d128) -- and one-prefix plans on them join their levels
+    (prefill kernel, joining decode build: no fold); other devices, and head groups past 64 rows,
     keep the mma.sync kernel."""
     from rtattn.cascade import shared_prefill_mma
     from rtattn.plan.devices import get_device
     kv_indptr, idx, last, pool = one_prefix_batch(20, 256, 40, 16)
+    w16 = C.CascadeWrapper(2, 32, 8, 128, 16, max_batch=16, max_pages=pool, prefill=True)
+    assert (w16.prefill_tile.mma, w16.prefill_tile.rows) == ("wgmma", 64)
     w = C.CascadeWrapper(2, 32, 8, 128, 16, max_batch=24, max_pages=pool, prefill=True)
-    assert w.prefill_tile.mma == "wgmma" and w._join is not None and w.planner.join_levels
-    assert w.planner.prefill_min_saving_us == PREFILL_MIN_SAVING_US["wgmma"]
+    assert (w.prefill_tile.mma, w.prefill_tile.rows) == ("ws", 128) and w._join is not None and w.planner.join_levels
+    assert w.planner.prefill_min_saving_us == PREFILL_MIN_SAVING_US["ws"]
     w.plan(None, kv_indptr, idx, last, share_prefixes=True)
     assert w.launch_list() == "join" and w.info.joined
     h200, a100 = get_device("h200"), get_device("a100")
@@ -626,10 +629,12 @@ def test_level_kernels_and_the_fold_compile(isolated_cache):
     assert [C.shared_prefill_tile(h200, 128, 4, 16, n, "sync").rows for n in (9, 16, 17, 1000)] == [64, 64, 128, 128]
     assert C.shared_prefill_tile(h200, 256, 4, 16, 64, "sync").rows == 64   # (head_dim 256: at most 64 rows)
     assert compile_prefill(spec, tile, "sm_90", quiet=True)[1][:4] == b"\x7fELF"
-    # ... and on the family's sm_90a wgmma kernel (the default on cc 9.0): 64 rows for 16 queries
-    # at g = 4, 128 rows past them (d128)
-    wg = [C.shared_prefill_tile(h200, 128, 4, 16, n) for n in (16, 17)]
+    # ... and on the family's sm_90a kernels (the default on cc 9.0): 64 rows of wgmma for 16
+    # queries at g = 4, past them (d128) 128 rows of wgmma when asked, of the ws kernel by default
+    wg = [C.shared_prefill_tile(h200, 128, 4, 16, 16), C.shared_prefill_tile(h200, 128, 4, 16, 17, "wgmma")]
     assert [(t.mma, t.rows) for t in wg] == [("wgmma", 64), ("wgmma", 128)]
+    auto128 = C.shared_prefill_tile(h200, 128, 4, 16, 17)
+    assert (auto128.mma, auto128.rows, auto128.kv_evict_first) == ("ws", 128, False)
     assert (C.shared_prefill_tile(h200, 256, 4, 16, 64, "wgmma").rows, C.shared_prefill_tile(h200, 64, 1, 16, 200,
                                                                                             "wgmma").rows) == (64, 64)
     assert compile_prefill(spec, wg[0], "sm_90", quiet=True)[1][:4] == b"\x7fELF"

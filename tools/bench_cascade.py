@@ -37,7 +37,7 @@ short-KV tile, two CTAs per SM / one / one with leave_early), rt-b3 (the 64-row 
 per SM), rt-g75 / rt-g75le / rt-g85le / rt-g50le (the one-CTA shared tile on that fraction of the
 SMs: prefill_ctas), rt-ov1le, rt-cm1le, rt-g75lem1, rt-wgb2 / rt-wgb2nle (every shared group on
 the short-KV 128-row tile), rt-ws (the shared levels on the warp-specialized kernel: 128 rows, one
-CTA per SM, its producer warpgroup streaming K and V). --row-libs PATTERN=LIBS gives rows their own sets. `--breakdown` also times each kernel of the launch lists of
+CTA per SM, its producer warpgroup streaming K and V; rt-wsle with leave_early; rt-wgnle: wgmma without leave_early, the default before session 14). --row-libs PATTERN=LIBS gives rows their own sets. `--breakdown` also times each kernel of the launch lists of
 BREAKDOWN (rt-ser, rt-serwg, rt-casc, rt-ov1, rt-wide) alone (prefill, decode, fold: where the
 step's time goes; a joined list's decode kernel alone includes its join). Every output is checked
 against a float32 torch reference (relative error < 2e-2) after an eager call and after the
@@ -65,7 +65,7 @@ TOL = 2e-2
 LIBS = ("rt-casc", "rt-fold", "rt-sync", "rt-join", "rt-pre", "rt-prej", "rt-wg", "rt-wgj", "rt-ser", "rt-serwg",
         "rt-128", "rt-dec", "rt-m1", "rt-flat", "rt-ov1", "rt-wide", "rt-cm1", "rt-le", "rt-b2", "rt-b2n", "rt-b2nle",
         "rt-b3", "rt-g75", "rt-g75le", "rt-g50le", "rt-g85le", "rt-ov1le", "rt-wgb2", "rt-cm1le",
-        "rt-g75lem1", "rt-wgb2nle", "rt-ju", "rt-jus", "rt-q2", "rt-flatauto", "rt-noflat", "rt-ws", "rt-noef", "rt-k32s6", "rt-k64s4", "rt-k128s2", "rt-single", "fi-casc", "fi-cc",
+        "rt-g75lem1", "rt-wgb2nle", "rt-ju", "rt-jus", "rt-q2", "rt-flatauto", "rt-noflat", "rt-ws", "rt-wsle", "rt-wgnle", "rt-noef", "rt-k32s6", "rt-k64s4", "rt-k128s2", "rt-single", "fi-casc", "fi-cc",
         "fi-tc")
 # CascadeWrapper configurations: the arguments each sets (the rest: the wrapper's defaults)
 SYNC, FOLD = {"prefill_mma": "sync"}, {"join_levels": False}
@@ -86,6 +86,8 @@ RT_CASC = {"rt-casc": {}, "rt-fold": FOLD, "rt-sync": SYNC, "rt-join": SYNC,
            "rt-wgb2nle": dict(prefill=True, prefill_mma="wgmma", prefill_ctas_per_sm=1, leave_early=True, **FOLD),
            "rt-ju": dict(join_uneven=True), "rt-jus": dict(join_uneven=True, join_unsplit=True),
            "rt-q2": dict(single_query_build=False), "rt-flatauto": dict(flat="auto"), "rt-ws": dict(prefill_mma="ws"),
+           "rt-wsle": dict(prefill_mma="ws", leave_early=True),
+           "rt-wgnle": dict(prefill_mma="wgmma", leave_early=False),   # (session 13's default)
            "rt-noflat": dict(flat=False), "rt-noef": {}, "rt-k32s6": {}, "rt-k64s4": {},
            "rt-k128s2": {}}
 # A/Bs of the shared level's wgmma tile (SHARED_TILE_AB: its rows -> choose_tile's overrides) and grid

@@ -30,6 +30,9 @@ distinct KV cache per layer so nothing stays in L2 between layers):
   pf_plan_us take the page table as CUDA tensors (as FlashInfer's examples do: the plan copies
   indptr and last_page_len to the host); *_host_us pass indptr, last_page_len (and qo_indptr) as
   CPU tensors, FlashInfer's cheapest plan (page ids stay on the GPU, where run() reads them).
+  plan_interleaved / pf_plan_interleaved: rtattn's and FlashInfer's plan() (decode; prefill on the pf
+  rows' inputs, CUDA tensors) in alternating rounds, the median of the rounds' ratios: the summary's
+  ~ columns, the ratio least moved by this host's other work.
 * The first batch is run once untimed before any row is measured (warm-up: the first row timed
   read ~1.4x high at batch 1 before).
 
@@ -51,6 +54,7 @@ from bench_common import page_table
 H, HK, D, PS = 32, 8, 128, 16
 PREFILL_QO = 4   # query tokens per request of the prefill wrapper's rows
 PLAN_WARMUP, PLAN_SAMPLES = 10, 200   # plan() is cheap: many samples, after its first calls (view caches)
+INTERLEAVE_ROUNDS, INTERLEAVE_CALLS = 20, 25   # plan() against FlashInfer's: alternating rounds
 
 
 def med(xs):
@@ -194,7 +198,7 @@ class Bench:
             record(name, per_layer)
             res[f"{name}_stats"] = dict(dg.stats)
             dg.close()
-        res.update(graph_vs_eager_rel_diff=err, out0=ref)
+        res.update(graph_vs_eager_rel_diff=err, out0=ref, plan_fn=plan)   # (plan_fn: for interleaved())
         return res
 
     # -------------------------------------------------------------- FlashInfer
@@ -225,8 +229,9 @@ class Bench:
                                                                         backend=self.args.fi_prefill_backend)
                     res_plan["pf_plan_host_us"] = med(time_calls(
                         lambda: pw.plan(qi_h, indptr_h, indices, last_h, H, HK, D, PS, causal=True, **types)))
-                    res_plan["pf_plan_us"] = med(time_calls(
-                        lambda: pw.plan(qi, indptr, indices, last, H, HK, D, PS, causal=True, **types)))
+                    res_plan["pf_plan_fn"] = lambda: pw.plan(qi, indptr, indices, last, H, HK, D, PS, causal=True,
+                                                             **types)
+                    res_plan["pf_plan_us"] = med(time_calls(res_plan["pf_plan_fn"]))
                 except Exception as e:  # report, keep the decode numbers
                     res_plan["pf_plan_error"] = f"{type(e).__name__}: {e}"[:200]
             plan()
@@ -238,6 +243,7 @@ class Bench:
                     w.run(q[l], (self.k[l], self.v[l]), out=o[l])
             e_wall, e_enq, e_gpu = self.time_step(eager, reps)
             out0 = o[0].float().clone()
+            res_plan["plan_fn"] = plan
             res = dict(res_plan, eager_us=e_wall / L, eager_enqueue_us=e_enq / L, eager_gpu_us=e_gpu / L,
                        out0=out0)
             try:  # a CUDA-graph wrapper needs fixed-size index buffers
@@ -262,16 +268,29 @@ class Bench:
         return res
 
 
-def time_calls(fn) -> list:
-    """Host µs of PLAN_SAMPLES calls of fn after PLAN_WARMUP untimed ones."""
-    for _ in range(PLAN_WARMUP):
+def time_calls(fn, samples: int = PLAN_SAMPLES, warmup: int = PLAN_WARMUP) -> list:
+    """Host µs of `samples` calls of fn after `warmup` untimed ones."""
+    for _ in range(warmup):
         fn()
     out = []
-    for _ in range(PLAN_SAMPLES):
+    for _ in range(samples):
         t0 = time.perf_counter()
         fn()
         out.append((time.perf_counter() - t0) * 1e6)
     return out
+
+
+def interleaved(fa, fb, rounds: int = INTERLEAVE_ROUNDS, per: int = INTERLEAVE_CALLS) -> tuple:
+    """(median µs of fa, of fb, median of the rounds' ratios a / b): `rounds` alternating rounds of `per`
+    calls each, so that both sides see the same state of a shared host (its other work comes and goes
+    over seconds; two separate medians taken a second apart read 0.54 and 0.76 for the same code)."""
+    a_all, b_all, ratios = [], [], []
+    for _ in range(rounds):
+        a, b = time_calls(fa, per, warmup=2), time_calls(fb, per, warmup=2)
+        a_all += a
+        b_all += b
+        ratios.append(med(a) / med(b))
+    return med(a_all), med(b_all), med(ratios)
 
 
 def _table(title, cols, rows, extra=None):
@@ -308,9 +327,11 @@ def summary(rows) -> None:
     cols = [("rt", "plan_us", "fi", "plan_us", "rt/FI"), ("rt", "plan_us", "fi", "plan_host_us", "rt/FI-h"),
             ("pf", "plan_us", "fi", "pf_plan_us", "pf/FIpf"), ("pf", "plan_us", "fi", "pf_plan_host_us", "pf/FIpf-h"),
             ("inv", "graph_gpu_us", "rt", "graph_gpu_us", "inv/auto")]
-    print("\nplan() host us per step (FI: page table as CUDA tensors, -h: host indptr) and ratios")
+    print("\nplan() host us per step (FI: page table as CUDA tensors, -h: host indptr) and ratios; ~: "
+          f"rt and FI alternating, {INTERLEAVE_ROUNDS} rounds of {INTERLEAVE_CALLS} calls, the rounds' median ratio")
     heads = ("rt plan", "FI plan", "pf plan", "FI pf")
-    print(f"{'batch':>6s}" + "".join(f"{h:>9s}" for h in heads) + "".join(f"{c[4]:>10s}" for c in cols))
+    print(f"{'batch':>6s}" + "".join(f"{h:>9s}" for h in heads) + "".join(f"{c[4]:>10s}" for c in cols)
+          + f"{'rt/FI~':>9s}{'pf/FIpf~':>9s}")
     for r in rows:
         vals = (r.get("rt", {}).get("plan_us"), r.get("fi", {}).get("plan_us"), r.get("pf", {}).get("plan_us"),
                 r.get("fi", {}).get("pf_plan_us"))
@@ -318,6 +339,9 @@ def summary(rows) -> None:
         for c in cols:
             x = _ratio(r, *c[:4])
             cells.append(f"{x:10.2f}" if x is not None else f"{'-':>10s}")
+        for key in ("plan_interleaved", "pf_plan_interleaved"):
+            x = r.get(key, {}).get("ratio")
+            cells.append(f"{x:9.2f}" if x is not None else f"{'-':>9s}")
         print(f"{r['batch']:6d}" + "".join(cells))
 
 
@@ -377,8 +401,16 @@ def main(argv=None) -> int:
                 row["rt_vs_fi_rel_diff"] = float((a - f).norm() / f.norm())
             except Exception as e:
                 row["fi"] = {"error": f"{type(e).__name__}: {e}"[:300]}
+            fi = row["fi"]
+            with torch.cuda.stream(b.stream):   # the same plans, alternating (interleaved's why)
+                for key, ours, theirs in (("plan", "rt", "plan_fn"), ("pf_plan", "pf", "pf_plan_fn")):
+                    fa, fb = row.get(ours, {}).get("plan_fn"), fi.get(theirs)
+                    if fa is not None and fb is not None:
+                        a_us, b_us, ratio = interleaved(fa, fb)
+                        row[f"{key}_interleaved"] = dict(rt_us=a_us, fi_us=b_us, ratio=ratio)
         for side in ("rt", "inv", "pf", "fi"):
-            row.get(side, {}).pop("out0", None)
+            for key in ("out0", "plan_fn", "pf_plan_fn"):
+                row.get(side, {}).pop(key, None)
         rows.append(row)
         # (the whole row goes to $OUT/overhead.json when OUT is set: the log keeps a line, so the
         # summary at the end stays inside a short tail)

@@ -63,7 +63,7 @@ PREFILL_BORROWED = ("req_qo_start", "req_qo_len", "req_kv_page_start", "req_kv_l
 #          either way) 1.7 faster; predicted 1.5 (p1024x16, joined) measured 1.2 slower, 6.1
 #          (tree-1Kx8x8K's 1K x 64 level, a fold either way) 1.7 slower: 7.5 separates all five
 #          (and the three long rows, 48.5-194 predicted, 27-130 measured faster).
-#   ws     The wgmma kernel's (an A/B path, bench_cascade rt-ws: not measured on its own yet).
+#   ws     The wgmma kernel's (the default 128-row shared tile since session 14: not measured on its own).
 PREFILL_MIN_SAVING_US = {"sync": 40.0, "wgmma": 7.5, "ws": 7.5}
 # What a one-prefix plan on prefill tiles saves where it joins its levels (join_levels: the
 # decode kernel folds each suffix row, no fold kernel) against the levels on decode (decode
