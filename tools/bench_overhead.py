@@ -18,7 +18,7 @@ distinct KV cache per layer so nothing stays in L2 between layers):
 * graph          the same step replayed from one StepGraph (all layers captured once)
 * layer_graph    DecodeGraphs.step() per layer with the default pool (one exec per layer: replays
                  only); layer_graph1: max_execs=1, one exec updated in place per layer (kernel-node
-                 arguments)
+                 arguments); eager and these two in STEP_ROUNDS alternating rounds
 * per path: *_us wall (enqueue -> stream synchronized), *_enqueue_us host time until the last
   launch returned, *_gpu_us device time (events): all per layer (step / layers)
 * inv: the same for a batch-invariant wrapper (inv_vs_auto_gpu: its step graph's GPU time / auto's)
@@ -55,6 +55,7 @@ H, HK, D, PS = 32, 8, 128, 16
 PREFILL_QO = 4   # query tokens per request of the prefill wrapper's rows
 PLAN_WARMUP, PLAN_SAMPLES = 10, 200   # plan() is cheap: many samples, after its first calls (view caches)
 INTERLEAVE_ROUNDS, INTERLEAVE_CALLS = 20, 25   # plan() against FlashInfer's: alternating rounds
+STEP_ROUNDS = 3   # eager and the DecodeGraphs paths: alternating rounds of reps / STEP_ROUNDS steps
 
 
 def med(xs):
@@ -90,6 +91,10 @@ class Bench:
 
     def time_step(self, fn, reps):
         """(wall µs, enqueue µs, gpu µs) medians of `fn` (one whole step) on self.stream."""
+        return tuple(med(xs) for xs in self.time_steps(fn, reps))
+
+    def time_steps(self, fn, reps):
+        """([wall µs], [enqueue µs], [gpu µs]) of `reps` runs of `fn` (one whole step) on self.stream."""
         s = self.stream
         walls, enq, gpu = [], [], []
         fn()
@@ -106,7 +111,7 @@ class Bench:
             s.synchronize()
             walls.append((time.perf_counter() - t0) * 1e6)
             gpu.append(e0.elapsed_time(e1) * 1e3)
-        return med(walls), med(enq), med(gpu)
+        return walls, enq, gpu
 
     def plan_while_busy(self, step, plan) -> list:
         """Host µs of plan() called right after a step was enqueued (a serving loop plans step N+1
@@ -177,11 +182,34 @@ class Bench:
                 libcuda.set_entry(name)
             except RuntimeError as e:
                 res[f"eager_{name}_error"] = str(e)
+                if name == "ctypes":             # no ctypes entry: eager below runs through the bindings
+                    libcuda.set_entry(entry or "bindings")
                 continue
-            record("eager" if name == "ctypes" else "eager_bindings", eager)
-        if "eager_us" not in res:                # no ctypes entry: the bindings numbers are the eager ones
-            libcuda.set_entry(entry or "bindings")
-            record("eager", eager)
+            if name == "bindings":
+                record("eager_bindings", eager)
+        # eager and both DecodeGraphs pools (the default: one exec per layer, replays only;
+        # max_execs=1: one exec updated in place per layer) in alternating rounds, so that a
+        # burst of this host's other work lands on all three alike (interleaved()'s why)
+        dgs = {"layer_graph": DecodeGraphs(w), "layer_graph1": DecodeGraphs(w, max_execs=1)}
+
+        def stepper(dg):
+            def per_layer():
+                for l in range(L):
+                    dg.step(q[l], self.k[l], self.v[l], out=o[l], stream=s)
+            return per_layer
+        paths = {"eager": eager, **{name: stepper(dg) for name, dg in dgs.items()}}
+        samples = {name: ([], [], []) for name in paths}
+        for _ in range(STEP_ROUNDS):
+            for name, fn in paths.items():
+                for acc, xs in zip(samples[name], self.time_steps(fn, max(1, -(-reps // STEP_ROUNDS)))):
+                    acc += xs
+        for name, (wall, enq, gpu) in samples.items():
+            res.update({f"{name}_us": med(wall) / L, f"{name}_enqueue_us": med(enq) / L, f"{name}_gpu_us": med(gpu) / L})
+        for name, dg in dgs.items():
+            res[f"{name}_stats"] = dict(dg.stats)
+            dg.close()
+        eager()   # (the reference output: eager's, as before the rounds)
+        s.synchronize()
         ref = o[0].float().clone()
 
         sg = StepGraph([w.prepare(q[l], self.k[l], self.v[l], out=o[l], stream=s) for l in range(L)], s)
@@ -189,15 +217,6 @@ class Bench:
         err = float((o[0].float() - ref).norm() / ref.norm())
         res["plan_busy_us"] = med(self.plan_while_busy(sg.replay, plan))
         sg.close()
-        for name, pool in (("layer_graph", {}), ("layer_graph1", {"max_execs": 1})):   # the default pool; one exec
-            dg = DecodeGraphs(w, **pool)
-
-            def per_layer():
-                for l in range(L):
-                    dg.step(q[l], self.k[l], self.v[l], out=o[l], stream=s)
-            record(name, per_layer)
-            res[f"{name}_stats"] = dict(dg.stats)
-            dg.close()
         res.update(graph_vs_eager_rel_diff=err, out0=ref, plan_fn=plan)   # (plan_fn: for interleaved())
         return res
 
