@@ -34,7 +34,9 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from . import fields as F
-from .inspector import Planner, PlanInfo, _repeat_index
+from . import tile_table
+from .costs import COST_ALPHA, COST_GAMMA, TAIL_FRACTION
+from .inspector import _ADD, Planner, PlanInfo, _repeat_index
 from .layout import Batch, validate_batch
 from .prefix_tree import one_shared_prefix, prefix_union
 from .levels import Union, check_causal, union_batch
@@ -281,8 +283,6 @@ class CascadePlanner:
         """Plan one step from plain page tables, the levels found from shared leading pages
         (rtattn.plan.prefix_tree). qo_indptr None: decode, one query per request."""
         B = len(kv_indptr) - 1
-        if qo_indptr is None:
-            qo_indptr = self._ar32[:B + 1] if B < self._ar32.shape[0] else np.arange(B + 1, dtype=np.int32)
         batch = validate_batch(qo_indptr, kv_indptr, kv_indices, kv_last_page_len, self.page_size,
                                num_pages=num_pages, max_batch=self.max_batch, max_qo_tokens=self.max_qo_tokens)
         lcp = None   # (one_shared_prefix's answer, where asked: prefix_union then does not ask again)
@@ -430,14 +430,16 @@ class CascadePlanner:
             raise ValueError(f"the levels hold {nnz} pages, exceeding max_pages={self.planner.bounds.max_pages} "
                              f"(a page counts once per level group that holds it)")
         T0 = 0 if on_prefill else -(-B // tq)    # the prefix's decode query tiles
-        t_grp, t_row, t_len = self._one_prefix_tiles(B, T0)
-        t_kv = np.empty(T0 + B, np.int64)
-        t_kv[:T0] = P
-        np.subtract(batch.kv_len, P, out=t_kv[T0:])
-        d_it, d_res = self._tile_items(t_grp, t_row, t_len, t_kv)
-        R = _state_rows(d_it, 0)
+        if T0:
+            t_kv = np.empty(T0 + B, np.int64)
+            t_kv[:T0] = P
+            np.subtract(batch.kv_len, P, out=t_kv[T0:])
+            d_it, d_res = self._tile_items(*self._one_prefix_tiles(B, T0), t_kv)
+        else:   # every decode tile a suffix: tile b is request b's (group b + 1, row b, one query)
+            t_kv = batch.kv_len - P
+            d_it, d_res = self._suffix_items(t_kv)
         parts = [(d_it, d_res, self.planner, v["plan"])]
-        tmpl, join, pp = None, False, self.prefill
+        tmpl, join, pp, R = None, False, self.prefill, None
         if self.prefill is not None:
             if on_prefill:
                 if self.prefill_narrow is not None and P <= NARROW_MAX_PREFIX_TOKENS:
@@ -448,12 +450,18 @@ class CascadePlanner:
                         and p_it.shape[1] * self.prefill.tile_q <= self.max_state_rows)
                 if join:   # each suffix item writes its row, joining the prefix's states: none of its own
                     p_rows, merge_start = self._joined(p_it, B, P, tmpl.shape[1], pp.num_ctas)
-                    d_it[5], d_it[6], R = -1, d_it[1], 0
+                    if not d_res.get("join_rows"):   # (_unsplit_suffixes' items hold them already)
+                        d_it[5], d_it[6] = -1, d_it[1]
+                    R = 0
             else:   # plan_union's empty prefill part
                 p_it, p_res, _, p_rows = self._prefill_items(self._ar[:0], self._ar[:0], self._ar[:0], self._ar[:0])
-            p_it[5] += R
+            if R is None:
+                R = _state_rows(d_it, 0)
+                p_it[5] += R
             t0, R = R, R + p_rows          # t0: the template's first state row
             parts.append((p_it, p_res, pp, v["prefill"]))
+        else:
+            R = _state_rows(d_it, 0)
         if R > self.max_state_rows:
             raise ValueError(f"plan needs {R} state rows, exceeding {self.max_state_rows}")
         pv = v["plan"]
@@ -462,8 +470,7 @@ class CascadePlanner:
         pv["req_qo_len"][0] = B
         pv["req_qo_len"][1:Bp] = 1
         pv["req_kv_page_start"][0] = 0
-        np.multiply(self._ar[:B], own, out=pv["req_kv_page_start"][1:Bp], casting="unsafe")
-        pv["req_kv_page_start"][1:Bp] += lcp
+        pv["req_kv_page_start"][1:Bp] = self._suffix_pages(B, own, lcp)
         pv["req_kv_len"][0] = P
         pv["req_kv_len"][1:Bp] = t_kv[T0:]
         m = batch.kv_indices[:n * B].reshape(B, n)
@@ -489,12 +496,12 @@ class CascadePlanner:
             np.multiply(self._ar[:B + 1], c + 1, out=v["fold_indptr"][:B + 1], casting="unsafe")
         else:
             self._fold_map(v, np.concatenate([p[0] for p in parts], axis=1), level_of, B, 2, R)
-        np.subtract(batch.kv_len, 1, out=v["q_pos"][:B])
+        v["q_pos"][:B] = batch.kv_len - 1   # (cheaper than a casting subtract into int32)
         v["kv_offset"][0] = 0
         v["kv_offset"][1:Bp] = P
         struct.pack_into("=3i", v["fold_info"], 0, B, R, 2)
         return CascadeInfo(infos[0], level_of, 2, B, R, nnz, v, infos[1] if len(infos) > 1 else None, joined=join,
-                           one_query=_one_query(d_it))
+                           one_query=not T0 or _one_query(d_it))   # (suffix tiles hold one query each)
 
     def _joined(self, p_it: np.ndarray, B: int, P: int, c: int, grid: int):
         """The join's numbering of one prefix's prefill items (_join_rows, into p_it) and the
@@ -538,7 +545,7 @@ class CascadePlanner:
             part["_items"][:, :n] = it
             wi = part["work_indptr"]
             wi[0] = 0
-            wi[1:C + 1] = np.add.accumulate(res["counts"])   # (cumsum casting into int32 out= is slower)
+            wi[1:C + 1] = res["wi"] if "wi" in res else np.add.accumulate(res["counts"])   # (cumsum casting into int32 out= is slower)
             part["merge_indptr"][0] = 0
             F.write_info(part, n, 0, R, Bp, planner.tile_q, self.page_size, C, N, 0)
             infos.append(PlanInfo(n, 0, R, Bp, N, C, planner.tile_q, self.page_size, res["L"], res["split_tiles"],
@@ -580,6 +587,73 @@ class CascadePlanner:
             t_row = real0.take(t_grp) + t_j
             t_len = np.minimum(qo_len.take(t_g) - t_j, tq)
         return self._tile_items(t_grp, t_row, t_len, pb.kv_len.take(t_grp), unsplit)
+
+    def _suffix_items(self, t_kv):
+        """_tile_items for decode tiles that are the B suffixes alone (tile b: group b + 1, real
+        row b, one query): the schedule's items of one-query requests already hold the row and
+        query count (item_qo_start = the tile, item_qo_len = 1), so only the group is left.
+        Where no suffix splits, the schedule is the plain planner's one-tile fast path
+        (tile_table._balanced: the same LPT, bounds and queue order as Planner._schedule, in
+        fewer numpy calls; tests/test_cascade_plan.py holds the plans to plan_union's bytes)."""
+        res = self._unsplit_suffixes(t_kv)
+        if res is not None:
+            return res["items"].take(res["final"], axis=1), res
+        res = self.planner._schedule(Batch(self._ar32[:t_kv.shape[0] + 1], None, None, None,
+                                           self._ones[:t_kv.shape[0]], t_kv, self.page_size, 1), partials=False)
+        it = res["items"].copy() if res["final"] is None else res["items"].take(res["final"], axis=1)
+        it[0] += 1
+        return it, res
+
+    def _suffix_pages(self, B: int, own: int, lcp: int) -> np.ndarray:
+        """Each suffix's first page in the plan's page list (after the prefix's lcp): lcp + b own.
+        Remembered: steady decode steps keep B, own and lcp."""
+        hit = self._tiles_memo.get(("pages", B, own, lcp))
+        if hit is None:
+            if len(self._tiles_memo) >= PREFILL_MEMO:
+                self._tiles_memo.clear()
+            hit = self._tiles_memo[("pages", B, own, lcp)] = (self._ar[:B] * own + lcp).astype(np.int32)
+        return hit
+
+    def _unsplit_suffixes(self, t_kv):
+        """Planner._schedule's result for one-query tiles of KV `t_kv` where Algorithm 1 splits
+        none of them (auto or balanced, LPT queue order), through tile_table._balanced; None
+        where it would split one, auto weighs the contiguous partition, or the mode differs."""
+        p, T = self.planner, t_kv.shape[0]
+        if p.mode not in ("auto", "balanced") or p.chunk_runs or p.queue_order != "lpt" or not T \
+                or T > p._decode_items.shape[1]:
+            return None
+        C, ps, f = p.num_ctas, self.page_size, COST_ALPHA + COST_GAMMA
+        cost = t_kv + f                      # (int64: t_kv is)
+        kv_total = int(_ADD(t_kv))
+        L = max(-(-kv_total // C), p.min_chunk)
+        L = -(-L // ps) * ps
+        kvmax = t_kv.item(t_kv.argmax())
+        if kvmax + L - 1 - L // TAIL_FRACTION >= 2 * L:   # (some tile splits)
+            return None
+        if p._tiles is None:
+            p._tiles = tile_table.Tiles(p.bounds.max_batch, p.bounds.max_tiles, ps)
+        # (costs within [f, kvmax + f]: every suffix has KV >= 0)
+        res = tile_table._balanced(p, cost, kv_total + f * T, L, lambda: None, None, (kvmax + f, f))
+        if res is None:   # (auto asked for the contiguous partition: the general path decides)
+            return None
+        it = self._suffix_rows(T)
+        it[4] = t_kv
+        return dict(n=T, L=res["L"], loads=res["loads"], wi=res["wi"], items=it, final=res["order"], merge_rows=0,
+                    partial_rows=0, split_tiles=0, mode="balanced", queue_order="lpt", join_rows=True)
+        # (wi: work_indptr[1:]; join_rows: item_partial -1 and item_merge the row, the join's)
+
+    def _suffix_rows(self, T: int) -> np.ndarray:
+        """Item rows of T suffix tiles in tile order but the KV end: group b + 1, row b, one query,
+        KV from 0, and the join's item_partial -1 / item_merge b (rewritten where the plan folds).
+        Remembered per T (a view of it is filled each step)."""
+        hit = self._tiles_memo.get(("suffix", T))
+        if hit is None:
+            if len(self._tiles_memo) >= PREFILL_MEMO:
+                self._tiles_memo.clear()
+            ar = self._ar[:T]
+            hit = self._tiles_memo[("suffix", T)] = np.array([ar + 1, ar, ar * 0 + 1, ar * 0, ar * 0, ar * 0 - 1, ar,
+                                                               ar * 0], dtype=np.int32)
+        return hit
 
     def _tile_items(self, t_grp, t_row, t_len, t_kv, unsplit: bool = False):
         """Decode query tiles (group, first real row, rows, KV tokens each) scheduled as

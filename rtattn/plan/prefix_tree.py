@@ -158,17 +158,24 @@ def one_shared_prefix(batch: Batch, max_levels: int = 2) -> int:
     B, kv_indptr, ids = batch.batch, batch.kv_indptr, batch.kv_indices
     if max_levels < 2 or B < 2 or kv_indptr.item(1) < 2:
         return 0
-    n = kv_indptr.item(1)
-    d = kv_indptr[1:] - kv_indptr[:-1]
-    if d[d.argmin()] != d[d.argmax()]:          # unequal page counts
+    n, kv = kv_indptr.item(1), batch.kv_len
+    # equal page counts: (validated) counts >= 0 summing to n B, the largest (from the longest
+    # KV, ceil(kv / page_size) pages) n -- so every one n
+    if kv_indptr.item(B) != n * B or -(-kv.item(kv.argmax()) // batch.page_size) != n:
         return 0
     nnz = n * B
     diff = (ids[n:nnz] != ids[:nnz - n]).reshape(B - 1, n)   # request i+1 vs request i, page by page
-    cols = diff.any(axis=0)
-    first = cols.argmax()
-    lcp = int(first) if cols[first] and first < n - 1 else n - 1   # pages every request shares
+    f = diff.argmax(axis=1)   # each pair's first differing page (0 also where none differs)
+    first = f.item(f.argmin())   # (along rows: ~4x cheaper than any(axis=0) over the columns)
+    if first == 0:   # a pair differing at page 0, or one not differing at all
+        cols = diff.any(axis=0)
+        first = int(cols.argmax()) if cols.any() else n - 1
+    lcp = min(first, n - 1)   # pages every request shares
     # one prefix and nothing deeper: every neighbour pair differs right after it
-    return lcp if lcp and (lcp == n - 1 or diff[:, lcp].all()) else 0
+    if not lcp or lcp == n - 1:
+        return lcp
+    col = diff[:, lcp]
+    return lcp if col[col.argmin()] else 0   # (every pair differs there: argmin finds a False, if any)
 
 
 def _one_prefix(batch: Batch, m: np.ndarray, lcp: int) -> Union:
