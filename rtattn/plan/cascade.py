@@ -619,8 +619,7 @@ class CascadePlanner:
         none of them (auto or balanced, LPT queue order), through tile_table._balanced; None
         where it would split one, auto weighs the contiguous partition, or the mode differs."""
         p, T = self.planner, t_kv.shape[0]
-        if p.mode not in ("auto", "balanced") or p.chunk_runs or p.queue_order != "lpt" or not T \
-                or T > p._decode_items.shape[1]:
+        if p.mode not in ("auto", "balanced") or p.chunk_runs or p.queue_order != "lpt" or not T:
             return None
         C, ps, f = p.num_ctas, self.page_size, COST_ALPHA + COST_GAMMA
         cost = t_kv + f                      # (int64: t_kv is)
