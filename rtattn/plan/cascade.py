@@ -35,7 +35,7 @@ import numpy as np
 
 from . import fields as F
 from . import tile_table
-from .costs import COST_ALPHA, COST_GAMMA, TAIL_FRACTION
+from .costs import COST_ALPHA, COST_GAMMA
 from .inspector import _ADD, Planner, PlanInfo, _repeat_index
 from .layout import Batch, validate_batch
 from .prefix_tree import one_shared_prefix, prefix_union
@@ -439,7 +439,7 @@ class CascadePlanner:
             t_kv = batch.kv_len - P
             d_it, d_res = self._suffix_items(t_kv)
         parts = [(d_it, d_res, self.planner, v["plan"])]
-        tmpl, join, pp, R = None, False, self.prefill, None
+        tmpl, join, pp = None, False, self.prefill
         if self.prefill is not None:
             if on_prefill:
                 if self.prefill_narrow is not None and P <= NARROW_MAX_PREFIX_TOKENS:
@@ -455,7 +455,7 @@ class CascadePlanner:
                     R = 0
             else:   # plan_union's empty prefill part
                 p_it, p_res, _, p_rows = self._prefill_items(self._ar[:0], self._ar[:0], self._ar[:0], self._ar[:0])
-            if R is None:
+            if not join:
                 R = _state_rows(d_it, 0)
                 p_it[5] += R
             t0, R = R, R + p_rows          # t0: the template's first state row
@@ -621,18 +621,15 @@ class CascadePlanner:
         p, T = self.planner, t_kv.shape[0]
         if p.mode not in ("auto", "balanced") or p.chunk_runs or p.queue_order != "lpt" or not T:
             return None
-        C, ps, f = p.num_ctas, self.page_size, COST_ALPHA + COST_GAMMA
-        cost = t_kv + f                      # (int64: t_kv is)
+        f = COST_ALPHA + COST_GAMMA
         kv_total = int(_ADD(t_kv))
-        L = max(-(-kv_total // C), p.min_chunk)
-        L = -(-L // ps) * ps
+        L = tile_table.chunk_bound(p, kv_total)
         kvmax = t_kv.item(t_kv.argmax())
-        if kvmax + L - 1 - L // TAIL_FRACTION >= 2 * L:   # (some tile splits)
+        if L >= tile_table.SAFE_KV_TOKENS or not tile_table.one_chunk(kvmax, L):   # (some tile splits)
             return None
-        if p._tiles is None:
-            p._tiles = tile_table.Tiles(p.bounds.max_batch, p.bounds.max_tiles, ps)
+        tile_table.tiles(p)   # (_balanced's scratch)
         # (costs within [f, kvmax + f]: every suffix has KV >= 0)
-        res = tile_table._balanced(p, cost, kv_total + f * T, L, lambda: None, None, (kvmax + f, f))
+        res = tile_table._balanced(p, t_kv + f, kv_total + f * T, L, lambda: None, None, (kvmax + f, f))
         if res is None:   # (auto asked for the contiguous partition: the general path decides)
             return None
         it = self._suffix_rows(T)
@@ -649,9 +646,10 @@ class CascadePlanner:
         if hit is None:
             if len(self._tiles_memo) >= PREFILL_MEMO:
                 self._tiles_memo.clear()
-            ar = self._ar[:T]
-            hit = self._tiles_memo[("suffix", T)] = np.array([ar + 1, ar, ar * 0 + 1, ar * 0, ar * 0, ar * 0 - 1, ar,
-                                                               ar * 0], dtype=np.int32)
+            hit = self._tiles_memo[("suffix", T)] = np.zeros((8, T), np.int32)
+            hit[0] = self._ar[1:T + 1]
+            hit[1] = hit[6] = self._ar[:T]
+            hit[2], hit[5] = 1, -1
         return hit
 
     def _tile_items(self, t_grp, t_row, t_len, t_kv, unsplit: bool = False):

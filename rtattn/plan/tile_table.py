@@ -113,9 +113,7 @@ def plan(p, qo, kp, ids, last, window_left, out):
         return None
     # Query lengths in int32: if every difference is in [1, max_qo_len] (as wrapped), qo_indptr is
     # their exact running sum (the sums stay below B x max_qo_len < 2**31), so monotone.
-    tl = p._tiles
-    if tl is None:   # (made on the first plan this path takes: decode planners never need it)
-        tl = p._tiles = Tiles(b.max_batch, b.max_tiles, ps)
+    tl = tiles(p)
     qmax = qo.item(1)
     ub = tl.uniform_bytes.get(qmax)   # (qo_indptr of qmax tokens per request, as bytes; one-tile lengths only)
     if ub is None and 1 <= qmax <= min(tq, b.max_qo_len):
@@ -191,6 +189,28 @@ def plan(p, qo, kp, ids, last, window_left, out):
     return p._info(res, B, nq, buf, views)
 
 
+def tiles(p) -> Tiles:
+    """The planner's tile table and scratch, made on the first plan that needs them (decode
+    planners may never)."""
+    tl = p._tiles
+    if tl is None:
+        tl = p._tiles = Tiles(p.bounds.max_batch, p.bounds.max_tiles, p.page_size)
+    return tl
+
+
+def chunk_bound(p, kv_total: int) -> int:
+    """Algorithm 1's chunk bound L (Planner._schedule's) for kv_total KV tokens over the
+    planner's CTAs: at least its min_chunk, a page multiple."""
+    L = max(-(-kv_total // p.num_ctas), p.min_chunk)
+    return -(-L // p.page_size) * p.page_size
+
+
+def one_chunk(kvmax: int, L: int) -> bool:
+    """Whether Algorithm 1 at bound L keeps every tile of at most kvmax KV tokens one chunk (a
+    tail of up to L / TAIL_FRACTION joins the chunk before it)."""
+    return kvmax + L - 1 - L // TAIL_FRACTION < 2 * L
+
+
 def _tiles_of(p, tl, qo, q, kv, kp, B):
     """The tile table's columns for requests of several query tiles (inspector.Planner._schedule's
     tiles: request-major, tile_q rows each, a request's last tile what remains; causal tiles see
@@ -233,7 +253,7 @@ def _schedule(p, tl, t, T, nq, lo, hi, kv_least):
     tile's fixed cost; `kv_least`: a lower bound of every tile's KV): the schedule dict (with
     the items `it`, rows in queue order, and `wi`, work_indptr[1:]), or None where a bound is
     exceeded (the numpy path plans the batch and raises)."""
-    C, ps, mode = p.num_ctas, p.page_size, p.mode
+    C, mode = p.num_ctas, p.mode
     kv = t[KV_END]
     cost = t[FIXED] + kv   # each tile's length on the cost axis = its unsplit cost
     ends = _ACC(cost)
@@ -241,15 +261,14 @@ def _schedule(p, tl, t, T, nq, lo, hi, kv_least):
     if mode == "contiguous":
         return _contiguous(p, tl, t, ends, kv_least)
     kv_total = total - COST_ALPHA * nq - COST_GAMMA * T
-    L = max(-(-kv_total // C), p.min_chunk)
-    L = -(-L // ps) * ps
+    L = chunk_bound(p, kv_total)
     if L >= SAFE_KV_TOKENS:
         return None
     tail = L // TAIL_FRACTION
     kvmax = kv.item(kv.argmax())
     def contiguous():   # (auto's alternative, made when a bound asks for it)
         return _contiguous(p, tl, t, ends, kv_least)
-    if kvmax + L - 1 - tail < 2 * L:   # unsplit: every tile one item, its cost the tile's length
+    if one_chunk(kvmax, L):   # unsplit: every tile one item, its cost the tile's length
         res = _balanced(p, cost, total, L, contiguous, None, (kvmax + hi, kv_least + lo))
         if res is not None and res["mode"] == "balanced":
             res["it"] = t[:8].take(res.pop("order"), axis=1)

@@ -165,7 +165,7 @@ def plan(p, tl, out, qo, qu, kv, kp, ids, B, nnz, nq, kv_least, safe_kv):
     """The PlanInfo of a uniform one-tile batch (validated by tile_table.plan: kv the int32 KV
     lengths, every tile with pages, kv_least a lower bound of them) if this path plans it,
     written into `out` (None: a new buffer, as Planner._buffer); else None with nothing written."""
-    C, ps, mode = p.num_ctas, p.page_size, p.mode
+    C, mode = p.num_ctas, p.mode
     sc = tl.uniform
     if sc is None:
         sc = tl.uniform = Scratch(p.bounds)
@@ -183,8 +183,7 @@ def plan(p, tl, out, qo, qu, kv, kp, ids, B, nnz, nq, kv_least, safe_kv):
     total = acc.item(-1) - f
     if mode != "contiguous":
         kv_total = total - f * B
-        L = max(-(-kv_total // C), p.min_chunk)
-        L = -(-L // ps) * ps
+        L = tile_table.chunk_bound(p, kv_total)
         tail = L // TAIL_FRACTION
         if L >= safe_kv:
             return None
