@@ -118,6 +118,9 @@ def test_one_length_batches_plan_byte_identical_to_numpy_path(seed, monkeypatch)
         "all split" if con[3].S == a[5] else "some split" if con[3].S else "none split") or write(p, v, sc, con, *a))
     monkeypatch.setattr(uniform, "_unsplit", lambda *a: (lambda r: taken.append("unsplit" if r else "back") or r)(
         unsplit(*a)))
+    split = uniform._split_contiguous   # (auto on split chunks: contiguous kept here, or the table path's)
+    monkeypatch.setattr(uniform, "_split_contiguous", lambda *a: (lambda r: taken.append(
+        "split contiguous" if r else "split balanced") or r)(split(*a)))
     for case in range(400):
         pk, args = _case(rng)
         B = len(args[1]) - 1
@@ -142,6 +145,7 @@ def test_one_length_batches_plan_byte_identical_to_numpy_path(seed, monkeypatch)
             assert np.array_equal(got[0], want[0]), (case, pk)
             stale = got[0]
     assert all(taken.count(k) > 10 for k in ("all split", "some split", "none split", "unsplit")), taken
+    assert all(taken.count(k) > 3 for k in ("split contiguous", "split balanced")), taken
 
 
 def test_contiguous_layouts_reused_over_a_serving_loop_plan_the_numpy_paths_bytes(monkeypatch):
@@ -204,6 +208,35 @@ def test_auto_weighs_contiguous_before_its_early_bound_on_short_kv():
         assert np.array_equal(got[0], want[0]), (case, pk)
         modes.append(got[1][10])
     assert modes.count("contiguous") > 30 and modes.count("balanced") > 30, modes
+
+
+def test_few_long_requests_split_into_chunks_plan_the_numpy_paths_bytes(monkeypatch):
+    """A few requests of one query length with KV long enough to split into C..2C chunks (batch 3-12,
+    bench_overhead's U(0.75, 1.25) x 1024 lengths): auto's choice between the split balanced plan
+    and the contiguous one is uniform's where contiguous wins (not the table path's, ~3x dearer),
+    with the numpy path's bytes and PlanInfo either way."""
+    rng = np.random.default_rng(31)
+    tile = TileConfig(tile_q=4, tile_kv=64, max_rows=16, stages=2, threads=128, smem_bytes=0, kernel="prefill")
+    outcomes = []
+    split = uniform._split_contiguous
+    monkeypatch.setattr(uniform, "_split_contiguous", lambda *a: (lambda r: outcomes.append(r is not None) or r)(
+        split(*a)))
+    for case in range(300):
+        ps, batch, C = int(rng.choice([1, 16, 64])), int(rng.integers(3, 13)), int(rng.choice([16, 33, 66]))
+        qu, top = int(rng.integers(1, 5)), int(rng.choice([512, 1024, 2048]))
+        kv = rng.integers(top * 3 // 4, top * 5 // 4 + 1, batch)
+        pk = dict(max_batch=batch, max_qo_tokens=qu * batch, max_pages=int(kv.max() // ps + 2) * batch,
+                  num_qo_heads=32, num_kv_heads=8, head_dim=128, page_size=ps, tile=tile, mode="auto",
+                  causal=True, num_ctas=C, max_qo_len=qu)
+        fast, ref = Planner(**pk), Planner(**pk)
+        fast.small_tiles = ref.small_tiles = 0
+        ref.tile_table_path = False
+        stale = rng.integers(0, 256, fast.layout.plan_bytes, dtype=np.uint8)
+        args = [indptr_from_lengths(np.full(batch, qu)), *paged_kv(kv, ps, shuffle_seed=case)]
+        got, want = _plan(fast, args, {}, stale), _plan(ref, args, {}, stale)
+        assert got[1] == want[1], (case, pk)
+        assert np.array_equal(got[0], want[0]), (case, pk)
+    assert outcomes.count(True) > 30 and outcomes.count(False) > 10, (outcomes.count(True), outcomes.count(False))
 
 
 def test_serving_loop_into_two_kept_buffers_plans_the_numpy_paths_bytes(monkeypatch):

@@ -207,8 +207,13 @@ def plan(p, tl, out, qo, qu, kv, kp, ids, B, nnz, nq, kv_least, safe_kv):
             return None
         total2 = kv_total + n * f
         mean = -(-total2 // C)
+
+        def split():   # auto's choice on the chunks' costs, as tile_table._schedule makes it
+            return _split_contiguous(p, tl, sc, out, qo, qu, kv, bv, kp, ids, B, nnz, nq, kv_least, total,
+                                     total2, n, L, k, con)
+        con = None
         if max(L + L // TAIL_FRACTION + f, mean) * C <= AUTO_IMBALANCE * total2:
-            return None
+            return split()
         # auto's early bound b0 = max(L + f, L + f + the largest last chunk less k, mean), within
         # [lo, lo + tail] (a remainder is < L = k + 1 + tail): the largest chunk only if needed
         lo = max(L + f, mean)
@@ -216,7 +221,7 @@ def plan(p, tl, out, qo, qu, kv, kp, ids, B, nnz, nq, kv_least, safe_kv):
         if lo * C <= AUTO_IMBALANCE * total2:
             b0 = max(lo, L + f + x.item(x.argmax()) - k)
             if b0 * C <= AUTO_IMBALANCE * total2:
-                return None
+                return split()
     con = _contiguous(p, tl, sc, qu, bv, total, kv_least)
     if con is None:
         return None
@@ -224,8 +229,33 @@ def plan(p, tl, out, qo, qu, kv, kp, ids, B, nnz, nq, kv_least, safe_kv):
         if b0 is None:
             b0 = max(lo, L + f + x.item(x.argmax()) - k)
         if con[0] >= b0:
-            return None
+            return split()
     return _keep(p, out, sc, con, qo, qu, kv, kp, ids, B, nnz, nq)
+
+
+def _split_contiguous(p, tl, sc, out, qo, qu, kv, bv, kp, ids, B, nnz, nq, kv_least, total, total2, n, L, k, con):
+    """Auto on a uniform batch whose tiles split into n (C < n <= 2C) chunks of L, where the early
+    bound left the choice to the chunks' balanced schedule: tile_table._balanced on the chunk costs
+    tile_table._schedule would give it (`con`: the contiguous plan if already made). The contiguous
+    plan written if auto takes it; else None (the table path lays out the split balanced plan)."""
+    f, kv64 = sc.f, bv.kv64
+    nch = kv64 + k
+    nch //= L                          # Algorithm 1's chunks per tile (kv >= the tail: one at least)
+    last = nch - 1
+    last *= -L
+    last += bv.cost                    # each tile's last chunk: what the others leave, plus f
+    c = np.full(n, L + f, dtype=np.int64)
+    c[_ACC(nch) - 1] = last
+    held = [con]
+
+    def contiguous():
+        if held[-1] is None:
+            held.append(_contiguous(p, tl, sc, qu, bv, total, kv_least))
+        return None if held[-1] is None else dict(top=held[-1][0], mode="contiguous")
+    res = tile_table._balanced(p, c, total2, L, contiguous, None if con is None else contiguous())
+    if res is None or res["mode"] != "contiguous" or held[-1] is None:
+        return None
+    return _keep(p, out, sc, held[-1], qo, qu, kv, kp, ids, B, nnz, nq)
 
 
 def _keep(p, out, sc, con, qo, qu, kv, kp, ids, B, nnz, nq):
