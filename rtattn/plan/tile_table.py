@@ -76,6 +76,9 @@ class Tiles:
         self.uniform = None   # rtattn.plan.uniform's scratch (uniform.Scratch), made on first use
         self.lpt = {}   # inspector.lpt_assign's scratch
         self.span_top = _k(0)   # _balanced's bound of the costs
+        # the balanced schedule of a uniform batch's chunks that uniform.plan weighed and handed on
+        # (_schedule takes it instead of scheduling the same costs again; None once taken)
+        self.split_schedule = None
         # qu -> the bytes of qu x (0, 1, .., max_batch) as int32 (qo_indptr of qu tokens per request),
         # for the query lengths of one tile (1..tile_q) that plans have used; and qu repeated
         self.uniform_bytes, self._uniform_q = {}, {}
@@ -309,7 +312,9 @@ def _schedule(p, tl, t, T, nq, lo, hi, kv_least):
             last = cost - nchunk * L0
         last += L0
         c[pend - tl.one] = last
-    res = _balanced(p, c, total, L, contiguous, con)
+    res, tl.split_schedule = tl.split_schedule, None
+    if res is None:
+        res = _balanced(p, c, total, L, contiguous, con)
     if res is None or res["mode"] != "balanced":
         return res
     if lay is None:

@@ -237,7 +237,8 @@ def _split_contiguous(p, tl, sc, out, qo, qu, kv, bv, kp, ids, B, nnz, nq, kv_le
     """Auto on a uniform batch whose tiles split into n (C < n <= 2C) chunks of L, where the early
     bound left the choice to the chunks' balanced schedule: tile_table._balanced on the chunk costs
     tile_table._schedule would give it (`con`: the contiguous plan if already made). The contiguous
-    plan written if auto takes it; else None (the table path lays out the split balanced plan)."""
+    plan written if auto takes it; else None, the balanced schedule left in tl.split_schedule for
+    the table path, which lays it out."""
     f, kv64 = sc.f, bv.kv64
     nch = kv64 + k
     nch //= L                          # Algorithm 1's chunks per tile (kv >= the tail: one at least)
@@ -253,7 +254,10 @@ def _split_contiguous(p, tl, sc, out, qo, qu, kv, bv, kp, ids, B, nnz, nq, kv_le
             held.append(_contiguous(p, tl, sc, qu, bv, total, kv_least))
         return None if held[-1] is None else dict(top=held[-1][0], mode="contiguous")
     res = tile_table._balanced(p, c, total2, L, contiguous, None if con is None else contiguous())
-    if res is None or res["mode"] != "contiguous" or held[-1] is None:
+    if res is not None and res["mode"] == "balanced":
+        tl.split_schedule = res
+        return None
+    if res is None or held[-1] is None:
         return None
     return _keep(p, out, sc, held[-1], qo, qu, kv, kp, ids, B, nnz, nq)
 
