@@ -214,7 +214,8 @@ def test_few_long_requests_split_into_chunks_plan_the_numpy_paths_bytes(monkeypa
     """A few requests of one query length with KV long enough to split into C..2C chunks (batch 3-12,
     bench_overhead's U(0.75, 1.25) x 1024 lengths): auto's choice between the split balanced plan
     and the contiguous one is uniform's where contiguous wins (not the table path's, ~3x dearer),
-    with the numpy path's bytes and PlanInfo either way."""
+    the chunk layouts are kept over a serving loop's steps, with the numpy path's bytes and PlanInfo
+    every step."""
     rng = np.random.default_rng(31)
     tile = TileConfig(tile_q=4, tile_kv=64, max_rows=16, stages=2, threads=128, smem_bytes=0, kernel="prefill")
     outcomes = []
@@ -225,17 +226,18 @@ def test_few_long_requests_split_into_chunks_plan_the_numpy_paths_bytes(monkeypa
         ps, batch, C = int(rng.choice([1, 16, 64])), int(rng.integers(3, 13)), int(rng.choice([16, 33, 66]))
         qu, top = int(rng.integers(1, 5)), int(rng.choice([512, 1024, 2048]))
         kv = rng.integers(top * 3 // 4, top * 5 // 4 + 1, batch)
-        pk = dict(max_batch=batch, max_qo_tokens=qu * batch, max_pages=int(kv.max() // ps + 2) * batch,
+        pk = dict(max_batch=batch, max_qo_tokens=qu * batch, max_pages=int(kv.max() // ps + 4) * batch,
                   num_qo_heads=32, num_kv_heads=8, head_dim=128, page_size=ps, tile=tile, mode="auto",
                   causal=True, num_ctas=C, max_qo_len=qu)
         fast, ref = Planner(**pk), Planner(**pk)
         fast.small_tiles = ref.small_tiles = 0
         ref.tile_table_path = False
         stale = rng.integers(0, 256, fast.layout.plan_bytes, dtype=np.uint8)
-        args = [indptr_from_lengths(np.full(batch, qu)), *paged_kv(kv, ps, shuffle_seed=case)]
-        got, want = _plan(fast, args, {}, stale), _plan(ref, args, {}, stale)
-        assert got[1] == want[1], (case, pk)
-        assert np.array_equal(got[0], want[0]), (case, pk)
+        for step in range(3):   # a serving loop: each step qu tokens longer, pages moved (kept chunk layouts)
+            args = [indptr_from_lengths(np.full(batch, qu)), *paged_kv(kv + step * qu, ps, shuffle_seed=case + step)]
+            got, want = _plan(fast, args, {}, stale), _plan(ref, args, {}, stale)
+            assert got[1] == want[1], (case, step, pk)
+            assert np.array_equal(got[0], want[0]), (case, step, pk)
     assert outcomes.count(True) > 30 and outcomes.count(False) > 10, (outcomes.count(True), outcomes.count(False))
 
 

@@ -79,6 +79,8 @@ class Tiles:
         # the balanced schedule of a uniform batch's chunks that uniform.plan weighed and handed on
         # (_schedule takes it instead of scheduling the same costs again; None once taken)
         self.split_schedule = None
+        # _chunk_layout's kept layouts: (batch, query length) of a uniform one-tile batch, or None
+        self.chunk_key, self.chunk_layouts = None, {}
         # qu -> the bytes of qu x (0, 1, .., max_batch) as int32 (qo_indptr of qu tokens per request),
         # for the query lengths of one tile (1..tile_q) that plans have used; and qu repeated
         self.uniform_bytes, self._uniform_q = {}, {}
@@ -152,6 +154,7 @@ def plan(p, qo, kp, ids, last, window_left, out):
     u = ids[:nnz].view(np.uint32)   # (a negative id is >= 2**31 as unsigned)
     if u.item(u.argmax()) >= (2**31 if pool is None else min(pool, 2**31)):
         return None
+    tl.chunk_key = None
     if multi:
         t = _tiles_of(p, tl, qo, q, kv, kp, B)
         if t is None:
@@ -164,8 +167,9 @@ def plan(p, qo, kp, ids, last, window_left, out):
         if qmin == qmax and (info := uniform.plan(p, tl, out, qo, qmin, kv, kp, ids, B, nnz, nq,
                                                   kv_least, SAFE_KV_TOKENS)) is not None:
             return info
-        if q is None:
+        if q is None:   # (the table's query rows a function of B and qmax: its chunk layouts kept)
             q = tl.uniform_q(qmax)[:B]
+            tl.chunk_key = B, qmax
         if not tl.requests_are_tiles:   # (a several-tile plan left its tiles' requests there)
             tl.table[REQUEST] = p._ar[:tl.table.shape[1]]
             tl.requests_are_tiles = True
@@ -299,7 +303,7 @@ def _schedule(p, tl, t, T, nq, lo, hi, kv_least):
                 if con is None or con["top"] < b0:
                     return con
     if n <= C:   # one chunk per CTA at most: the balanced plan, no bound to weigh
-        lay = _chunks(p, tl, t, nchunk, pend, L0)
+        lay = _chunk_layout(p, tl, t, nchunk, pend, L0)
         if lay is None:
             return None
         it = lay[0]
@@ -318,14 +322,41 @@ def _schedule(p, tl, t, T, nq, lo, hi, kv_least):
     if res is None or res["mode"] != "balanced":
         return res
     if lay is None:
-        lay = _chunks(p, tl, t, nchunk, pend, L0)
+        lay = _chunk_layout(p, tl, t, nchunk, pend, L0)
         if lay is None:
             return None
-    it, k, split = lay
-    if split:
-        res.update(_split_rows(p, it, k, split))
+    it, rows = lay
+    if rows is not None:
+        res.update(rows)
     res["it"] = it[:8].take(res.pop("order"), axis=1)
     return res
+
+
+def _chunk_layout(p, tl, t, nchunk, pend, L0):
+    """_chunks with the split tiles' partial rows and merge map (_split_rows): (it, that dict or
+    None), or None where a bound is exceeded. Kept per chunk counts where the table's query rows
+    repeat (tl.chunk_key: a uniform one-tile batch, as serving steps replan it): then only the last
+    chunks' KV ends and the items' first pages are this plan's."""
+    key = tl.chunk_key
+    if key is not None:
+        key = key + (L0.item(), nchunk.tobytes())
+        kept = tl.chunk_layouts.get(key)
+        if kept is not None:
+            it0, last, rows = kept
+            it = it0.copy()
+            it[KV_END, last] = t[KV_END]
+            t[PAGE_START].take(it[REQUEST], out=it[PAGE_START])
+            return it, rows
+    lay = _chunks(p, tl, t, nchunk, pend, L0)
+    if lay is None:
+        return None
+    it, k, split = lay
+    rows = _split_rows(p, it, k, split) if split else None
+    if key is not None:
+        if len(tl.chunk_layouts) >= 64:   # (serving loops keep to a few compositions)
+            tl.chunk_layouts.clear()
+        tl.chunk_layouts[key] = (it.copy(), pend - tl.one, rows)
+    return it, rows
 
 
 def _chunks(p, tl, t, nchunk, pend, L0):
