@@ -116,7 +116,7 @@ stage demo-tp 100 env NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSH
 stage bench-decode "$T_BENCH" "$PY" tools/bench_decode.py "${BD_ARGS[@]}" --deadline "$((T_BENCH - 20))"
 stage bench-invariant "$T_BENCH" "$PY" tools/bench_decode.py --quick --new --no-flashinfer --samples 20 --warm 1 \
     --deadline "$((T_BENCH - 20))" --rt-modes ${INVARIANT_MODES:-auto batch-invariant}
-stage bench-overhead "$T_BENCH" "$PY" tools/bench_overhead.py --batches "${OVERHEAD_BATCHES:-1,16,64,256}" --reps "${OVERHEAD_REPS:-9}"
+stage bench-overhead "$T_BENCH" "$PY" tools/bench_overhead.py --batches "${OVERHEAD_BATCHES:-1,4,8,16,64,256}" --reps "${OVERHEAD_REPS:-9}"
 stage bench-cascade "$T_BENCH" "$PY" tools/bench_cascade.py --deadline "$((T_BENCH / 2))" --samples 15 \
     --libs "${CASCADE_LIBS:-rt-casc,rt-dec,rt-single,fi-casc,fi-cc}" ${CASCADE_ARGS:-}
 read -r -a PF_TILES <<< "${PREFILL_TILES:-default}"   # e.g. "default x": A/B the policy's tile against an override
