@@ -513,9 +513,7 @@ class CascadePlanner:
             tq, r = self.prefill.tile_q, self._ar[:B]
             rows = _join_rows(p_it, tq)
             start = ((r // tq) * (c * tq) + r % tq).astype(np.int32)
-            if len(self._tiles_memo) >= PREFILL_MEMO:
-                self._tiles_memo.clear()
-            hit = self._tiles_memo[("join", B, P, grid)] = (p_it[5].copy(), rows, (start, self._ar[:B + 1] * c))
+            hit = self._remember(("join", B, P, grid), (p_it[5].copy(), rows, (start, self._ar[:B + 1] * c)))
         p_it[5] = hit[0]   # (item_merge is -1 already: _prefill_items' _state_rows)
         return hit[1], hit[2]
 
@@ -532,10 +530,16 @@ class CascadePlanner:
             t_len[:T0], t_len[T0:] = tq, 1
             if T0:
                 t_len[T0 - 1] = B - (T0 - 1) * tq   # the prefix's last tile holds the rest
-            if len(self._tiles_memo) >= PREFILL_MEMO:
-                self._tiles_memo.clear()
-            hit = self._tiles_memo[(B, T0)] = (t_grp, t_row, t_len)
+            hit = self._remember((B, T0), (t_grp, t_row, t_len))
         return hit
+
+    def _remember(self, key, value):
+        """`value`, kept in _tiles_memo under `key` (cleared when full: serving loops keep to a
+        few batch shapes)."""
+        if len(self._tiles_memo) >= PREFILL_MEMO:
+            self._tiles_memo.clear()
+        self._tiles_memo[key] = value
+        return value
 
     def _write_parts(self, buf, parts, R: int, Bp: int, N: int) -> list[PlanInfo]:
         """Each family's items, queues and header into its plan part."""
@@ -609,9 +613,7 @@ class CascadePlanner:
         Remembered: steady decode steps keep B, own and lcp."""
         hit = self._tiles_memo.get(("pages", B, own, lcp))
         if hit is None:
-            if len(self._tiles_memo) >= PREFILL_MEMO:
-                self._tiles_memo.clear()
-            hit = self._tiles_memo[("pages", B, own, lcp)] = (self._ar[:B] * own + lcp).astype(np.int32)
+            hit = self._remember(("pages", B, own, lcp), (self._ar[:B] * own + lcp).astype(np.int32))
         return hit
 
     def _unsplit_suffixes(self, t_kv):
@@ -644,9 +646,7 @@ class CascadePlanner:
         Remembered per T (a view of it is filled each step)."""
         hit = self._tiles_memo.get(("suffix", T))
         if hit is None:
-            if len(self._tiles_memo) >= PREFILL_MEMO:
-                self._tiles_memo.clear()
-            hit = self._tiles_memo[("suffix", T)] = np.zeros((8, T), np.int32)
+            hit = self._remember(("suffix", T), np.zeros((8, T), np.int32))
             hit[0] = self._ar[1:T + 1]
             hit[1] = hit[6] = self._ar[:T]
             hit[2], hit[5] = 1, -1

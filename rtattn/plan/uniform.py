@@ -208,10 +208,9 @@ def plan(p, tl, out, qo, qu, kv, kp, ids, B, nnz, nq, kv_least, safe_kv):
         total2 = kv_total + n * f
         mean = -(-total2 // C)
 
-        def split():   # auto's choice on the chunks' costs, as tile_table._schedule makes it
+        def split(con=None):   # auto's choice on the chunks' costs, as tile_table._schedule makes it
             return _split_contiguous(p, tl, sc, out, qo, qu, kv, bv, kp, ids, B, nnz, nq, kv_least, total,
                                      total2, n, L, k, con)
-        con = None
         if max(L + L // TAIL_FRACTION + f, mean) * C <= AUTO_IMBALANCE * total2:
             return split()
         # auto's early bound b0 = max(L + f, L + f + the largest last chunk less k, mean), within
@@ -229,7 +228,7 @@ def plan(p, tl, out, qo, qu, kv, kp, ids, B, nnz, nq, kv_least, safe_kv):
         if b0 is None:
             b0 = max(lo, L + f + x.item(x.argmax()) - k)
         if con[0] >= b0:
-            return split()
+            return split(con)
     return _keep(p, out, sc, con, qo, qu, kv, kp, ids, B, nnz, nq)
 
 
@@ -247,19 +246,27 @@ def _split_contiguous(p, tl, sc, out, qo, qu, kv, bv, kp, ids, B, nnz, nq, kv_le
     last += bv.cost                    # each tile's last chunk: what the others leave, plus f
     c = np.full(n, L + f, dtype=np.int64)
     c[_ACC(nch) - 1] = last
+    res, con = _weigh(p, tl, sc, qu, bv, total, kv_least, c, total2, L, None, con)
+    if res is None:   # (a bound exceeded: the table path raises)
+        return None
+    if res["mode"] == "balanced":
+        tl.split_schedule = res
+        return None
+    return _keep(p, out, sc, con, qo, qu, kv, kp, ids, B, nnz, nq)
+
+
+def _weigh(p, tl, sc, qu, bv, total, kv_least, cost, cost_total, L, span, con=None):
+    """tile_table._balanced on the items' `cost` (summing to `cost_total`) with uniform's contiguous
+    partition as auto's alternative (`con` if made already, else made when a bound asks for it):
+    (the schedule dict or None, the contiguous plan if made or None)."""
     held = [con]
 
     def contiguous():
-        if held[-1] is None:
-            held.append(_contiguous(p, tl, sc, qu, bv, total, kv_least))
-        return None if held[-1] is None else dict(top=held[-1][0], mode="contiguous")
-    res = tile_table._balanced(p, c, total2, L, contiguous, None if con is None else contiguous())
-    if res is not None and res["mode"] == "balanced":
-        tl.split_schedule = res
-        return None
-    if res is None or held[-1] is None:
-        return None
-    return _keep(p, out, sc, held[-1], qo, qu, kv, kp, ids, B, nnz, nq)
+        if held[0] is None:
+            held[0] = _contiguous(p, tl, sc, qu, bv, total, kv_least)
+        return None if held[0] is None else dict(top=held[0][0], mode="contiguous")
+    res = tile_table._balanced(p, cost, cost_total, L, contiguous, None if con is None else contiguous(), span)
+    return res, held[0]
 
 
 def _keep(p, out, sc, con, qo, qu, kv, kp, ids, B, nnz, nq):
@@ -274,20 +281,11 @@ def _keep(p, out, sc, con, qo, qu, kv, kp, ids, B, nnz, nq):
 def _unsplit(p, tl, sc, out, qo, qu, kv, bv, kp, ids, B, nnz, nq, kv_least, cost, total, L, span):
     """Every tile one item (modes auto and balanced): tile_table._balanced's schedule (LPT on the
     tiles' costs; auto weighs the contiguous partition when its bound asks), laid out here."""
-    held = []
-
-    def contiguous():   # (tile_table._balanced's alternative; a dict with the heaviest load)
-        con = _contiguous(p, tl, sc, qu, bv, total, kv_least)
-        if con is None:
-            held.append(None)
-            return None
-        held.append(con)
-        return dict(top=con[0], mode="contiguous")
-    res = tile_table._balanced(p, cost, total, L, contiguous, None, span)
-    if res is None or held and held[-1] is None:   # (a bound exceeded: the table path raises)
+    res, con = _weigh(p, tl, sc, qu, bv, total, kv_least, cost, total, L, span)
+    if res is None:   # (a bound exceeded: the table path raises)
         return None
     if res["mode"] == "contiguous":
-        return _keep(p, out, sc, held[-1], qo, qu, kv, kp, ids, B, nnz, nq)
+        return _keep(p, out, sc, con, qo, qu, kv, kp, ids, B, nnz, nq)
     buf, v = p._buffer(out)
     n, C = B, p.num_ctas
     pv = sc.plan_views(v, B)
