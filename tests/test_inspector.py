@@ -287,6 +287,18 @@ def test_lpt_deals_like_the_textbook_heap(num_ctas, costs, equal_run):
 
 
 @settings(max_examples=300, deadline=None)
+@given(st.integers(1, 80), st.integers(1, 4), st.integers(1, 6), st.data())
+def test_lpt_deals_a_few_items_past_the_first_round_like_the_textbook_heap(num_ctas, extra, spread, data):
+    """One to four items past the first round (a few long requests' chunks at C < n <= C + 4),
+    costs in a narrow range so that loads tie: dealt one by one in numpy, as the heap deals them."""
+    from rtattn.plan.inspector import lpt_assign
+    costs = data.draw(st.lists(st.integers(1, spread), min_size=num_ctas + extra, max_size=num_ctas + extra))
+    cs = np.sort(np.array(costs, dtype=np.int64))[::-1].copy()
+    got = lpt_assign(cs, num_ctas, np.arange(len(cs) + num_ctas, dtype=np.int64)).tolist()
+    assert got == _textbook_lpt(cs, num_ctas)
+
+
+@settings(max_examples=300, deadline=None)
 @given(st.integers(1, 80), st.integers(1, 2000), st.lists(st.integers(0, 2000), min_size=1, max_size=700),
        st.integers(0, 300))
 def test_lpt_rounds_deal_like_the_textbook_heap(num_ctas, base, offsets, equal_run):

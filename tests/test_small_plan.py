@@ -91,6 +91,7 @@ def test_large_batches_and_other_modes_go_the_numpy_way(monkeypatch):
     monkeypatch.setattr(Planner, "_schedule", lambda self, *a, **k: calls.append(1) or _schedule(self, *a, **k))
     kvp, idx, last = paged_kv([1000] * 64, 16)
     p = Planner(64, 64, int(kvp[-1]), 32, 8, 128, 16, num_ctas=33)
+    p.tile_table_path = False   # (decode batches of 4+ requests take it first: tests/test_tile_table_plan.py)
     p.small_tiles = 63
     p.plan(None, kvp, idx, last)
     assert calls == [1]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rtattn.plan import tile_table, uniform
+from rtattn.plan import tile_table, uniform, uniform_chunks
 from rtattn.plan.inspector import Planner
 from rtattn.plan.layout import indptr_from_lengths, paged_kv
 from rtattn.plan.tiles import TileConfig
@@ -92,19 +92,51 @@ def test_tile_table_path_plans_byte_identical_to_numpy_path(seed, monkeypatch):
     assert len(taken) > 400 and taken.count("contiguous") > 100 and taken.count("balanced") > 100
 
 
-def test_decode_and_window_batches_go_the_numpy_way(monkeypatch):
+def test_window_batches_go_the_numpy_way_and_decode_batches_the_uniform_one(monkeypatch):
     calls = []
-    monkeypatch.setattr(tile_table, "_write", lambda *a: calls.append(1))
-    monkeypatch.setattr(uniform, "write_requests", lambda *a: calls.append(1))   # (its two layouts both write them)
+    monkeypatch.setattr(tile_table, "_write", lambda *a: calls.append("table"))
+    monkeypatch.setattr(uniform, "write_requests", lambda *a: calls.append("uniform"))   # (its two layouts)
     kvp, idx, last = paged_kv([1000] * 64, 16)
     tile = TileConfig(tile_q=4, tile_kv=64, max_rows=16, stages=2, threads=128, smem_bytes=0, kernel="prefill")
     p = Planner(64, 512, int(kvp[-1]), 32, 8, 128, 16, num_ctas=66, tile=tile, max_qo_len=8, causal=True)
-    p.plan(None, kvp, idx, last)                             # decode: no qo_indptr
     p.plan(indptr_from_lengths([4] * 64), kvp, idx, last, window_left=100)
     assert calls == []
+    p.plan(None, kvp, idx, last)                             # decode: one query token per request
     p.plan(indptr_from_lengths([4] * 64), kvp, idx, last)
     p.plan(indptr_from_lengths([8] * 64), kvp, idx, last)   # two tiles per request
-    assert calls == [1, 1]
+    assert calls == ["uniform", "uniform", "table"]
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_decode_batches_plan_the_numpy_paths_bytes(seed, monkeypatch):
+    """Decode batches (qo_indptr None) are one-tile batches of one query token per request: the
+    tile-table and uniform paths give the numpy path's bytes, PlanInfo and errors on the decode
+    kernel's planner (its tile, CTAs), malformed inputs included; most are planned there."""
+    rng = np.random.default_rng(300 + seed)
+    taken = []
+    write = tile_table.plan
+    monkeypatch.setattr(tile_table, "plan", lambda *a: (lambda r: taken.append(r is not None) or r)(write(*a)))
+    for case in range(400):
+        pk, args = _case(rng)
+        B = len(args[1]) - 1
+        args[0] = None
+        pk = {k: v for k, v in pk.items() if k not in ("tile", "max_qo_len", "causal")}
+        pk.update(max_qo_tokens=max(pk["max_batch"], 1), num_ctas=int(rng.choice([16, 33, 66, 132])))
+        if rng.random() < 0.5:
+            pk["mode"] = "auto"
+        if B >= 4 and rng.random() < 0.4:   # serving-like: KV around 1K, every request with pages
+            args[1:] = paged_kv(rng.integers(768, 1281, B), pk["page_size"], shuffle_seed=case)
+            pk["max_pages"] = max(pk["max_pages"], int(args[1][-1]))
+        fast, ref = Planner(**pk), Planner(**pk)
+        fast.small_tiles = ref.small_tiles = 0
+        ref.tile_table_path = False
+        stale = rng.integers(0, 256, fast.layout.plan_bytes, dtype=np.uint8)
+        for _ in range(2):
+            got, want = _plan(fast, args, {}, stale), _plan(ref, args, {}, stale)
+            assert got[1] == want[1], (case, pk)
+            assert np.array_equal(got[0], want[0]), (case, pk)
+            stale = got[0]
+    assert taken.count(True) > 200, taken.count(True)
 
 
 @pytest.mark.parametrize("seed", [0, 1])
@@ -118,9 +150,9 @@ def test_one_length_batches_plan_byte_identical_to_numpy_path(seed, monkeypatch)
         "all split" if con[3].S == a[5] else "some split" if con[3].S else "none split") or write(p, v, sc, con, *a))
     monkeypatch.setattr(uniform, "_unsplit", lambda *a: (lambda r: taken.append("unsplit" if r else "back") or r)(
         unsplit(*a)))
-    split = uniform._split_contiguous   # (auto on split chunks: contiguous kept here, or the table path's)
-    monkeypatch.setattr(uniform, "_split_contiguous", lambda *a: (lambda r: taken.append(
-        "split contiguous" if r else "split balanced") or r)(split(*a)))
+    split = uniform_chunks.plan   # (tiles split into chunks: balanced, or auto's contiguous choice)
+    monkeypatch.setattr(uniform_chunks, "plan", lambda *a: (lambda r: taken.append(
+        f"split {r.mode}" if r else "split back") or r)(split(*a)))
     for case in range(400):
         pk, args = _case(rng)
         B = len(args[1]) - 1
@@ -219,8 +251,8 @@ def test_few_long_requests_split_into_chunks_plan_the_numpy_paths_bytes(monkeypa
     rng = np.random.default_rng(31)
     tile = TileConfig(tile_q=4, tile_kv=64, max_rows=16, stages=2, threads=128, smem_bytes=0, kernel="prefill")
     outcomes = []
-    split = uniform._split_contiguous
-    monkeypatch.setattr(uniform, "_split_contiguous", lambda *a: (lambda r: outcomes.append(r is not None) or r)(
+    split = uniform_chunks.plan
+    monkeypatch.setattr(uniform_chunks, "plan", lambda *a: (lambda r: outcomes.append(r and r.mode) or r)(
         split(*a)))
     for case in range(300):
         ps, batch, C = int(rng.choice([1, 16, 64])), int(rng.integers(3, 13)), int(rng.choice([16, 33, 66]))
@@ -238,7 +270,8 @@ def test_few_long_requests_split_into_chunks_plan_the_numpy_paths_bytes(monkeypa
             got, want = _plan(fast, args, {}, stale), _plan(ref, args, {}, stale)
             assert got[1] == want[1], (case, step, pk)
             assert np.array_equal(got[0], want[0]), (case, step, pk)
-    assert outcomes.count(True) > 30 and outcomes.count(False) > 10, (outcomes.count(True), outcomes.count(False))
+    counts = {m: outcomes.count(m) for m in ("contiguous", "balanced")}
+    assert counts["contiguous"] > 30 and counts["balanced"] > 100, counts
 
 
 def test_serving_loop_into_two_kept_buffers_plans_the_numpy_paths_bytes(monkeypatch):

@@ -210,6 +210,17 @@ def lpt_assign(cost_sorted: np.ndarray, num_ctas: int, ar: np.ndarray, scratch: 
         m = min(n, num_ctas)
     if m == n:
         return ar[:n] % num_ctas if m > num_ctas else ar[:n].copy()
+    if m == num_ctas and n - m <= 4:   # a few items past the first round (a split tile's chunks
+        # at C < n: most plans of a few long requests): each onto the least-loaded CTA, lowest id
+        # on ties (argmin's first), in numpy -- the heap's lists cost ~2x at C = 66
+        cta = np.empty(n, dtype=np.int64)
+        cta[:m] = ar[:m]
+        loads = cost_sorted[:m].copy()
+        for j in range(m, n):
+            i = loads.argmin()
+            loads[i] += cost_sorted[j]
+            cta[j] = i
+        return cta
     shift = num_ctas.bit_length()
     mask = (1 << shift) - 1
     last = cost_sorted.item(n - 1)
@@ -413,6 +424,7 @@ class Planner:
         self._decode_items = np.empty((8, b.max_batch), dtype=np.int32)
         self._decode_items[0:2] = self._ar[:b.max_batch]
         self._decode_items[2], self._decode_items[3], self._decode_items[5:7] = 1, 0, -1
+        self._decode_qo = np.arange(b.max_batch + 1, dtype=np.int32)   # a decode batch's qo_indptr (sliced)
         self._tiles = None   # rtattn.plan.tile_table's table (tile_table.Tiles), made on first use
         self._small_layouts = {}   # rtattn.plan.small's layouts of balanced plans (small.Layout)
 
@@ -437,12 +449,16 @@ class Planner:
         None: no window, every tile reads from KV 0."""
         if window_left is not None:
             window_left = check_window(window_left)
-        # (the fast paths' quick checks decide which batches they take: None for the rest; decode
-        # batches keep the numpy path's unsplit template; tile_table.plan's checks start from these)
-        if (qo_indptr is not None and self.tile_table_path and type(kv_indptr) is np.ndarray
-                and kv_indptr.ndim == 1 and kv_indptr.shape[0] > 1
-                and (info := tile_table.plan(self, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, window_left,
-                                           out)) is not None):
+        # (the fast paths' quick checks decide which batches they take: None for the rest;
+        # tile_table.plan's checks start from these). A decode batch (qo_indptr None) is the
+        # one-tile batch of one query token per request, qo_indptr 0, 1, .., B: the same plan bytes
+        # (tests/test_tile_table_plan.py), which rtattn.plan.uniform lays out in ~half the numpy
+        # path's time from batch 4 on (docs/perf-log.md "Session 16").
+        if (self.tile_table_path and type(kv_indptr) is np.ndarray and kv_indptr.ndim == 1
+                and kv_indptr.shape[0] > 1
+                and (info := tile_table.plan(self, self._decode_qo[:kv_indptr.shape[0]] if qo_indptr is None
+                                             else qo_indptr, kv_indptr, kv_indices, kv_last_page_len, window_left,
+                                             out)) is not None):
             return info
         info = small.plan(self, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, window_left, out)
         if info is not None:

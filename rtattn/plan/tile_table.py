@@ -1,6 +1,6 @@
 """Planner.plan() for prefill batches on one table whose columns are the query tiles: requests of
-one tile each (multi-token verification, short chunks: 1..tile_q query tokens, MIN_BATCH requests
-or more) or of several (prompts, chunked prefill over cached prefixes; past the small path's
+one tile each (decode's one token, multi-token verification, short chunks: 1..tile_q query tokens,
+MIN_BATCH requests or more) or of several (prompts, chunked prefill over cached prefixes; past the small path's
 token count), every request with KV pages; modes auto, balanced and contiguous, no window.
 
 The numpy path spends such a plan on ~150 numpy calls of 0.3-2 us each, on a few dozen to a few
@@ -19,7 +19,8 @@ forms, zero-page requests, ...) goes on to the small path (rtattn.plan.small, if
 enough) or the numpy way, whose validation names the error; where a bound is exceeded the numpy
 path plans the validated batch and raises: errors have one source. One-tile batches whose
 requests all have one query length (told apart by qo_indptr's bytes) go to rtattn.plan.uniform
-first, which writes the contiguous and one-item-per-tile plans straight into the buffer.
+first, which writes the contiguous and one-item-per-tile plans (and, by rtattn.plan.uniform_chunks,
+those of tiles split into chunks) straight into the buffer.
 """
 from __future__ import annotations
 
@@ -76,10 +77,6 @@ class Tiles:
         self.uniform = None   # rtattn.plan.uniform's scratch (uniform.Scratch), made on first use
         self.lpt = {}   # inspector.lpt_assign's scratch
         self.span_top = _k(0)   # _balanced's bound of the costs
-        # the balanced schedule of a uniform batch's chunks that uniform.plan weighed and handed on
-        # (plan() takes it right after, for _schedule to lay out; None otherwise)
-        self.split_schedule = None
-        self.chunk_layouts = {}   # _chunk_layout's kept layouts
         # qu -> the bytes of qu x (0, 1, .., max_batch) as int32 (qo_indptr of qu tokens per request),
         # for the query lengths of one tile (1..tile_q) that plans have used; and qu repeated
         self.uniform_bytes, self._uniform_q = {}, {}
@@ -153,7 +150,6 @@ def plan(p, qo, kp, ids, last, window_left, out):
     u = ids[:nnz].view(np.uint32)   # (a negative id is >= 2**31 as unsigned)
     if u.item(u.argmax()) >= (2**31 if pool is None else min(pool, 2**31)):
         return None
-    key = pre = None   # (_schedule's chunk layout key and uniform's schedule of the chunks)
     if multi:
         t = _tiles_of(p, tl, qo, q, kv, kp, B)
         if t is None:
@@ -166,10 +162,8 @@ def plan(p, qo, kp, ids, last, window_left, out):
         if qmin == qmax and (info := uniform.plan(p, tl, out, qo, qmin, kv, kp, ids, B, nnz, nq,
                                                   kv_least, SAFE_KV_TOKENS)) is not None:
             return info
-        pre, tl.split_schedule = tl.split_schedule, None
-        if q is None:   # (the table's query rows a function of B and qmax: its chunk layouts kept)
+        if q is None:
             q = tl.uniform_q(qmax)[:B]
-            key = B, qmax
         if not tl.requests_are_tiles:   # (a several-tile plan left its tiles' requests there)
             tl.table[REQUEST] = p._ar[:tl.table.shape[1]]
             tl.requests_are_tiles = True
@@ -187,7 +181,7 @@ def plan(p, qo, kp, ids, last, window_left, out):
     else:
         np.multiply(t[QO_LEN], tl.alpha, out=fixed)
         fixed += tl.gamma
-    res = _schedule(p, tl, t, T, nq, lo, hi, kv_least, key, pre)
+    res = _schedule(p, tl, t, T, nq, lo, hi, kv_least)
     buf, views = p._buffer(out)
     if res is None:   # a bound exceeded: the numpy path's error, on this batch
         batch = Batch(qo, kp, ids, last, q.astype(np.int64), kv.astype(np.int64), ps, qmax)
@@ -255,13 +249,11 @@ def _tiles_of(p, tl, qo, q, kv, kp, B):
     return t
 
 
-def _schedule(p, tl, t, T, nq, lo, hi, kv_least, key=None, pre=None):
+def _schedule(p, tl, t, T, nq, lo, hi, kv_least):
     """inspector.Planner._schedule on the table's tiles (`lo`, `hi`: the least and largest
     tile's fixed cost; `kv_least`: a lower bound of every tile's KV): the schedule dict (with
     the items `it`, rows in queue order, and `wi`, work_indptr[1:]), or None where a bound is
-    exceeded (the numpy path plans the batch and raises). `key`: the chunk layouts' key where
-    the table's query rows repeat (_chunk_layout); `pre`: auto's balanced schedule of the chunks
-    (C < n <= 2C) as uniform.plan weighed it, laid out here without weighing again."""
+    exceeded (the numpy path plans the batch and raises)."""
     C, mode = p.num_ctas, p.mode
     kv = t[KV_END]
     cost = t[FIXED] + kv   # each tile's length on the cost axis = its unsplit cost
@@ -294,7 +286,7 @@ def _schedule(p, tl, t, T, nq, lo, hi, kv_least, key=None, pre=None):
     # (every chunk pays its tile's fixed cost)
     total = kv_total + (n * lo if lo == hi else int(nchunk.dot(t[FIXED])))
     con = last = lay = None
-    if pre is None and mode == "auto" and C < n <= 2 * C:
+    if mode == "auto" and C < n <= 2 * C:
         # inspector.Planner._auto_contiguous_first (prefill tiles): the largest chunk and the mean
         mean = -(-total // C)
         if max(L + L // TAIL_FRACTION + hi, mean) * C > AUTO_IMBALANCE * total:
@@ -305,24 +297,24 @@ def _schedule(p, tl, t, T, nq, lo, hi, kv_least, key=None, pre=None):
                 if con is None or con["top"] < b0:
                     return con
     if n <= C:   # one chunk per CTA at most: the balanced plan, no bound to weigh
-        lay = _chunk_layout(p, tl, t, nchunk, pend, L0, key)
+        lay = _chunk_items(p, tl, t, nchunk, pend, L0)
         if lay is None:
             return None
         it = lay[0]
         c = it[KV_END] - it[KV_START]
         c += it[FIXED]
-    elif pre is None:   # auto may take the contiguous plan: decide on the chunks' costs, lay out what it keeps
+    else:   # auto may take the contiguous plan: decide on the chunks' costs, lay out what it keeps
         # (L plus the tile's fixed cost; a tile's last chunk what remains)
         c = np.full(n, L + lo, dtype=np.int64) if lo == hi else t[FIXED].repeat(nchunk) + L0
         if last is None:
             last = cost - nchunk * L0
         last += L0
         c[pend - tl.one] = last
-    res = pre if pre is not None else _balanced(p, c, total, L, contiguous, con)
+    res = _balanced(p, c, total, L, contiguous, con)
     if res is None or res["mode"] != "balanced":
         return res
     if lay is None:
-        lay = _chunk_layout(p, tl, t, nchunk, pend, L0, key)
+        lay = _chunk_items(p, tl, t, nchunk, pend, L0)
         if lay is None:
             return None
     it, rows = lay
@@ -332,30 +324,14 @@ def _schedule(p, tl, t, T, nq, lo, hi, kv_least, key=None, pre=None):
     return res
 
 
-def _chunk_layout(p, tl, t, nchunk, pend, L0, key=None):
+def _chunk_items(p, tl, t, nchunk, pend, L0):
     """_chunks with the split tiles' partial rows and merge map (_split_rows): (it, that dict or
-    None), or None where a bound is exceeded. Kept per chunk counts where the table's query rows
-    repeat (`key`: (batch, query length) of a uniform one-tile batch, as serving steps replan it):
-    then only the last chunks' KV ends and the items' first pages are this plan's, rewritten in
-    the kept arrays (the caller reads them only)."""
-    if key is not None:
-        key = key + (L0.item(), nchunk.tobytes())
-        kept = tl.chunk_layouts.get(key)
-        if kept is not None:
-            it, last, rows = kept
-            it[KV_END, last] = t[KV_END]
-            t[PAGE_START].take(it[REQUEST], out=it[PAGE_START])
-            return it, rows
+    None), or None where a bound is exceeded."""
     lay = _chunks(p, tl, t, nchunk, pend, L0)
     if lay is None:
         return None
     it, k, split = lay
-    rows = _split_rows(p, it, k, split) if split else None
-    if key is not None:
-        if len(tl.chunk_layouts) >= 64:   # (serving loops keep to a few compositions)
-            tl.chunk_layouts.clear()
-        tl.chunk_layouts[key] = (it, pend - tl.one, rows)
-    return it, rows
+    return it, (_split_rows(p, it, k, split) if split else None)
 
 
 def _chunks(p, tl, t, nchunk, pend, L0):

@@ -1,5 +1,5 @@
-"""tile_table's one-tile batches whose requests all have the same query length qu (multi-token
-verification: a few draft tokens per request, every step), where the plan is the contiguous
+"""tile_table's one-tile batches whose requests all have the same query length qu (decode's one
+token; multi-token verification: a few draft tokens per request, every step), where the plan is the contiguous
 partition (mode contiguous, or auto's early choice at a few chunks per CTA) or one item per tile
 (LPT: tile_table._balanced): laid out and written straight into the plan with fewer numpy calls
 than the table path (docs/perf-log.md "Host path v8").
@@ -17,15 +17,16 @@ size (BatchViews), per plan buffer and batch size (PlanViews), per layout and bu
 (Layout.views); each keeps the arrays it views, so a hit is always the same memory. The
 schedule is the table path's decision for decision (the chunk bound, auto's early contiguous
 choice, the same cuts, loads, partial rows and merge map): the bytes are
-(tests/test_tile_table_plan.py). What it does not plan (auto's balanced schedules, short tiles
-whose chunk count is clamped, bounds exceeded) goes back to the table path with nothing written.
+(tests/test_tile_table_plan.py). Tiles split into Algorithm 1's chunks are rtattn.plan.uniform_chunks'
+(balanced, or auto's contiguous choice). What neither plans (short tiles whose chunk count is
+clamped, bounds exceeded) goes back to the table path with nothing written.
 (tile_table.plan recognises such a qo_indptr by its bytes.)
 """
 from __future__ import annotations
 
 import numpy as np
 
-from . import inspector, tile_table   # (PlanInfo, _balanced; both import this module: read at call time)
+from . import inspector, tile_table, uniform_chunks   # (PlanInfo, _balanced, plan: all import this module: read at call time)
 from .costs import AUTO_IMBALANCE, COST_ALPHA, COST_GAMMA, TAIL_FRACTION
 from .fields import PLAN_INFO_LEN, request_rows, write_info, write_requests
 
@@ -64,6 +65,7 @@ class Scratch:
         self.key = np.zeros(2 * b.max_batch, dtype=np.int64)   # _contiguous's c0 and pieces
         self.acc = np.zeros(b.max_batch + 1, dtype=np.int64)   # the running sum of cost
         self.layouts = {}   # (qu, key bytes) -> Layout
+        self.chunks = {}    # (B, qu, L, chunk counts' bytes) -> uniform_chunks.Chunks
         self.batches = {}   # B -> BatchViews (a view costs ~0.1 us: a plan takes a dozen)
         self.planned = {}   # (id(plan views), B) -> PlanViews
 
@@ -196,21 +198,23 @@ def plan(p, tl, out, qo, qu, kv, kp, ids, B, nnz, nq, kv_least, safe_kv):
         if kvmax + k < 2 * L:   # unsplit: every tile one item
             return _unsplit(p, tl, sc, out, qo, qu, kv, bv, kp, ids, B, nnz, nq, kv_least, cost,
                             total, L, (kvmax + f, kv_least + f))
-        if mode != "auto" or kv_least <= tail:   # (short tiles: their chunk count is clamped)
+        if kv_least <= tail:   # (short tiles: their chunk count is clamped)
             return None
         # Algorithm 1's chunk counts sum((kv + k) // L), from the remainders (which b0 may read):
         # each tile's last chunk is its remainder (less k)
         x = kv64 + K
         x %= L0
         n = (kv_total + B * k - _ACC(x).item(-1)) // L
-        if not C < n <= min(2 * C, p.bounds.max_items):
+        if n > p.bounds.max_items:
             return None
         total2 = kv_total + n * f
-        mean = -(-total2 // C)
 
-        def split(con=None):   # auto's choice on the chunks' costs, as tile_table._schedule makes it
-            return _split_contiguous(p, tl, sc, out, qo, qu, kv, bv, kp, ids, B, nnz, nq, kv_least, total,
-                                     total2, n, L, k, con)
+        def split(con=None):   # the chunks' plan: balanced, or auto's choice on their costs
+            return uniform_chunks.plan(p, tl, sc, out, qo, qu, kv, bv, kp, ids, B, nnz, nq, kv_least, total,
+                                       total2, L, k, con)
+        if mode == "balanced" or not C < n <= 2 * C:   # (auto's early bound: C < n <= 2C only)
+            return split()
+        mean = -(-total2 // C)
         if max(L + L // TAIL_FRACTION + f, mean) * C <= AUTO_IMBALANCE * total2:
             return split()
         # auto's early bound b0 = max(L + f, L + f + the largest last chunk less k, mean), within
@@ -229,29 +233,6 @@ def plan(p, tl, out, qo, qu, kv, kp, ids, B, nnz, nq, kv_least, safe_kv):
             b0 = max(lo, L + f + x.item(x.argmax()) - k)
         if con[0] >= b0:
             return split(con)
-    return _keep(p, out, sc, con, qo, qu, kv, kp, ids, B, nnz, nq)
-
-
-def _split_contiguous(p, tl, sc, out, qo, qu, kv, bv, kp, ids, B, nnz, nq, kv_least, total, total2, n, L, k, con):
-    """Auto on a uniform batch whose tiles split into n (C < n <= 2C) chunks of L, where the early
-    bound left the choice to the chunks' balanced schedule: tile_table._balanced on the chunk costs
-    tile_table._schedule would give it (`con`: the contiguous plan if already made). The contiguous
-    plan written if auto takes it; else None, the balanced schedule left in tl.split_schedule for
-    the table path, which lays it out."""
-    f, kv64 = sc.f, bv.kv64
-    nch = kv64 + k
-    nch //= L                          # Algorithm 1's chunks per tile (kv >= the tail: one at least)
-    last = nch - 1
-    last *= -L
-    last += bv.cost                    # each tile's last chunk: what the others leave, plus f
-    c = np.full(n, L + f, dtype=np.int64)
-    c[_ACC(nch) - 1] = last
-    res, con = _weigh(p, tl, sc, qu, bv, total, kv_least, c, total2, L, None, con)
-    if res is None:   # (a bound exceeded: the table path raises)
-        return None
-    if res["mode"] == "balanced":
-        tl.split_schedule = res
-        return None
     return _keep(p, out, sc, con, qo, qu, kv, kp, ids, B, nnz, nq)
 
 
