@@ -200,18 +200,17 @@ def plan(p, tl, out, qo, qu, kv, kp, ids, B, nnz, nq, kv_least, safe_kv):
                             total, L, (kvmax + f, kv_least + f))
         if kv_least <= tail:   # (short tiles: their chunk count is clamped)
             return None
-        # Algorithm 1's chunk counts sum((kv + k) // L), from the remainders (which b0 may read):
-        # each tile's last chunk is its remainder (less k)
-        x = kv64 + K
-        x %= L0
-        n = (kv_total + B * k - _ACC(x).item(-1)) // L
+        # Algorithm 1's chunks per tile (kv + k) // L, and the remainders (which b0 may read): each
+        # tile's last chunk is its remainder (less k)
+        nch, x = np.divmod(kv64 + K, L0)
+        n = _ACC(nch).item(-1)
         if n > p.bounds.max_items:
             return None
         total2 = kv_total + n * f
 
         def split(con=None):   # the chunks' plan: balanced, or auto's choice on their costs
             return uniform_chunks.plan(p, tl, sc, out, qo, qu, kv, bv, kp, ids, B, nnz, nq, kv_least, total,
-                                       total2, L, k, con)
+                                       total2, L, k, nch, con)
         if mode == "balanced" or not C < n <= 2 * C:   # (auto's early bound: C < n <= 2C only)
             return split()
         mean = -(-total2 // C)

@@ -98,12 +98,11 @@ def chunks(p, sc, qu, B, L, f, nch) -> Chunks | None:
     return lay
 
 
-def plan(p, tl, sc, out, qo, qu, kv, bv, kp, ids, B, nnz, nq, kv_least, total, total2, L, k, con):
+def plan(p, tl, sc, out, qo, qu, kv, bv, kp, ids, B, nnz, nq, kv_least, total, total2, L, k, nch, con):
     """The plan of a uniform batch split into chunks of L (`k` = L - 1 - tail: every tile has more
-    KV than the tail) written into `out` (auto's contiguous one where it wins; `con`: uniform's
-    contiguous plan if made): its PlanInfo, or None with nothing written where a bound is exceeded."""
-    nch = bv.kv64 + k
-    nch //= L                           # Algorithm 1's chunks per tile (kv > the tail: one at least)
+    KV than the tail; `nch`: Algorithm 1's chunks per tile, (kv + k) // L) written into `out`
+    (auto's contiguous one where it wins; `con`: uniform's contiguous plan if made): its PlanInfo,
+    or None with nothing written where a bound is exceeded."""
     lay = chunks(p, sc, qu, B, L, sc.f, nch)
     if lay is None:
         return None
