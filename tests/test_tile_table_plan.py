@@ -177,7 +177,8 @@ def test_one_length_batches_plan_byte_identical_to_numpy_path(seed, monkeypatch)
             assert np.array_equal(got[0], want[0]), (case, pk)
             stale = got[0]
     assert all(taken.count(k) > 10 for k in ("all split", "some split", "none split", "unsplit")), taken
-    assert all(taken.count(k) > 3 for k in ("split contiguous", "split balanced")), taken
+    # (auto's contiguous choice on split chunks, mostly made before their plan: the next tests)
+    assert taken.count("split balanced") > 3 and taken.count("split contiguous") > 0, taken
 
 
 def test_contiguous_layouts_reused_over_a_serving_loop_plan_the_numpy_paths_bytes(monkeypatch):
@@ -250,10 +251,12 @@ def test_few_long_requests_split_into_chunks_plan_the_numpy_paths_bytes(monkeypa
     every step."""
     rng = np.random.default_rng(31)
     tile = TileConfig(tile_q=4, tile_kv=64, max_rows=16, stages=2, threads=128, smem_bytes=0, kernel="prefill")
-    outcomes = []
-    split = uniform_chunks.plan
-    monkeypatch.setattr(uniform_chunks, "plan", lambda *a: (lambda r: outcomes.append(r and r.mode) or r)(
-        split(*a)))
+    outcomes, events = [], []
+    split, pair, keep = uniform_chunks.plan, uniform._pair, uniform._keep
+    monkeypatch.setattr(uniform_chunks, "plan", lambda *a: events.append("chunks' plan") or (
+        lambda r: outcomes.append(r and r.mode) or r)(split(*a)))
+    monkeypatch.setattr(uniform, "_pair", lambda *a: events.append("pair") or pair(*a))
+    monkeypatch.setattr(uniform, "_keep", lambda *a: events.append("contiguous") or keep(*a))
     for case in range(300):
         ps, batch, C = int(rng.choice([1, 16, 64])), int(rng.integers(3, 13)), int(rng.choice([16, 33, 66]))
         qu, top = int(rng.integers(1, 5)), int(rng.choice([512, 1024, 2048]))
@@ -272,6 +275,35 @@ def test_few_long_requests_split_into_chunks_plan_the_numpy_paths_bytes(monkeypa
             assert np.array_equal(got[0], want[0]), (case, step, pk)
     counts = {m: outcomes.count(m) for m in ("contiguous", "balanced")}
     assert counts["contiguous"] > 30 and counts["balanced"] > 100, counts
+    # auto's early bound on the pair of chunks (uniform._pair) both taking the contiguous plan and not
+    after = [b for a, b in zip(events, events[1:]) if a == "pair"]
+    assert after.count("contiguous") > 30 and after.count("chunks' plan") > 30, after
+
+
+def test_pair_is_the_chunks_lpt_pair():
+    """uniform._pair, from a split batch's chunk counts and remainders alone, is the sum tile_table._balanced's
+    first bound takes of the chunks' C-th and (C+1)-th largest costs (less 2 (L + f - k)), exactly:
+    with those among the lighter last chunks, the full ones and the heavier last chunks (B >= C)."""
+    rng = np.random.default_rng(41)
+    where = set()
+    for case in range(4000):
+        C = int(rng.choice([3, 16, 33, 66]))
+        B, L, f = int(rng.integers(1, 2 * C)), int(rng.choice([16, 128, 192, 1024])), int(rng.choice([68, 80, 128]))
+        k = L - 1 - L // 8
+        kv = rng.integers(L // 8 + 1, int(rng.choice([2, 3, 8])) * L, B)
+        if rng.random() < 0.3:   # mostly one chunk each, about L long (heavier or lighter than a full one)
+            kv = rng.integers(L - L // 4, L + L // 8 + 1, B)
+            kv[0] = 2 * L
+        nch, x = np.divmod(kv + k, L)
+        n = int(nch.sum())
+        if not C < n <= 2 * C or nch.max() < 2:
+            continue
+        cost = np.full(n, L + f)
+        cost[np.cumsum(nch) - 1] = kv + f - (nch - 1) * L   # (tile_table._schedule's chunk costs)
+        cs = np.sort(cost)[::-1]
+        assert 2 * (L + f - k) + uniform._pair(x, k, n, B, C) == cs[C - 1] + cs[C], case
+        where.add(int(np.sign(cs[C - 1] - L - f)))
+    assert where == {-1, 0, 1}, where
 
 
 def test_serving_loop_into_two_kept_buffers_plans_the_numpy_paths_bytes(monkeypatch):

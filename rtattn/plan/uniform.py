@@ -24,6 +24,8 @@ clamped, bounds exceeded) goes back to the table path with nothing written.
 """
 from __future__ import annotations
 
+from bisect import bisect_left
+
 import numpy as np
 
 from . import inspector, tile_table, uniform_chunks   # (PlanInfo, _balanced, plan: all import this module: read at call time)
@@ -213,26 +215,31 @@ def plan(p, tl, out, qo, qu, kv, kp, ids, B, nnz, nq, kv_least, safe_kv):
                                        total2, L, k, nch, con)
         if mode == "balanced" or not C < n <= 2 * C:   # (auto's early bound: C < n <= 2C only)
             return split()
-        mean = -(-total2 // C)
-        if max(L + L // TAIL_FRACTION + f, mean) * C <= AUTO_IMBALANCE * total2:
-            return split()
-        # auto's early bound b0 = max(L + f, L + f + the largest last chunk less k, mean), within
-        # [lo, lo + tail] (a remainder is < L = k + 1 + tail): the largest chunk only if needed
-        lo = max(L + f, mean)
-        b0 = None
-        if lo * C <= AUTO_IMBALANCE * total2:
-            b0 = max(lo, L + f + x.item(x.argmax()) - k)
+        # auto's early choice on b0, tile_table._balanced's first bound on the chunks' costs (the
+        # largest chunk, the C-th and (C+1)-th largest together, the mean) or a part of it: if it is
+        # over AUTO_IMBALANCE and the contiguous plan's heaviest CTA under it, auto takes the
+        # contiguous plan without the chunks' schedule; else that schedule decides, on its whole bound
+        b0 = max(L + f + max(x.item(x.argmax()) - k, 0), -(-total2 // C))   # (some tile has a full chunk)
+        if b0 * C <= AUTO_IMBALANCE * total2:   # the pair, only where the rest leaves it open
+            b0 = max(b0, 2 * (L + f - k) + _pair(x, k, n, B, C))
             if b0 * C <= AUTO_IMBALANCE * total2:
                 return split()
     con = _contiguous(p, tl, sc, qu, bv, total, kv_least)
     if con is None:
         return None
-    if mode == "auto" and con[0] >= lo:   # (auto keeps it below b0)
-        if b0 is None:
-            b0 = max(lo, L + f + x.item(x.argmax()) - k)
-        if con[0] >= b0:
-            return split(con)
+    if mode == "auto" and con[0] >= b0:
+        return split(con)
     return _keep(p, out, sc, con, qo, qu, kv, kp, ids, B, nnz, nq)
+
+
+def _pair(x, k, n, B, C) -> int:
+    """The C-th and (C+1)-th largest of a split batch's n chunks (C < n <= 2C) together, each less
+    L + f - k (full chunks then weigh k, tile t's last one its remainder x[t]): the (d+1)-th and
+    d-th smallest, d = n - C, of the n - B full chunks merged with the B last ones."""
+    xs = sorted(x.tolist())
+    a, z = bisect_left(xs, k), n - B   # (last chunks lighter than a full one; full chunks)
+    r0, r1 = [xs[i] if i < a else k if i < a + z else xs[i - z] for i in (n - C - 1, n - C)]
+    return r0 + r1
 
 
 def _weigh(p, tl, sc, qu, bv, total, kv_least, cost, cost_total, L, span, con=None):
