@@ -210,17 +210,8 @@ def lpt_assign(cost_sorted: np.ndarray, num_ctas: int, ar: np.ndarray, scratch: 
         m = min(n, num_ctas)
     if m == n:
         return ar[:n] % num_ctas if m > num_ctas else ar[:n].copy()
-    if m == num_ctas and n - m <= 4:   # a few items past the first round (a split tile's chunks
-        # at C < n: most plans of a few long requests): each onto the least-loaded CTA, lowest id
-        # on ties (argmin's first), in numpy -- the heap's lists cost ~2x at C = 66
-        cta = np.empty(n, dtype=np.int64)
-        cta[:m] = ar[:m]
-        loads = cost_sorted[:m].copy()
-        for j in range(m, n):
-            i = loads.argmin()
-            loads[i] += cost_sorted[j]
-            cta[j] = i
-        return cta
+    if m == num_ctas and (few := lpt_few(cost_sorted, num_ctas, ar)) is not None:
+        return few[0]
     shift = num_ctas.bit_length()
     mask = (1 << shift) - 1
     last = cost_sorted.item(n - 1)
@@ -255,6 +246,28 @@ def lpt_assign(cost_sorted: np.ndarray, num_ctas: int, ar: np.ndarray, scratch: 
     else:
         cta[m:] = small.lpt_deal(heap.tolist(), keys[m:].tolist(), mask)
     return cta
+
+
+LPT_FEW = 4   # items past LPT's first round that lpt_few deals
+
+
+def lpt_few(cost_sorted: np.ndarray, num_ctas: int, ar: np.ndarray):
+    """lpt_assign of up to LPT_FEW items past the first round (a split tile's chunks at C < n: most
+    plans of a few long requests), the first round not one run of equal costs (items 0 .. C-1 on
+    CTAs 0 .. C-1): each later item onto the least-loaded CTA, lowest id on ties (argmin's first),
+    in numpy -- the heap's lists cost ~2x at C = 66. (The CTA of each item, every CTA's load), or
+    None for other items."""
+    n = cost_sorted.shape[0]
+    if not num_ctas < n <= num_ctas + LPT_FEW or cost_sorted.item(num_ctas) == cost_sorted.item(0):
+        return None
+    cta = np.empty(n, dtype=np.int64)
+    cta[:num_ctas] = ar[:num_ctas]
+    loads = cost_sorted[:num_ctas].copy()
+    for j in range(num_ctas, n):
+        i = loads.argmin()
+        loads[i] += cost_sorted[j]
+        cta[j] = i
+    return cta, loads
 
 
 def _lpt_rounds(keys: np.ndarray, C: int, ar: np.ndarray, mask: int, dealt: bool = True) -> np.ndarray:
