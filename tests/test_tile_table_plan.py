@@ -257,6 +257,9 @@ def test_few_long_requests_split_into_chunks_plan_the_numpy_paths_bytes(monkeypa
         lambda r: outcomes.append(r and r.mode) or r)(split(*a)))
     monkeypatch.setattr(uniform, "_pair", lambda *a: events.append("pair") or pair(*a))
     monkeypatch.setattr(uniform, "_keep", lambda *a: events.append("contiguous") or keep(*a))
+    kept, queues = [], tile_table.Tiles.queues_past_round   # (LPT's queues past one round: kept, or made)
+    monkeypatch.setattr(tile_table.Tiles, "queues_past_round", lambda self, extra, *a: kept.append(
+        extra in self.past_round) or queues(self, extra, *a))
     for case in range(300):
         ps, batch, C = int(rng.choice([1, 16, 64])), int(rng.integers(3, 13)), int(rng.choice([16, 33, 66]))
         qu, top = int(rng.integers(1, 5)), int(rng.choice([512, 1024, 2048]))
@@ -278,6 +281,7 @@ def test_few_long_requests_split_into_chunks_plan_the_numpy_paths_bytes(monkeypa
     # auto's early bound on the pair of chunks (uniform._pair) both taking the contiguous plan and not
     after = [b for a, b in zip(events, events[1:]) if a == "pair"]
     assert after.count("contiguous") > 30 and after.count("chunks' plan") > 30, after
+    assert kept.count(True) > 30 and kept.count(False) > 30, kept
 
 
 def test_pair_is_the_chunks_lpt_pair():

@@ -210,8 +210,11 @@ def lpt_assign(cost_sorted: np.ndarray, num_ctas: int, ar: np.ndarray, scratch: 
         m = min(n, num_ctas)
     if m == n:
         return ar[:n] % num_ctas if m > num_ctas else ar[:n].copy()
-    if m == num_ctas and (few := lpt_few(cost_sorted, num_ctas, ar)) is not None:
-        return few[0]
+    if m == num_ctas and (few := lpt_few(cost_sorted, num_ctas)) is not None:
+        cta = np.empty(n, dtype=np.int64)
+        cta[:m] = ar[:m]
+        cta[m:] = few[0]
+        return cta
     shift = num_ctas.bit_length()
     mask = (1 << shift) - 1
     last = cost_sorted.item(n - 1)
@@ -251,23 +254,22 @@ def lpt_assign(cost_sorted: np.ndarray, num_ctas: int, ar: np.ndarray, scratch: 
 LPT_FEW = 4   # items past LPT's first round that lpt_few deals
 
 
-def lpt_few(cost_sorted: np.ndarray, num_ctas: int, ar: np.ndarray):
+def lpt_few(cost_sorted: np.ndarray, num_ctas: int):
     """lpt_assign of up to LPT_FEW items past the first round (a split tile's chunks at C < n: most
     plans of a few long requests), the first round not one run of equal costs (items 0 .. C-1 on
     CTAs 0 .. C-1): each later item onto the least-loaded CTA, lowest id on ties (argmin's first),
-    in numpy -- the heap's lists cost ~2x at C = 66. (The CTA of each item, every CTA's load), or
-    None for other items."""
+    in numpy -- the heap's lists cost ~2x at C = 66. (The CTAs of the items past the first round, a
+    tuple of ints; every CTA's load), or None for other items."""
     n = cost_sorted.shape[0]
     if not num_ctas < n <= num_ctas + LPT_FEW or cost_sorted.item(num_ctas) == cost_sorted.item(0):
         return None
-    cta = np.empty(n, dtype=np.int64)
-    cta[:num_ctas] = ar[:num_ctas]
     loads = cost_sorted[:num_ctas].copy()
+    ctas = []
     for j in range(num_ctas, n):
-        i = loads.argmin()
+        i = int(loads.argmin())
         loads[i] += cost_sorted[j]
-        cta[j] = i
-    return cta, loads
+        ctas.append(i)
+    return tuple(ctas), loads
 
 
 def _lpt_rounds(keys: np.ndarray, C: int, ar: np.ndarray, mask: int, dealt: bool = True) -> np.ndarray:

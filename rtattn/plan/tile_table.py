@@ -45,6 +45,7 @@ SAFE_KV_TOKENS = 2**30
 # _balanced sorts up to this many items by numpy's stable sort (timsort; ~2x cheaper than a radix
 # sort below ~200 items on the development machine)
 TIMSORT_ITEMS = 192
+PAST_ROUND_KEPT = 256   # Tiles.queues_past_round's entries (a few hundred bytes each; cleared when full)
 
 # Rows of the tile table: the item rows (inspector's order; KV_START 0 and PARTIAL / MERGE -1 are
 # kept between plans), then what the contiguous cuts read per item. PIECES shares KV_START's row
@@ -79,11 +80,25 @@ class Tiles:
         self.alpha, self.gamma, self.zero, self.one = _k(COST_ALPHA), _k(COST_GAMMA), _k(0), _k(1)
         self.uniform = None   # rtattn.plan.uniform's scratch (uniform.Scratch), made on first use
         self.lpt = {}   # inspector.lpt_assign's scratch
+        self.past_round = {}   # CTAs of the items past LPT's first round -> their queues (_queues)
         self.span_top = _k(0)   # _balanced's bound of the costs
         # qu -> the bytes of qu x (0, 1, .., max_batch) as int32 (qo_indptr of qu tokens per request),
         # for the query lengths of one tile (1..tile_q) that plans have used; and qu repeated
         self.uniform_bytes, self._uniform_q = {}, {}
         self.max_batch = max_batch
+
+    def queues_past_round(self, extra: tuple, C: int, ar):
+        """_queues of LPT's items past its first round by a few, on CTAs 0 .. C-1 then `extra`
+        (inspector.lpt_few): kept per `extra`, read-only (a serving loop meets a few)."""
+        hit = self.past_round.get(extra)
+        if hit is None:
+            if len(self.past_round) >= PAST_ROUND_KEPT:
+                self.past_round.clear()
+            hit = _queues(np.concatenate((ar[:C], extra)), C, ar)
+            for a in hit:
+                a.flags.writeable = False
+            self.past_round[extra] = hit
+        return hit
 
     def uniform_rows(self, qu: int) -> bytes:
         self._uniform_q[qu] = np.full(self.max_batch, qu, dtype=np.int32)
@@ -386,12 +401,12 @@ def _balanced(p, cost, total, L, contiguous, con, span=None):
                 con = contiguous()
             if con is None or con["top"] < bound:
                 return con
-    few = inspector.lpt_few(cs, C, ar)   # (a few items past the first round: the loads come with it)
-    if few is not None:
-        cta, loads = few
-    else:
+    few = inspector.lpt_few(cs, C)   # (a few items past the first round: their CTAs, the loads)
+    if few is None:
         cta = ar[:n] % C if cs.item(0) == cs.item(n - 1) else inspector.lpt_assign(cs, C, ar, p._tiles.lpt)
         loads = _bincount(cta, weights=cs, minlength=C).astype(np.int64)
+    else:
+        loads = few[1]
     if auto:
         top = loads.item(loads.argmax())
         if top * C > AUTO_IMBALANCE * total:
@@ -399,10 +414,16 @@ def _balanced(p, cost, total, L, contiguous, con, span=None):
                 con = contiguous()
             if con is None or con["top"] < top:
                 return con
-    # queue order: (cta, assignment order); CTA ids in 8 bits sort by radix (~2.5x cheaper)
-    q = cta.astype(np.uint8).argsort(kind="stable") if C <= 256 else _sorted_keys(cta, 1, ar[:n])
-    res.update(loads=loads, wi=_ACC(_bincount(cta, minlength=C)), order=order[q])
+    wi, q = _queues(cta, C, ar) if few is None else p._tiles.queues_past_round(few[0], C, ar)
+    res.update(loads=loads, wi=wi, order=order[q])
     return res
+
+
+def _queues(cta, C, ar):
+    """work_indptr[1:] and the queue order (cta, assignment order: indices into `cta`) of items on
+    CTAs `cta`; CTA ids in 8 bits sort by radix (~2.5x cheaper)."""
+    q = cta.astype(np.uint8).argsort(kind="stable") if C <= 256 else _sorted_keys(cta, 1, ar[:cta.shape[0]])
+    return _ACC(_bincount(cta, minlength=C)), q
 
 
 def _sorted_keys(x, sign, index):
