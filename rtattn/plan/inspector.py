@@ -227,7 +227,7 @@ def lpt_assign(cost_sorted: np.ndarray, num_ctas: int, ar: np.ndarray, scratch: 
             if len(scratch) >= 64:   # (a few KB each: serving loops keep to a few batch sizes)
                 scratch.clear()
             rd = scratch[n, num_ctas] = _Rounds(n, num_ctas, ar)
-        return rd.assign(cost_sorted, shift, mask)
+        return rd.assign(cost_sorted)
     keys = cost_sorted << shift
     if m > num_ctas:
         cta = ar[:n] % num_ctas
@@ -303,11 +303,14 @@ def _lpt_rounds(keys: np.ndarray, C: int, ar: np.ndarray, mask: int, dealt: bool
 
 class _Rounds:
     """_lpt_rounds' arrays and views for n items on C CTAs, the first C dealt (kept: a view or
-    an array costs ~0.1-0.2 us, the rounds a dozen)."""
+    an array costs ~0.1-0.2 us, the rounds a dozen), and lpt_assign's shift and mask for C as 0-d
+    arrays (a Python int operand costs a ufunc ~0.25 us more)."""
 
-    __slots__ = ("keys", "ids", "first", "heap", "steps", "last", "cta")
+    __slots__ = ("keys", "ids", "first", "heap", "steps", "last", "cta", "shift", "mask")
 
     def __init__(self, n: int, C: int, ar: np.ndarray):
+        self.shift = np.array(C.bit_length(), dtype=np.int64)
+        self.mask = np.array((1 << C.bit_length()) - 1, dtype=np.int64)
         R = -(-n // C)
         self.keys = np.empty(n, dtype=np.int64)
         rows = np.empty((R, C), dtype=np.int64)
@@ -316,16 +319,16 @@ class _Rounds:
         self.steps = [(rows[r], self.keys[r * C:(r + 1) * C], rows[r + 1]) for r in range(1, R - 1)]
         self.last, self.cta = rows[R - 1], rows.reshape(-1)[:n]
 
-    def assign(self, cost_sorted, shift: int, mask: int) -> np.ndarray:
+    def assign(self, cost_sorted) -> np.ndarray:
         """_lpt_rounds(cost_sorted << shift, ...) in these arrays: the CTAs (a view of them)."""
-        np.left_shift(cost_sorted, shift, out=self.keys)
+        np.left_shift(cost_sorted, self.shift, out=self.keys)
         np.bitwise_or(self.first, self.ids, out=self.heap)
         for row, nxt, out in self.steps:
             row.sort()
             np.add(row, nxt, out=out)   # item r*C + j onto the j-th lightest CTA
         self.last.sort()
         cta = self.cta
-        cta &= mask
+        cta &= self.mask
         return cta
 
 
