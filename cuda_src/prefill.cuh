@@ -153,10 +153,10 @@ __device__ __forceinline__ void prefill_persistent(const P& p, char* smem) {
     for (int mi = 0; mi < MMA_Q; ++mi) bias[mi].init(p, var, row_qo_idx[mi], row_qo_head[mi], lane);
 
     float o[MMA_Q][DT][4];
-    RowSoftmax<Variant::use_softmax, NT, DT> sm[MMA_Q];
+    GroupSoftmax<Variant, P, NT, DT> sm[MMA_Q];
 #pragma unroll
     for (int mi = 0; mi < MMA_Q; ++mi) {
-      sm[mi].reset();
+      sm[mi].reset(logits_bound(p, var));
 #pragma unroll
       for (int dn = 0; dn < DT; ++dn)
 #pragma unroll

@@ -116,6 +116,24 @@ __device__ __forceinline__ float logits_scale(const P& p, const Variant& var) {
   return p.sm_scale_log2;
 }
 
+// Whether a 16-bit type's exponent range is fp32's (bf16; fp16 spans 30 octaves).
+template <class T> struct WideExponent : BoolConst<false> {};
+template <> struct WideExponent<__nv_bfloat16> : BoolConst<true> {};
+
+// The softmax of a 16-row group. A soft cap alone bounds every scaled logit by logits_scale
+// (tanh's range): with bf16 weights the group can weigh against RowSoftmax's fixed reference
+// (BOUNDED, reset(logits_bound); the RTATTN_FIXED_SOFTMAX build) in place of a running max.
+template <class Variant, class P, int NT, int DT, bool FMA_EXP2 = false, bool TC_SUM = false>
+using GroupSoftmax = RowSoftmax<Variant::use_softmax, NT, DT, FMA_EXP2,
+                                Variant::use_softmax && Variant::has_soft_cap && !Variant::has_logits_transform &&
+                                    WideExponent<typename P::DType>::value,
+                                TC_SUM>;
+template <class Variant, class P>
+__device__ __forceinline__ float logits_bound(const P& p, const Variant& var) {
+  if constexpr (Variant::has_soft_cap && !Variant::has_logits_transform) return logits_scale(p, var);
+  return INFINITY;
+}
+
 // Weights s -> P as mma A fragments (KS = NT / 2 k-steps of 16 tokens).
 template <class T, int NT>
 __device__ __forceinline__ void pack_p(const float (&s)[NT][4], uint32_t (&pa)[NT / 2][4]) {

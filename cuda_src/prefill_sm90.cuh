@@ -94,6 +94,8 @@ __device__ __forceinline__ void prefill_sm90_persistent(const P& p, char* smem) 
   queue.init(p);
   Loader ld;
   ld.init(p, kv_head, tid);
+  __shared__ OnesTile<T> ones;
+  if constexpr (kTcRowSum) ones.fill(tid, S::threads);  // published by the first block's barrier
 
   wait_for_previous_grid();  // programmatic dependent launch, as the mma.sync kernel
   allow_next_grid();
@@ -152,8 +154,8 @@ __device__ __forceinline__ void prefill_sm90_persistent(const P& p, char* smem) 
     bias.init(p, var, row_qo_idx, row_qo_head, lane);
 
     float o[DT][4];
-    RowSoftmax<Variant::use_softmax, NT, DT, FMA_EXP2> sm;
-    sm.reset();
+    GroupSoftmax<Variant, P, NT, DT, FMA_EXP2, kTcRowSum> sm;
+    sm.reset(logits_bound(p, var));
     zero_accumulators(o);
 
     auto block = [&](auto masked, int blk) {
@@ -206,13 +208,16 @@ __device__ __forceinline__ void prefill_sm90_persistent(const P& p, char* smem) 
       // ---- O += P V
       const uint32_t v_base = smem_addr(v_stage(st));
       fence_accumulators(o);
+      if constexpr (kTcRowSum) fence_accumulators(sm.lacc);
       if constexpr (PINGPONG) WarpgroupTurns::before_pv(wg);
       wgmma_fence();
       wgmma_pv<T, TILE_KV, D>(o, pa, v_base, KVTile::slab_bytes);
+      if constexpr (kTcRowSum && Variant::use_softmax) wgmma_rowsum<T, TILE_KV>(sm.lacc, pa, ones.desc());
       wgmma_commit();
       if constexpr (PINGPONG) WarpgroupTurns::after_pv(wg);
       wgmma_wait<0>();
       fence_accumulators(o);
+      if constexpr (kTcRowSum) fence_accumulators(sm.lacc);
     };
 
     for (int blk = 0; blk < num_blocks; ++blk) {

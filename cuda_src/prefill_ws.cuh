@@ -160,7 +160,8 @@ __device__ __forceinline__ void prefill_ws_produce(const P& p, const PrefillQueu
 template <class Variant, class P, int TILE_KV, int STAGES, bool FMA_EXP2, class Bars, class KStage, class VStage>
 __device__ __forceinline__ void prefill_ws_consume(const P& p, const PrefillQueue& queue, Bars& bars,
                                                    const WsItem<Variant>* handoff, typename P::DType* q_smem,
-                                                   KStage k_stage, VStage v_stage, int tid) {
+                                                   const OnesTile<typename P::DType>& ones, KStage k_stage,
+                                                   VStage v_stage, int tid) {
   using T = typename P::DType;
   constexpr int D = P::head_dim;
   using QTile = Sw128Tile<D, 128>;
@@ -177,8 +178,10 @@ __device__ __forceinline__ void prefill_ws_consume(const P& p, const PrefillQueu
                             Variant::has_linear_bias);
     wgmma_commit();
   };
-  auto issue_pv = [&](float (&o)[DT][4], const uint32_t (&pa)[KS][4], int st) {
+  const uint64_t ones_desc = kTcRowSum ? ones.desc() : 0;
+  auto issue_pv = [&](float (&o)[DT][4], float (&lacc)[1][4], const uint32_t (&pa)[KS][4], int st) {
     wgmma_pv<T, TILE_KV, D>(o, pa, smem_addr(v_stage(st)), KVTile::slab_bytes);
+    if constexpr (kTcRowSum && Variant::use_softmax) wgmma_rowsum<T, TILE_KV>(lacc, pa, ones_desc);
     wgmma_commit();
   };
 
@@ -196,8 +199,8 @@ __device__ __forceinline__ void prefill_ws_consume(const P& p, const PrefillQueu
     GroupBias<Variant> bias;
     bias.init(p, var, row_qo_idx, row_qo_head, lane);
     float o[DT][4];
-    RowSoftmax<Variant::use_softmax, NT, DT, FMA_EXP2> sm;
-    sm.reset();
+    GroupSoftmax<Variant, P, NT, DT, FMA_EXP2, kTcRowSum> sm;
+    sm.reset(logits_bound(p, var));
     zero_accumulators(o);
 
     // Block blk's logits (landed in s) -> weights, the factor O takes in corr; its K slot released,
@@ -249,14 +252,16 @@ __device__ __forceinline__ void prefill_ws_consume(const P& p, const PrefillQueu
         fence_proxy_async();
         if constexpr (Variant::has_linear_bias) bias.start(s, lo + blk * TILE_KV);
         fence_accumulators(o);
+        if constexpr (kTcRowSum) fence_accumulators(sm.lacc);
         wgmma_fence();
         issue_qk(s, st);
-        issue_pv(o, pa, prev);
+        issue_pv(o, sm.lacc, pa, prev);
         ConsumerTurns::pass(wg);
         wgmma_wait<1>();
         weigh(s, blk, corr);
         wgmma_wait<0>();
         fence_accumulators(o);
+        if constexpr (kTcRowSum) fence_accumulators(sm.lacc);
         mbar_arrive_warp(&bars.v[prev].empty, lane);
         pack_p<T>(s, pa);
         sm.rescale(o, corr);
@@ -266,11 +271,13 @@ __device__ __forceinline__ void prefill_ws_consume(const P& p, const PrefillQueu
       mbar_wait(&bars.v[st].full, Pos::parity(n + nb - 1));
       fence_proxy_async();
       fence_accumulators(o);
+      if constexpr (kTcRowSum) fence_accumulators(sm.lacc);
       wgmma_fence();
-      issue_pv(o, pa, st);
+      issue_pv(o, sm.lacc, pa, st);
       ConsumerTurns::pass(wg);
       wgmma_wait<0>();
       fence_accumulators(o);
+      if constexpr (kTcRowSum) fence_accumulators(sm.lacc);
       mbar_arrive_warp(&bars.v[st].empty, lane);
       n += nb;
     }
@@ -284,11 +291,13 @@ __device__ __forceinline__ void prefill_ws_persistent(const P& p, char* smem) {
   using S = PrefillWsShape<P::head_dim, TILE_KV, STAGES, sizeof(T)>;
   __shared__ WsBarriers<STAGES> bars;
   __shared__ WsItem<Variant> handoff[2];
+  __shared__ OnesTile<T> ones;
   T* q_smem = reinterpret_cast<T*>(smem);
   auto k_stage = [&](int s) { return reinterpret_cast<T*>(smem + S::q_bytes + s * S::stage_bytes); };
   auto v_stage = [&](int s) { return reinterpret_cast<T*>(smem + S::q_bytes + s * S::stage_bytes + S::tile_bytes); };
   const int tid = threadIdx.x;
   if (tid == 0) bars.init();
+  if constexpr (kTcRowSum) ones.fill(tid, S::threads);
   PrefillQueue queue;
   queue.init(p);
   __syncthreads();  // the barriers are initialized for everyone
@@ -302,8 +311,8 @@ __device__ __forceinline__ void prefill_ws_persistent(const P& p, char* smem) {
                                                            tid - S::consumer_threads);
   } else {
     warpgroup_claim_registers<S::consumer_regs>();
-    prefill_ws_consume<Variant, P, TILE_KV, STAGES, FMA_EXP2>(p, queue, bars, handoff, q_smem, k_stage, v_stage,
-                                                              tid);
+    prefill_ws_consume<Variant, P, TILE_KV, STAGES, FMA_EXP2>(p, queue, bars, handoff, q_smem, ones, k_stage,
+                                                              v_stage, tid);
   }
 }
 

@@ -99,6 +99,18 @@ template <typename T, int N> struct WgmmaRS;
     }                                                                                                \
   };
 
+#define RTATTN_WGMMA_RS_8(T, TY)                                                                   \
+  template <> struct WgmmaRS<T, 8> {                                                                  \
+    __device__ __forceinline__ static void run(float (&d)[1][4], const uint32_t (&a)[4], uint64_t b) {      \
+      asm volatile("wgmma.mma_async.sync.aligned.m64n8k16.f32." TY "." TY " {%0,%1,%2,%3}, {%4,%5,%6,%7}, %8, 1, 1, 1, 1;\n" \
+                   : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3])                          \
+                   : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));                           \
+    }                                                                                                \
+  };
+
+RTATTN_WGMMA_RS_8(__nv_bfloat16, "bf16")
+RTATTN_WGMMA_RS_8(__half, "f16")
+#undef RTATTN_WGMMA_RS_8
 RTATTN_WGMMA_SS_32(__nv_bfloat16, "bf16")
 RTATTN_WGMMA_SS_32(__half, "f16")
 #undef RTATTN_WGMMA_SS_32
@@ -153,6 +165,35 @@ __device__ __forceinline__ void wgmma_pv(float (&o)[D / 8][4], const uint32_t (&
   const uint64_t vd = sw128_desc(v_base, v_slab, 1024);
 #pragma unroll
   for (int j = 0; j < N / 16; ++j) WgmmaRS<T, D>::run(o, pa[j], desc_step(vd, j * 2048));
+}
+
+// Row sums on the tensor cores (the RTATTN_TC_ROWSUM build of the wgmma kernels, online_softmax.cuh's
+// TC_SUM): P (64 x N) times a 16 x 8 block of ones, beside PV, adds each row's
+// weights into an m64n8 accumulator (every column the row's total; the FADDs and the quad's
+// shuffles leave the softmax). The ones sit in 512 B of shared memory (no swizzle, both byte
+// offsets 128: whatever layout the hardware reads there, it reads ones).
+#ifdef RTATTN_TC_ROWSUM
+constexpr bool kTcRowSum = true;
+#else
+constexpr bool kTcRowSum = false;
+#endif
+template <typename T>
+struct OnesTile {
+  alignas(128) T v[256];
+  // Every thread of the CTA; the CTA's next barrier publishes the ones to the tensor cores.
+  __device__ __forceinline__ void fill(int tid, int threads) {
+    for (int i = tid; i < 256; i += threads) v[i] = from_float<T>(1.f);
+    fence_proxy_async();
+  }
+  __device__ __forceinline__ uint64_t desc() const {
+    const uint32_t a = smem_addr(v);
+    return uint64_t((a & 0x3FFFF) >> 4) | (uint64_t(128 >> 4) << 16) | (uint64_t(128 >> 4) << 32);
+  }
+};
+template <typename T, int N>
+__device__ __forceinline__ void wgmma_rowsum(float (&l)[1][4], const uint32_t (&pa)[N / 16][4], uint64_t ones) {
+#pragma unroll
+  for (int j = 0; j < N / 16; ++j) WgmmaRS<T, 8>::run(l, pa[j], ones);
 }
 
 }  // namespace rtattn

@@ -228,6 +228,30 @@ def test_the_register_cap_follows_the_accumulators():
         P.choose_tile(H200, 128, 4, 1024, mma="wgmma", rows=128, tile_kv=64, ctas_per_sm=2)
 
 
+@pytest.mark.parametrize("tile", [dict(mma="ws"), dict(mma="wgmma", rows=128, tile_kv=32, stages=3, ctas_per_sm=2,
+                                                      pingpong=True)], ids=["ws", "wg-pp"])
+def test_opt_in_softmax_builds_compile_without_spills(tile, isolated_cache):
+    """The fixed-reference soft cap and the tensor-core row sums (RTATTN_FIXED_SOFTMAX,
+    RTATTN_TC_ROWSUM: opt-in until measured, tools/gpu_softmax_ab.sh) keep compiling, out of local
+    memory, and build other code than the default."""
+    from rtattn.codegen.render import render_prefill
+    from rtattn.runtime import compile_to_cubin
+    from prefill_cases import combo_spec
+    t = P.choose_tile(H200, 128, 4, 2048, **tile)
+    spec = combo_spec("causal+soft_cap")
+    src = render_prefill(spec, t).source
+    logs, cubins = {}, {}
+    for name, defs in (("default", ()), ("opt-in", ("-DRTATTN_FIXED_SOFTMAX", "-DRTATTN_TC_ROWSUM"))):
+        cubin = compile_to_cubin(src, name=P.instance_name(spec, t), arch=t.arch("sm_90"),
+                                 options=P.PREFILL_OPTIONS + defs + ("--ptxas-options=-v",), quiet=True)
+        cubins[name] = bytes(cubin)
+        logs[name] = log = cubin.log.split("Compiling entry function 'rtattn_prefill_" + spec.variant)[1]
+        assert re.search(r"\b0 bytes spill stores, 0 bytes spill loads", log.split("Used")[0]), (name, log[:400])
+    assert cubins["default"] != cubins["opt-in"]
+    used = {k: int(re.search(r"Used (\d+) registers", v).group(1)) for k, v in logs.items()}
+    assert used["opt-in"] <= 65536 // (t.threads * t.min_blocks) // 8 * 8, used
+
+
 def test_head_dim_256_caps_rows_and_the_resource_model_reads_the_device():
     t = P.choose_tile(H200, 256, 4, 4096, mma="sync")
     assert t.rows == 64 and t.tile_kv == 32
@@ -487,6 +511,27 @@ def test_bias_and_cap_variants_across_groups(variant, heads):
     o, lse, _ = run_prefill(case, combo_spec(variant), params=params)
     eo, el = errors(case, o, lse, var)
     assert eo < TOL["bfloat16"] and el < 2e-2, (eo, el)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("cap", [1.5, 50.0, 65.0, 66.0, 120.0])
+def test_soft_cap_weights_at_both_ends_of_the_cap(cap, dtype, kernel):
+    """Logits pinned near -cap (request 0's queries against every key), near +cap (request 1's
+    along them) and spread across both (request 2's, large). bf16 caps up to 65 weigh against
+    RowSoftmax's fixed reference, no row max: weights from 2^(64 - 2 cap log2 e) to 2^64 must stay
+    normal floats; 66, 120 and fp16 keep the running max."""
+    from prefill_cases import TOL, errors, make_case, run_prefill
+    kv, qo = np.array([700, 300, 1500]), np.array([700, 100, 37])
+    case = make_case(kv, 16, 4, 128, 16, dtype=dtype, qo_lens=qo, seed=5)
+    case.k_cache.add_(2.0)   # every key leans along (1, .., 1)
+    q0, q1, q2 = (slice(int(a), int(b)) for a, b in zip(case.qo_indptr[:-1], case.qo_indptr[1:]))
+    case.q[q0] = case.q[q0] * 0.5 - 8.0
+    case.q[q1] = case.q[q1] * 0.5 + 8.0
+    case.q[q2] = case.q[q2] * 8.0
+    o, lse, _ = run_prefill(case, "soft_cap", dtype, params={"soft_cap": cap}, tile=kernel)
+    eo, el = errors(case, o, lse, ref.Variant(logits_soft_cap=cap))
+    assert eo < TOL[dtype] and el < 2e-2 + cap * 2.0**-11, (eo, el)   # tanh.approx: 2^-11 relative
 
 
 @pytest.mark.gpu
