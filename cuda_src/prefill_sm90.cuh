@@ -96,6 +96,7 @@ __device__ __forceinline__ void prefill_sm90_persistent(const P& p, char* smem) 
   ld.init(p, kv_head, tid);
   __shared__ OnesTile<T> ones;
   if constexpr (kTcRowSum) ones.fill(tid, S::threads);  // published by the first block's barrier
+  const uint64_t ones_desc = kTcRowSum ? ones.desc() : 0;
 
   wait_for_previous_grid();  // programmatic dependent launch, as the mma.sync kernel
   allow_next_grid();
@@ -212,7 +213,7 @@ __device__ __forceinline__ void prefill_sm90_persistent(const P& p, char* smem) 
       if constexpr (PINGPONG) WarpgroupTurns::before_pv(wg);
       wgmma_fence();
       wgmma_pv<T, TILE_KV, D>(o, pa, v_base, KVTile::slab_bytes);
-      if constexpr (kTcRowSum && Variant::use_softmax) wgmma_rowsum<T, TILE_KV>(sm.lacc, pa, ones.desc());
+      if constexpr (kTcRowSum && Variant::use_softmax) wgmma_rowsum<T, TILE_KV>(sm.lacc, pa, ones_desc);
       wgmma_commit();
       if constexpr (PINGPONG) WarpgroupTurns::after_pv(wg);
       wgmma_wait<0>();
