@@ -186,12 +186,14 @@ def _item_partials(it, T, st, pbase_st, entry_st, i_tile, row_off) -> None:
     it[5:7] = pm
 
 
-def lpt_assign(cost_sorted: np.ndarray, num_ctas: int, ar: np.ndarray, scratch: dict | None = None) -> np.ndarray:
+def lpt_assign(cost_sorted: np.ndarray, num_ctas: int, ar: np.ndarray, scratch: dict | None = None,
+               few: bool = True) -> np.ndarray:
     """Longest-processing-time assignment of costs sorted descending (int64).
     Least-loaded CTA first, ties by CTA id.  Returns the CTA of each item
     (int64); a CTA's load is the sum of its items' costs. `scratch` (a dict the caller keeps):
     the rounds' arrays are kept there per (items, CTAs), and the result may be one of them
-    (valid until the next call with that scratch).
+    (valid until the next call with that scratch). `few` False: the caller found lpt_few's
+    None for these costs (not asked again).
 
     Key = (load << shift) | cta as one Python int, so heapq compares plain ints
     and the loop body is two C calls.  The first num_ctas items land on CTAs
@@ -210,10 +212,10 @@ def lpt_assign(cost_sorted: np.ndarray, num_ctas: int, ar: np.ndarray, scratch: 
         m = min(n, num_ctas)
     if m == n:
         return ar[:n] % num_ctas if m > num_ctas else ar[:n].copy()
-    if m == num_ctas and (few := lpt_few(cost_sorted, num_ctas)) is not None:
+    if few and m == num_ctas and (dealt := lpt_few(cost_sorted, num_ctas)) is not None:
         cta = np.empty(n, dtype=np.int64)
         cta[:m] = ar[:m]
-        cta[m:] = few[0]
+        cta[m:] = dealt[0]
         return cta
     shift = num_ctas.bit_length()
     mask = (1 << shift) - 1

@@ -388,12 +388,10 @@ def _balanced(p, cost, total, L, contiguous, con, span=None):
     else:
         order = _sorted_keys(cost, -1, ar[:n])
     cs = cost[order]
-    res = dict(n=n, L=int(L), merge_rows=0, partial_rows=0, split_tiles=0, mode="balanced")
     if n <= C:   # one item per CTA at most: queue order is the sorted order
         loads = np.zeros(C, dtype=np.int64)
         loads[:n] = cs
-        res.update(loads=loads, wi=np.minimum(ar[1:C + 1], n), order=order)
-        return res
+        return _schedule_dict(n, L, loads, np.minimum(ar[1:C + 1], n), order)
     if auto:
         bound = max(cs.item(0), cs.item(C - 1) + cs.item(C), -(-total // C))
         if bound * C > AUTO_IMBALANCE * total:
@@ -401,9 +399,10 @@ def _balanced(p, cost, total, L, contiguous, con, span=None):
                 con = contiguous()
             if con is None or con["top"] < bound:
                 return con
-    few = inspector.lpt_few(cs, C)   # (a few items past the first round: their CTAs, the loads)
+    # (a few items past the first round: their CTAs and the loads; lpt_assign's rounds past that)
+    few = inspector.lpt_few(cs, C) if n <= C + inspector.LPT_FEW else None
     if few is None:
-        cta = ar[:n] % C if cs.item(0) == cs.item(n - 1) else inspector.lpt_assign(cs, C, ar, p._tiles.lpt)
+        cta = ar[:n] % C if cs.item(0) == cs.item(n - 1) else inspector.lpt_assign(cs, C, ar, p._tiles.lpt, False)
         loads = _bincount(cta, weights=cs, minlength=C).astype(np.int64)
     else:
         loads = few[1]
@@ -415,8 +414,13 @@ def _balanced(p, cost, total, L, contiguous, con, span=None):
             if con is None or con["top"] < top:
                 return con
     wi, q = _queues(cta, C, ar) if few is None else p._tiles.queues_past_round(few[0], C, ar)
-    res.update(loads=loads, wi=wi, order=order[q])
-    return res
+    return _schedule_dict(n, L, loads, wi, order[q])
+
+
+def _schedule_dict(n, L, loads, wi, order) -> dict:
+    """_balanced's schedule dict (no split tiles here: the caller adds their rows)."""
+    return dict(n=n, L=int(L), merge_rows=0, partial_rows=0, split_tiles=0, mode="balanced", loads=loads,
+                wi=wi, order=order)
 
 
 def _queues(cta, C, ar):
