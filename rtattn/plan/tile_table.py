@@ -368,12 +368,13 @@ def _chunks(p, tl, t, nchunk, pend, L0):
     return it, k, split
 
 
-def _balanced(p, cost, total, L, contiguous, con, span=None):
+def _balanced(p, cost, total, L, contiguous, con, span=None, bounded=False):
     """The numpy path's balanced schedule of items of costs `cost` (in layout order, summing to
     `total`): longest first, LPT past one item per CTA, auto's bound and loads against the
     contiguous partition (`con`, or made by calling `contiguous()` when asked: a dict with its
     heaviest load `top`, or None where a bound is exceeded); `span` (hi, lo): bounds of the costs,
-    if known. The schedule dict: the
+    if known; `bounded`: auto's first bound (the largest item, the C-th and (C+1)-th together, the
+    mean) weighed by the caller and found under AUTO_IMBALANCE (uniform's b0). The schedule dict: the
     contiguous plan's if auto takes it, else the balanced one with `order`, the layout indices
     of the items in queue order (the caller lays them out); None where a bound is exceeded."""
     C, n, ar, auto = p.num_ctas, cost.shape[0], p._ar, p.mode == "auto"
@@ -392,7 +393,7 @@ def _balanced(p, cost, total, L, contiguous, con, span=None):
         loads = np.zeros(C, dtype=np.int64)
         loads[:n] = cs
         return _schedule_dict(n, L, loads, np.minimum(ar[1:C + 1], n), order)
-    if auto:
+    if auto and not bounded:
         bound = max(cs.item(0), cs.item(C - 1) + cs.item(C), -(-total // C))
         if bound * C > AUTO_IMBALANCE * total:
             if con is None:

@@ -211,9 +211,9 @@ def plan(p, tl, out, qo, qu, kv, kp, ids, B, nnz, nq, kv_least, safe_kv):
             return None
         total2 = kv_total + n * f
 
-        def split(con=None):   # the chunks' plan: balanced, or auto's choice on their costs
+        def split(con=None, bounded=False):   # the chunks' plan: balanced, or auto's choice on their costs
             return uniform_chunks.plan(p, tl, sc, out, qo, qu, kv, bv, kp, ids, B, nnz, nq, kv_least, total,
-                                       total2, L, k, nch, con)
+                                       total2, L, k, nch, con, bounded)
         if mode == "balanced" or not C < n <= 2 * C:   # (auto's early bound: C < n <= 2C only)
             return split()
         # auto's early choice on b0, tile_table._balanced's first bound on the chunks' costs (the
@@ -224,8 +224,8 @@ def plan(p, tl, out, qo, qu, kv, kp, ids, B, nnz, nq, kv_least, safe_kv):
         b0 = max(L + f + max(x.item(x.argmax()) - k, 0), -(-total2 // C))   # (some tile has a full chunk)
         if b0 * C <= AUTO_IMBALANCE * total2:   # the pair, only where the rest leaves it open
             b0 = max(b0, 2 * (L + f - k) + _pair(x, k, n, B, C))
-            if b0 * C <= AUTO_IMBALANCE * total2:
-                return split()
+            if b0 * C <= AUTO_IMBALANCE * total2:   # (b0 is _balanced's whole first bound now)
+                return split(bounded=True)
     con = _contiguous(p, tl, sc, qu, bv, total, kv_least)
     if con is None:
         return None
@@ -244,17 +244,18 @@ def _pair(x, k, n, B, C) -> int:
     return r0 + r1
 
 
-def _weigh(p, tl, sc, qu, bv, total, kv_least, cost, cost_total, L, span, con=None):
+def _weigh(p, tl, sc, qu, bv, total, kv_least, cost, cost_total, L, span, con=None, bounded=False):
     """tile_table._balanced on the items' `cost` (summing to `cost_total`) with uniform's contiguous
-    partition as auto's alternative (`con` if made already, else made when a bound asks for it):
-    (the schedule dict or None, the contiguous plan if made or None)."""
+    partition as auto's alternative (`con` if made already, else made when a bound asks for it;
+    `bounded`: as _balanced's): (the schedule dict or None, the contiguous plan if made or None)."""
     held = [con]
 
     def contiguous():
         if held[0] is None:
             held[0] = _contiguous(p, tl, sc, qu, bv, total, kv_least)
         return None if held[0] is None else dict(top=held[0][0], mode="contiguous")
-    res = tile_table._balanced(p, cost, cost_total, L, contiguous, None if con is None else contiguous(), span)
+    res = tile_table._balanced(p, cost, cost_total, L, contiguous, None if con is None else contiguous(), span,
+                               bounded)
     return res, held[0]
 
 

@@ -98,11 +98,12 @@ def chunks(p, sc, qu, B, L, f, nch) -> Chunks | None:
     return lay
 
 
-def plan(p, tl, sc, out, qo, qu, kv, bv, kp, ids, B, nnz, nq, kv_least, total, total2, L, k, nch, con):
+def plan(p, tl, sc, out, qo, qu, kv, bv, kp, ids, B, nnz, nq, kv_least, total, total2, L, k, nch, con,
+         bounded=False):
     """The plan of a uniform batch split into chunks of L (`k` = L - 1 - tail: every tile has more
     KV than the tail; `nch`: Algorithm 1's chunks per tile, (kv + k) // L) written into `out`
-    (auto's contiguous one where it wins; `con`: uniform's contiguous plan if made): its PlanInfo,
-    or None with nothing written where a bound is exceeded."""
+    (auto's contiguous one where it wins; `con`: uniform's contiguous plan if made; `bounded`: as
+    tile_table._balanced's): its PlanInfo, or None with nothing written where a bound is exceeded."""
     lay = chunks(p, sc, qu, B, L, sc.f, nch)
     if lay is None:
         return None
@@ -110,7 +111,7 @@ def plan(p, tl, sc, out, qo, qu, kv, bv, kp, ids, B, nnz, nq, kv_least, total, t
     lay.cost[lay.last] = lay.last_cost   # (a last chunk: L - k .. L + tail tokens, plus f)
     f, tail = sc.f, L - 1 - k
     res, con = uniform._weigh(p, tl, sc, qu, bv, total, kv_least, lay.cost, total2, L, (L + tail + f, f + tail + 1),
-                              con)
+                              con, bounded)
     if res is None:
         return None
     if res["mode"] != "balanced":
