@@ -240,8 +240,10 @@ def _pair(x, k, n, B, C) -> int:
     d-th smallest, d = n - C, of the n - B full chunks merged with the B last ones."""
     xs = sorted(x.tolist())
     a, z = bisect_left(xs, k), n - B   # (last chunks lighter than a full one; full chunks)
-    r0, r1 = [xs[i] if i < a else k if i < a + z else xs[i - z] for i in (n - C - 1, n - C)]
-    return r0 + r1
+    pair = 0
+    for i in (n - C - 1, n - C):   # (a loop: a list comprehension's frame costs ~0.3 us more)
+        pair += xs[i] if i < a else k if i < a + z else xs[i - z]
+    return pair
 
 
 def _weigh(p, tl, sc, qu, bv, total, kv_least, cost, cost_total, L, span, con=None, bounded=False):
