@@ -113,7 +113,7 @@ class PlannedWrapper:
             Device.leave(prev)
         self._in_flight[slot] = True
         self._slot = slot ^ 1
-        self._take_plan(info, window_left, int(kv_indptr[-1]), buf)
+        self._take_plan(info, window_left, kv_indptr.item(-1), buf)   # (a host ndarray by now)
         return info
 
     def _take_plan(self, info, window_left, nnz: int, pinned) -> None:
