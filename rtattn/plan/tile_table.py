@@ -36,7 +36,8 @@ MODES = ("auto", "balanced", "contiguous")
 # Batches of fewer requests take rtattn.plan.small first (plain Python: cheaper below ~4 tiles,
 # docs/perf-log.md "Host path v6").
 MIN_BATCH = 4
-_I32 = np.dtype(np.int32)
+# (dtype objects: a scalar type such as np.int64 costs a dtype argument ~0.1 us to convert each call)
+_I32, _I64, _U8, _U16, _U32 = (np.dtype(t) for t in (np.int32, np.int64, np.uint8, np.uint16, np.uint32))
 _ACC = np.add.accumulate
 _bincount = uniform._bincount
 # KV tokens (pages x page size) below this keep every per-tile sum (kv + chunk bound, kv + fixed
@@ -137,7 +138,7 @@ def plan(p, qo, kp, ids, last, window_left, out):
     ub = tl.uniform_bytes.get(qmax)   # (qo_indptr of qmax tokens per request, as bytes; one-tile lengths only)
     if ub is None and 1 <= qmax <= min(tq, b.max_qo_len):
         ub = tl.uniform_rows(qmax)
-    if ub is not None and qo.tobytes() == ub[:4 * B + 4]:
+    if ub is not None and ub.startswith(qo.tobytes()):   # (qo: B + 1 entries, checked above)
         q, qmin = None, qmax   # every request qmax tokens, one tile (qo_indptr's bytes: no difference to take)
     else:
         q = qo[1:] - qo[:-1]
@@ -165,7 +166,7 @@ def plan(p, qo, kp, ids, last, window_left, out):
         if d.item(d.argmin()) < 0:
             return None
     pool = p.num_pages_pool
-    u = ids[:nnz].view(np.uint32)   # (a negative id is >= 2**31 as unsigned)
+    u = ids[:nnz].view(_U32)   # (a negative id is >= 2**31 as unsigned)
     if u.item(u.argmax()) >= (2**31 if pool is None else min(pool, 2**31)):
         return None
     if multi:
@@ -385,12 +386,12 @@ def _balanced(p, cost, total, L, contiguous, con, span=None, bounded=False):
     elif span is not None and span[0] - span[1] < 2**16:
         hi0 = p._tiles.span_top   # (a kept 0-d array: a new one costs more than the fill)
         hi0.fill(span[0])
-        order = np.subtract(hi0, cost).astype(np.uint16).argsort(kind="stable")
+        order = np.subtract(hi0, cost).astype(_U16).argsort(kind="stable")
     else:
         order = _sorted_keys(cost, -1, ar[:n])
     cs = cost[order]
     if n <= C:   # one item per CTA at most: queue order is the sorted order
-        loads = np.zeros(C, dtype=np.int64)
+        loads = np.zeros(C, dtype=_I64)
         loads[:n] = cs
         return _schedule_dict(n, L, loads, np.minimum(ar[1:C + 1], n), order)
     if auto and not bounded:
@@ -404,7 +405,7 @@ def _balanced(p, cost, total, L, contiguous, con, span=None, bounded=False):
     few = inspector.lpt_few(cs, C) if n <= C + inspector.LPT_FEW else None
     if few is None:
         cta = ar[:n] % C if cs.item(0) == cs.item(n - 1) else inspector.lpt_assign(cs, C, ar, p._tiles.lpt, False)
-        loads = _bincount(cta, weights=cs, minlength=C).astype(np.int64)
+        loads = _bincount(cta, weights=cs, minlength=C).astype(_I64)
     else:
         loads = few[1]
     if auto:
@@ -427,7 +428,7 @@ def _schedule_dict(n, L, loads, wi, order) -> dict:
 def _queues(cta, C, ar):
     """work_indptr[1:] and the queue order (cta, assignment order: indices into `cta`) of items on
     CTAs `cta`; CTA ids in 8 bits sort by radix (~2.5x cheaper)."""
-    q = cta.astype(np.uint8).argsort(kind="stable") if C <= 256 else _sorted_keys(cta, 1, ar[:cta.shape[0]])
+    q = cta.astype(_U8).argsort(kind="stable") if C <= 256 else _sorted_keys(cta, 1, ar[:cta.shape[0]])
     return _ACC(_bincount(cta, minlength=C)), q
 
 
@@ -542,7 +543,7 @@ def _contiguous(p, tl, t, ends, kv_least):
     kv_end[pend] = t[KV_END]
     c = kv_end - cut
     c += it[FIXED]
-    loads = _bincount(cta, weights=c, minlength=C).astype(np.int64)
+    loads = _bincount(cta, weights=c, minlength=C).astype(_I64)
     res = dict(n=k.shape[0], L=int(w), loads=loads, top=loads.item(loads.argmax()),
                wi=cta.searchsorted(ar[:C], "right"), it=it[:8], merge_rows=0, partial_rows=0, split_tiles=0,
                mode="contiguous")

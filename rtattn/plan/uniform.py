@@ -399,7 +399,7 @@ class Layout:
                 self.starts = s = wi[:-1].astype(np.intp)
                 return np.add.reduceat(c, s)
         self.uses += 1
-        return _bincount(self.cta, weights=c, minlength=C).astype(np.int64)
+        return _bincount(self.cta, weights=c, minlength=C).astype(tile_table._I64)
 
 
 def _write(p, v, sc, con, qo, qu, kv, kp, ids, B, nnz, nq) -> None:
