@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from rtattn.plan import tile_table, uniform, uniform_chunks
+from rtattn.plan.costs import AUTO_IMBALANCE
 from rtattn.plan.inspector import Planner
 from rtattn.plan.layout import indptr_from_lengths, paged_kv
 from rtattn.plan.tiles import TileConfig
@@ -260,6 +261,15 @@ def test_few_long_requests_split_into_chunks_plan_the_numpy_paths_bytes(monkeypa
     kept, queues = [], tile_table.Tiles.queues_past_round   # (LPT's queues past one round: kept, or made)
     monkeypatch.setattr(tile_table.Tiles, "queues_past_round", lambda self, extra, *a: kept.append(
         extra in self.past_round) or queues(self, extra, *a))
+    balanced, bounded = tile_table._balanced, []
+
+    def checked(p, cost, total, L, contiguous, con, span=None, bounded_=False):
+        if bounded_:   # (uniform's b0 stood for _balanced's first bound: that bound is under AUTO_IMBALANCE)
+            cs, C = np.sort(cost)[::-1], p.num_ctas
+            assert max(cs[0], cs[C - 1] + cs[C], -(-total // C)) * C <= AUTO_IMBALANCE * total
+            bounded.append(True)
+        return balanced(p, cost, total, L, contiguous, con, span, bounded_)
+    monkeypatch.setattr(tile_table, "_balanced", checked)
     for case in range(300):
         ps, batch, C = int(rng.choice([1, 16, 64])), int(rng.integers(3, 13)), int(rng.choice([16, 33, 66]))
         qu, top = int(rng.integers(1, 5)), int(rng.choice([512, 1024, 2048]))
@@ -282,6 +292,7 @@ def test_few_long_requests_split_into_chunks_plan_the_numpy_paths_bytes(monkeypa
     after = [b for a, b in zip(events, events[1:]) if a == "pair"]
     assert after.count("contiguous") > 30 and after.count("chunks' plan") > 30, after
     assert kept.count(True) > 30 and kept.count(False) > 30, kept
+    assert len(bounded) > 30, bounded   # (tile_table._balanced's bounded=True, checked above)
 
 
 def test_pair_is_the_chunks_lpt_pair():
