@@ -68,7 +68,7 @@ struct RowSoftmax {
 #ifdef RTATTN_FIXED_SOFTMAX
     fixed = BOUNDED && bound <= kMaxFixedBound;
 #else
-    fixed = false && bound;   // (the default build: the running max)
+    fixed = false;   // (the default build: the running max)
 #endif
     m[0] = m[1] = fixed ? bound - kFixedHeadroom : -INFINITY;
     l[0] = l[1] = 0.f;
@@ -185,6 +185,10 @@ struct RowSoftmax {
         lacc[0][3] *= corr[1];
       }
     }
+  }
+  // Pins the tensor cores' row sums around an asynchronous product, as fence_accumulators(o).
+  __device__ __forceinline__ void fence_sums() {
+    if constexpr (tc_sum) fence_accumulators(lacc);
   }
   // The quad's total weight of row h (every lane of the quad gets it).
   __device__ __forceinline__ float total(int h) const {

@@ -209,16 +209,16 @@ __device__ __forceinline__ void prefill_sm90_persistent(const P& p, char* smem) 
       // ---- O += P V
       const uint32_t v_base = smem_addr(v_stage(st));
       fence_accumulators(o);
-      if constexpr (kTcRowSum) fence_accumulators(sm.lacc);
+      sm.fence_sums();
       if constexpr (PINGPONG) WarpgroupTurns::before_pv(wg);
       wgmma_fence();
       wgmma_pv<T, TILE_KV, D>(o, pa, v_base, KVTile::slab_bytes);
-      if constexpr (kTcRowSum && Variant::use_softmax) wgmma_rowsum<T, TILE_KV>(sm.lacc, pa, ones_desc);
+      if constexpr (decltype(sm)::tc_sum) wgmma_rowsum<T, TILE_KV>(sm.lacc, pa, ones_desc);
       wgmma_commit();
       if constexpr (PINGPONG) WarpgroupTurns::after_pv(wg);
       wgmma_wait<0>();
       fence_accumulators(o);
-      if constexpr (kTcRowSum) fence_accumulators(sm.lacc);
+      sm.fence_sums();
     };
 
     for (int blk = 0; blk < num_blocks; ++blk) {

@@ -252,7 +252,7 @@ __device__ __forceinline__ void prefill_ws_consume(const P& p, const PrefillQueu
         fence_proxy_async();
         if constexpr (Variant::has_linear_bias) bias.start(s, lo + blk * TILE_KV);
         fence_accumulators(o);
-        if constexpr (kTcRowSum) fence_accumulators(sm.lacc);
+        sm.fence_sums();
         wgmma_fence();
         issue_qk(s, st);
         issue_pv(o, sm.lacc, pa, prev);
@@ -261,7 +261,7 @@ __device__ __forceinline__ void prefill_ws_consume(const P& p, const PrefillQueu
         weigh(s, blk, corr);
         wgmma_wait<0>();
         fence_accumulators(o);
-        if constexpr (kTcRowSum) fence_accumulators(sm.lacc);
+        sm.fence_sums();
         mbar_arrive_warp(&bars.v[prev].empty, lane);
         pack_p<T>(s, pa);
         sm.rescale(o, corr);
@@ -271,13 +271,13 @@ __device__ __forceinline__ void prefill_ws_consume(const P& p, const PrefillQueu
       mbar_wait(&bars.v[st].full, Pos::parity(n + nb - 1));
       fence_proxy_async();
       fence_accumulators(o);
-      if constexpr (kTcRowSum) fence_accumulators(sm.lacc);
+      sm.fence_sums();
       wgmma_fence();
       issue_pv(o, sm.lacc, pa, st);
       ConsumerTurns::pass(wg);
       wgmma_wait<0>();
       fence_accumulators(o);
-      if constexpr (kTcRowSum) fence_accumulators(sm.lacc);
+      sm.fence_sums();
       mbar_arrive_warp(&bars.v[st].empty, lane);
       n += nb;
     }

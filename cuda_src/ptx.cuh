@@ -121,4 +121,13 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
+// Pins accumulator registers around an asynchronous product (wgmma): no access to them moves across.
+template <int C>
+__device__ __forceinline__ void fence_accumulators(float (&d)[C][4]) {
+#pragma unroll
+  for (int c = 0; c < C; ++c)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(d[c][e])::"memory");
+}
+
 }  // namespace rtattn

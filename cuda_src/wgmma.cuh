@@ -10,12 +10,17 @@
 
 namespace rtattn {
 
-// A matrix descriptor for a tile in the canonical 128-byte swizzle (8 rows of 128 bytes per
-// 1024-byte atom, the 16-byte chunk index XOR row % 8, atoms 1024-byte aligned): start address,
-// leading and stride byte offsets (16-byte units), swizzle mode 1 (128 B).
-__device__ __forceinline__ uint64_t sw128_desc(uint32_t smem_byte_addr, uint32_t lbo_bytes, uint32_t sbo_bytes) {
+// A shared-memory matrix descriptor: start address, leading and stride byte offsets (16-byte
+// units), layout (bits 62-63: 0 no swizzle, 1 the 128-byte swizzle).
+__device__ __forceinline__ uint64_t smem_desc(uint32_t smem_byte_addr, uint32_t lbo_bytes, uint32_t sbo_bytes,
+                                              uint32_t layout) {
   return uint64_t((smem_byte_addr & 0x3FFFF) >> 4) | (uint64_t(lbo_bytes >> 4) << 16) |
-         (uint64_t(sbo_bytes >> 4) << 32) | (uint64_t(1) << 62);
+         (uint64_t(sbo_bytes >> 4) << 32) | (uint64_t(layout) << 62);
+}
+// A tile in the canonical 128-byte swizzle (8 rows of 128 bytes per 1024-byte atom, the 16-byte
+// chunk index XOR row % 8, atoms 1024-byte aligned).
+__device__ __forceinline__ uint64_t sw128_desc(uint32_t smem_byte_addr, uint32_t lbo_bytes, uint32_t sbo_bytes) {
+  return smem_desc(smem_byte_addr, lbo_bytes, sbo_bytes, 1);
 }
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
@@ -25,14 +30,6 @@ __device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sy
 // Ordinary shared-memory writes (cp.async, st.shared) made visible to the tensor cores' (async
 // proxy) reads: each writing thread fences, then the barrier.
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-// Pins accumulator registers around an asynchronous product: no access to them moves across.
-template <int C>
-__device__ __forceinline__ void fence_accumulators(float (&d)[C][4]) {
-#pragma unroll
-  for (int c = 0; c < C; ++c)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(d[c][e])::"memory");
-}
 
 // D (+)= A B: A (64 x 16) and B (16 x N, K-major) by descriptor; accumulate = false overwrites D.
 template <typename T, int N> struct WgmmaSS;
@@ -185,10 +182,7 @@ struct OnesTile {
     for (int i = tid; i < 256; i += threads) v[i] = from_float<T>(1.f);
     fence_proxy_async();
   }
-  __device__ __forceinline__ uint64_t desc() const {
-    const uint32_t a = smem_addr(v);
-    return uint64_t((a & 0x3FFFF) >> 4) | (uint64_t(128 >> 4) << 16) | (uint64_t(128 >> 4) << 32);
-  }
+  __device__ __forceinline__ uint64_t desc() const { return smem_desc(smem_addr(v), 128, 128, 0); }
 };
 template <typename T, int N>
 __device__ __forceinline__ void wgmma_rowsum(float (&l)[1][4], const uint32_t (&pa)[N / 16][4], uint64_t ones) {
